@@ -1,0 +1,16 @@
+"""clconv: grouped 2-D convolution (forward and all gradients) on any OpenCL device.
+
+Our own im2col/col2im kernels plus CLBlast GEMM, on pyopencl arrays.
+"""
+from . import reference
+from .device import default_context, default_queue
+from .functional import conv2d, conv2d_bias, conv2d_input, conv2d_weight
+from .geometry import ConvGeometry, conv_geometry, normalize_padding, output_size
+from .plan import Plan, plan
+from .programs import ClconvError
+
+__version__ = "0.1.0"
+
+__all__ = ["conv2d", "conv2d_input", "conv2d_weight", "conv2d_bias", "plan", "Plan", "reference",
+           "default_context", "default_queue", "ClconvError", "ConvGeometry", "conv_geometry",
+           "normalize_padding", "output_size"]

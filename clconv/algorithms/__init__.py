@@ -1,0 +1,1 @@
+"""The convolution algorithms; :mod:`clconv.plan` picks among them."""

@@ -1,0 +1,20 @@
+"""Host side of kernels/bias.cl: broadcasting the bias and the grad-bias reduction."""
+from .algorithms.common import i32, iarg, idx_for
+from .programs import get_kernel, launch
+
+
+def fill_bias(queue, dtype, y, bias, N, K, P):
+    """y (N, K, P) = bias[k] everywhere (the GEMM then accumulates onto it)."""
+    idx = idx_for(dtype, y, bias)
+    knl = get_kernel(queue.context, "bias.cl", "fill_bias", dtype, IDX=idx)
+    launch(queue, knl, (P, N * K), (min(64, P), 1), y.buf, iarg(idx, y.off), bias.buf, iarg(idx, bias.off),
+           i32(N), i32(K), i32(P), what="forward bias")
+
+
+def bias_grad(queue, dtype, dy, db, N, K, P):
+    """db (K,) = dy (N, K, P) summed over N and P, one work-group per channel."""
+    idx = idx_for(dtype, dy, db)
+    wg = 1 << (min(256, queue.device.max_work_group_size).bit_length() - 1)
+    knl = get_kernel(queue.context, "bias.cl", "bias_grad", dtype, IDX=idx, WG=wg)
+    launch(queue, knl, (K * wg,), (wg,), dy.buf, iarg(idx, dy.off), db.buf, iarg(idx, db.off),
+           i32(N), i32(K), i32(P), what="grad-bias")

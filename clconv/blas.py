@@ -1,0 +1,54 @@
+"""CLBlast GEMM through pyclblast, on raw buffers with explicit element offsets.
+
+pyclblast takes ``Array`` objects but only uses ``base_data`` and ignores
+``Array.offset``; we wrap each raw buffer in a 2-D dummy ``Array`` and always
+pass the element offsets ourselves.
+"""
+import pyclblast
+import pyopencl.array as cla
+
+from .programs import ClconvError
+
+
+def _as_matrix(queue, buf, dtype):
+    return cla.Array(queue, (1, 1), dtype, data=buf)
+
+
+def gemm_strided_batched(queue, dtype, m, n, k, count, a, a_off, lda, a_stride, b, b_off, ldb, b_stride,
+                         c, c_off, ldc, c_stride, *, alpha=1.0, beta=0.0, a_transp=False, b_transp=False,
+                         what=""):
+    """C[i] = alpha * op(A[i]) @ op(B[i]) + beta * C[i] for i < count, row-major.
+
+    A[i] starts at element ``a_off + i * a_stride`` of buffer ``a`` (same for B, C).
+    ``c_stride`` must not be 0 (accumulating that way is not reliable in CLBlast).
+    """
+    assert count == 1 or c_stride > 0, "batched GEMM into one C would race"
+    try:
+        return pyclblast.gemmStridedBatched(
+            queue, m, n, k, count, _as_matrix(queue, a, dtype), _as_matrix(queue, b, dtype),
+            _as_matrix(queue, c, dtype), lda, ldb, ldc, a_stride, b_stride, c_stride if count > 1 else m * ldc,
+            alpha=alpha, beta=beta, a_transp=a_transp, b_transp=b_transp,
+            a_offset=a_off, b_offset=b_off, c_offset=c_off)
+    except RuntimeError as exc:
+        raise ClconvError(f"clconv: {what}: CLBlast GEMM m={m} n={n} k={k} batch={count} "
+                          f"(lda={lda}, ldb={ldb}, ldc={ldc}) failed: {exc}") from exc
+
+
+def grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, offsets, group_strides, image_strides,
+              lds, *, beta=0.0, a_transp=False, b_transp=False, what=""):
+    """Run one GEMM per (group, image) pair with offsets ``base + g * group_stride + i * image_stride``.
+
+    The smaller of the two dimensions becomes a (host-side, non-blocking) loop
+    and the other one the batch of a strided-batched GEMM, so there are
+    min(groups, images) launches. ``offsets``, ``group_strides``,
+    ``image_strides`` and ``lds`` are (A, B, C) triples.
+    """
+    if groups <= images:
+        loop, batch, loop_strides, batch_strides = groups, images, group_strides, image_strides
+    else:
+        loop, batch, loop_strides, batch_strides = images, groups, image_strides, group_strides
+    for i in range(loop):
+        a_off, b_off, c_off = (o + i * s for o, s in zip(offsets, loop_strides))
+        gemm_strided_batched(queue, dtype, m, n, k, batch, a, a_off, lds[0], batch_strides[0],
+                             b, b_off, lds[1], batch_strides[1], c, c_off, lds[2], batch_strides[2],
+                             beta=beta, a_transp=a_transp, b_transp=b_transp, what=what)

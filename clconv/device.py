@@ -1,0 +1,89 @@
+"""Choosing the OpenCL device: the default context and queue, and device facts."""
+import os
+import threading
+
+import numpy as np
+import pyopencl as cl
+
+_lock = threading.Lock()
+_default = {}
+
+
+def _all_devices():
+    found = []
+    for pi, platform in enumerate(cl.get_platforms()):
+        try:
+            devices = platform.get_devices()
+        except cl.Error:
+            continue
+        found.extend((pi, di, platform, d) for di, d in enumerate(devices))
+    return found
+
+
+def pick_device(spec=None):
+    """Return ``(device, reason)``.
+
+    ``spec`` (default: ``$CLCONV_DEVICE``) is a case-insensitive substring of the
+    platform or device name (``"nvidia"``, ``"pocl"``) or ``"P:D"`` indices.
+    Without one: the first GPU, else the first PoCL CPU device, else the first device.
+    """
+    spec = os.environ.get("CLCONV_DEVICE", "") if spec is None else spec
+    devices = _all_devices()
+    if not devices:
+        raise RuntimeError("clconv: no OpenCL platform with a device was found "
+                           "(install pyopencl[pocl] for the PoCL CPU device)")
+    listing = "; ".join(f"{pi}:{di} {p.name} / {d.name}" for pi, di, p, d in devices)
+    if spec:
+        if ":" in spec and all(part.strip().isdigit() for part in spec.split(":")):
+            want = tuple(int(part) for part in spec.split(":"))
+            for pi, di, p, d in devices:
+                if (pi, di) == want:
+                    return d, f"CLCONV_DEVICE={spec!r} (platform:device indices)"
+        else:
+            for pi, di, p, d in devices:
+                if spec.lower() in p.name.lower() or spec.lower() in d.name.lower():
+                    return d, f"CLCONV_DEVICE={spec!r} matches {p.name} / {d.name}"
+        raise RuntimeError(f"clconv: no OpenCL device matches CLCONV_DEVICE={spec!r}; devices: {listing}")
+    for pi, di, p, d in devices:
+        if d.type & cl.device_type.GPU:
+            return d, "first GPU"
+    for pi, di, p, d in devices:
+        if "portable computing language" in p.name.lower() or "pocl" in p.name.lower():
+            return d, "no GPU; PoCL CPU device"
+    return devices[0][3], "no GPU and no PoCL; first device"
+
+
+def default_context():
+    """The process-wide default context, created on first use (see :func:`pick_device`)."""
+    return default_queue().context
+
+
+def default_queue():
+    """The process-wide default in-order command queue, created on first use."""
+    with _lock:
+        if "queue" not in _default:
+            device, _ = pick_device()
+            ctx = cl.Context([device])
+            _default["queue"] = cl.CommandQueue(ctx)
+        return _default["queue"]
+
+
+def has_fp64(device):
+    return "cl_khr_fp64" in device.extensions.split() or bool(getattr(device, "double_fp_config", 0))
+
+
+def has_fp16(device):
+    # Read the extensions string: some drivers raise when asked for half_fp_config.
+    return "cl_khr_fp16" in device.extensions.split()
+
+
+SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def check_dtype_supported(dtype, device):
+    """Raise TypeError unless this device can run ``dtype`` convolutions."""
+    dtype = np.dtype(dtype)
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"clconv supports float32 and float64 arrays, got {dtype}")
+    if dtype == np.float64 and not has_fp64(device):
+        raise TypeError(f"float64 needs the cl_khr_fp64 extension, which device {device.name!r} lacks")

@@ -1,0 +1,70 @@
+"""The functional API, shaped like PyTorch's conv2d and its gradients.
+
+Arrays are ``pyopencl.array.Array`` (results come back on the same queue) or
+NumPy arrays (copied to the device; results come back as NumPy).
+"""
+from . import bias as _bias
+from .algorithms.common import ref
+from .geometry import conv_geometry
+from .plan import cached_plan, finish, prepare
+from .validate import check_type, pick_queue
+
+
+def _plan_for(input_shape, weight_shape, stride, padding, dilation, groups, dtype, queue, arrays):
+    g = conv_geometry(input_shape, weight_shape, stride, padding, dilation, groups)
+    return cached_plan(g, dtype, pick_queue(queue, *arrays))
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, out=None, queue=None):
+    """Grouped 2-D convolution (cross-correlation, as in PyTorch).
+
+    input (N, C, H, W), weight (K, C/groups, kh, kw), bias (K,) or None
+    -> output (N, K, OH, OW). ``padding``: int, (ph, pw), ((top, bottom), (left, right)),
+    'valid' or 'same'. ``stride``, ``dilation``: int or (h, w).
+    """
+    check_type("input", input)
+    check_type("weight", weight)
+    plan = _plan_for(input.shape, weight.shape, stride, padding, dilation, groups, input.dtype, queue,
+                     (input, weight, bias, out))
+    return plan.forward(input, weight, bias, out=out, queue=queue)
+
+
+def conv2d_input(input_size, weight, grad_output, stride=1, padding=0, dilation=1, groups=1, *, out=None,
+                 queue=None):
+    """Gradient of conv2d with respect to its input.
+
+    input_size (N, C, H, W), weight (K, C/groups, kh, kw), grad_output (N, K, OH, OW)
+    -> grad_input (N, C, H, W).
+    """
+    check_type("weight", weight)
+    plan = _plan_for(input_size, weight.shape, stride, padding, dilation, groups, weight.dtype, queue,
+                     (weight, grad_output, out))
+    return plan.backward_input(weight, grad_output, out=out, queue=queue)
+
+
+def conv2d_weight(input, weight_size, grad_output, stride=1, padding=0, dilation=1, groups=1, *, out=None,
+                  queue=None):
+    """Gradient of conv2d with respect to its weight.
+
+    input (N, C, H, W), weight_size (K, C/groups, kh, kw), grad_output (N, K, OH, OW)
+    -> grad_weight (K, C/groups, kh, kw).
+    """
+    check_type("input", input)
+    plan = _plan_for(input.shape, weight_size, stride, padding, dilation, groups, input.dtype, queue,
+                     (input, grad_output, out))
+    return plan.backward_weight(input, grad_output, out=out, queue=queue)
+
+
+def conv2d_bias(grad_output, *, out=None, queue=None):
+    """Gradient of conv2d with respect to its bias: grad_output (N, K, OH, OW) -> (K,)."""
+    check_type("grad_output", grad_output)
+    if grad_output.ndim != 4:
+        raise ValueError(f"grad_output must be 4-D (N, K, OH, OW), got size {list(grad_output.shape)}")
+    N, K, OH, OW = grad_output.shape
+    queue, dev, numpy_mode = prepare(queue, None, {"grad_output": grad_output},
+                                     {"grad_output": grad_output.shape}, out, (K,))
+    if N * OH * OW:
+        _bias.bias_grad(queue, grad_output.dtype, ref(dev["grad_output"]), ref(dev["out"]), N, K, OH * OW)
+    else:
+        dev["out"].fill(0, queue=queue)
+    return finish(dev, out, numpy_mode)

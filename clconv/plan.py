@@ -1,0 +1,201 @@
+"""Plans: one convolution's shapes on one context, with an algorithm per pass.
+
+A :class:`Plan` owns the shape arithmetic, the choice of algorithm for each
+pass, the workspace size and the argument checks. The functional API
+(:mod:`clconv.functional`) is a thin layer over a small cache of plans.
+"""
+import threading
+from collections import OrderedDict
+
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
+
+from . import bias as _bias
+from .algorithms.im2col import Im2col
+from .algorithms.common import ref
+from .geometry import check_grad_output, conv_geometry
+from .validate import (check_array, check_device_dtype, check_out, check_same_dtype, check_type,
+                       is_device_array, pick_queue)
+
+ALGORITHMS = {cls.name: cls for cls in (Im2col,)}
+PASSES = ("forward", "backward_input", "backward_weight")
+
+
+def default_workspace_limit(device):
+    """Workspace budget in bytes: half the device's largest allocation, at most 1 GiB."""
+    return min(device.max_mem_alloc_size // 2, 1 << 30)
+
+
+class Plan:
+    """Grouped conv2d of fixed shapes on one OpenCL context.
+
+    input (N, C, H, W), weight (K, C/groups, kh, kw), output (N, K, OH, OW).
+    Methods take pyopencl Arrays (or NumPy arrays, copied to the plan's queue
+    and answered as NumPy) and return the result; ``out=`` writes in place.
+    """
+
+    def __init__(self, geometry, dtype, queue, *, algorithm="auto", workspace_limit=None):
+        self.geometry, self.dtype, self.queue = geometry, np.dtype(dtype), queue
+        check_device_dtype(self.dtype, queue)
+        self.workspace_limit = workspace_limit or default_workspace_limit(queue.device)
+        if self.workspace_limit > queue.device.max_mem_alloc_size:
+            raise ValueError(f"workspace_limit {self.workspace_limit} is above the device's largest "
+                             f"allocation {queue.device.max_mem_alloc_size}")
+        if algorithm not in ("auto", *ALGORITHMS):
+            raise ValueError(f"unknown algorithm {algorithm!r}; expected 'auto' or one of {sorted(ALGORITHMS)}")
+        self._choice = {p: self._choose(p, algorithm) for p in PASSES}
+
+    def _choose(self, pass_name, algorithm):
+        g = self.geometry
+        candidates = ALGORITHMS if algorithm == "auto" else {algorithm: ALGORITHMS[algorithm]}
+        reasons = []
+        for name, cls in candidates.items():
+            ok, why = cls.applies(g)
+            if ok:
+                return cls(g, self.dtype, self.workspace_limit), why
+            reasons.append(f"{name}: {why}")
+        raise ValueError(f"algorithm {algorithm!r} does not apply to input {list(g.input_shape)} with weight "
+                         f"{list(g.weight_shape)}: {'; '.join(reasons)}")
+
+    @property
+    def context(self):
+        return self.queue.context
+
+    @property
+    def workspace_bytes(self):
+        """Largest workspace any pass allocates, in bytes."""
+        return max(algo.workspace[p] for p, (algo, _) in self._choice.items()) * self.dtype.itemsize
+
+    def explain(self):
+        """A short account of the algorithm chosen for each pass and why."""
+        g = self.geometry
+        lines = [f"conv2d input {list(g.input_shape)} weight {list(g.weight_shape)} -> output "
+                 f"{list(g.output_shape)}, stride {g.stride}, padding {g.pads}, dilation {g.dilation}, "
+                 f"groups {g.groups}, {self.dtype}"]
+        for p, (algo, why) in self._choice.items():
+            lines.append(f"{p}: {algo.describe(p)}; chosen because {why}; "
+                         f"workspace {algo.workspace[p] * self.dtype.itemsize} bytes")
+        return "\n".join(lines)
+
+    def _workspace(self, pass_name):
+        algo = self._choice[pass_name][0]
+        nbytes = algo.workspace[pass_name] * self.dtype.itemsize
+        return cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(nbytes, 1))
+
+    # -- the passes ---------------------------------------------------------------
+
+    def forward(self, input, weight, bias=None, *, out=None, queue=None):
+        """output (N, K, OH, OW) = conv2d(input (N, C, H, W), weight (K, C/groups, kh, kw)) + bias (K,)."""
+        g = self.geometry
+        shapes = {"input": g.input_shape, "weight": g.weight_shape, "bias": (g.K,)}
+        queue, dev, numpy_mode = prepare(queue, self, {"input": input, "weight": weight, "bias": bias},
+                                               shapes, out, g.output_shape)
+        if g.N:
+            y = ref(dev["out"])
+            if bias is not None:
+                _bias.fill_bias(queue, self.dtype, y, ref(dev["bias"]), g.N, g.K, g.P)
+            self._choice["forward"][0].forward(queue, ref(dev["input"]), ref(dev["weight"]), y,
+                                               self._workspace("forward"), accumulate=bias is not None)
+        return finish(dev, out, numpy_mode)
+
+    def backward_input(self, weight, grad_output, *, out=None, queue=None):
+        """grad_input (N, C, H, W) from weight (K, C/groups, kh, kw) and grad_output (N, K, OH, OW)."""
+        g = self.geometry
+        shapes = {"weight": g.weight_shape, "grad_output": g.output_shape}
+        _check_grad_output_rank(grad_output, g)
+        queue, dev, numpy_mode = prepare(queue, self, {"weight": weight, "grad_output": grad_output},
+                                               shapes, out, g.input_shape)
+        if g.N:
+            self._choice["backward_input"][0].backward_input(
+                queue, ref(dev["weight"]), ref(dev["grad_output"]), ref(dev["out"]),
+                self._workspace("backward_input"))
+        return finish(dev, out, numpy_mode)
+
+    def backward_weight(self, input, grad_output, *, out=None, queue=None):
+        """grad_weight (K, C/groups, kh, kw) from input (N, C, H, W) and grad_output (N, K, OH, OW)."""
+        g = self.geometry
+        shapes = {"input": g.input_shape, "grad_output": g.output_shape}
+        _check_grad_output_rank(grad_output, g)
+        queue, dev, numpy_mode = prepare(queue, self, {"input": input, "grad_output": grad_output},
+                                               shapes, out, g.weight_shape)
+        if g.N:
+            self._choice["backward_weight"][0].backward_weight(
+                queue, ref(dev["input"]), ref(dev["grad_output"]), ref(dev["out"]),
+                self._workspace("backward_weight"))
+        else:
+            dev["out"].fill(0, queue=queue)
+        return finish(dev, out, numpy_mode)
+
+
+def prepare(queue, plan, arrays, shapes, out, out_shape):
+    """Check every argument, then upload NumPy ones (nothing is enqueued before all checks pass).
+
+    ``plan`` gives the dtype, context and fallback queue; without one (grad-bias)
+    they come from the arrays. Returns (queue, dict of device arrays incl. "out", numpy_mode).
+    """
+    for name, a in arrays.items():
+        if a is not None:
+            check_type(name, a)
+    check_same_dtype(**arrays, out=out)
+    given = [a for a in arrays.values() if a is not None]
+    queue = pick_queue(queue, *given, out, default=plan.queue if plan else None)
+    dtype = given[0].dtype
+    if plan is not None:
+        if queue.context != plan.context:
+            raise ValueError("the queue belongs to another OpenCL context than this plan")
+        if dtype != plan.dtype:
+            raise TypeError(f"this plan is for {plan.dtype}, got arrays of dtype {dtype}")
+    else:
+        check_device_dtype(dtype, queue)
+    for name, a in arrays.items():
+        if a is not None:
+            check_array(name, a, shapes[name], queue.context)
+    check_out(out, out_shape, dtype, queue.context, arrays)
+    numpy_mode = not any(is_device_array(a) for a in given)
+    dev = {name: a if a is None or is_device_array(a) else cla.to_device(queue, np.ascontiguousarray(a))
+           for name, a in arrays.items()}
+    dev["out"] = out if is_device_array(out) else cla.empty(queue, out_shape, dtype)
+    return queue, dev, numpy_mode
+
+
+def finish(dev, out, numpy_mode):
+    """The result in the caller's form: ``out``, a NumPy array, or the device array."""
+    result = dev["out"]
+    if isinstance(out, np.ndarray):
+        result.get(ary=out)
+        return out
+    return result.get() if numpy_mode else result
+
+
+def _check_grad_output_rank(grad_output, g):
+    check_type("grad_output", grad_output)
+    check_grad_output(g, grad_output.shape)
+
+
+_PLAN_CACHE_SIZE = 64
+_plan_cache = OrderedDict()
+_plan_lock = threading.Lock()
+
+
+def plan(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, *, dtype=np.float32,
+         queue=None, algorithm="auto", workspace_limit=None):
+    """Build a reusable :class:`Plan` for input (N, C, H, W) and weight (K, C/groups, kh, kw)."""
+    g = conv_geometry(input_shape, weight_shape, stride, padding, dilation, groups)
+    return Plan(g, dtype, pick_queue(queue), algorithm=algorithm, workspace_limit=workspace_limit)
+
+
+def cached_plan(g, dtype, queue, algorithm="auto"):
+    """The plan for (geometry, dtype, context, algorithm) from a small LRU cache."""
+    key = (queue.context.int_ptr, g, np.dtype(dtype), algorithm)
+    with _plan_lock:
+        p = _plan_cache.get(key)
+        if p is not None:
+            _plan_cache.move_to_end(key)
+            return p
+    p = Plan(g, dtype, queue, algorithm=algorithm)
+    with _plan_lock:
+        _plan_cache[key] = p
+        while len(_plan_cache) > _PLAN_CACHE_SIZE:
+            _plan_cache.popitem(last=False)
+    return p

@@ -1,0 +1,72 @@
+"""Building our OpenCL kernels and launching them.
+
+Each ``kernels/*.cl`` file is specialised by prepending ``#define`` lines (real
+type, index type, tile sizes) and built once per (context, file, dtype,
+options); the cache lives on the context (pyopencl's context-dependent memoize).
+"""
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyopencl as cl
+from pyopencl.tools import context_dependent_memoize
+
+
+class ClconvError(RuntimeError):
+    """A device-side failure (build, launch, CLBlast, out of memory), with its context."""
+
+
+def kernel_dir():
+    """Folder of the ``.cl`` sources: inside the installed package, else the source tree."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "kernels", here.parent / "kernels"):
+        if (candidate / "im2col.cl").is_file():
+            return candidate
+    raise ClconvError(f"clconv: kernel sources not found next to {here}")
+
+
+_C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+INT32_MAX = 2**31 - 1
+
+
+def index_type(*element_counts):
+    """The kernel index type: ``int`` when every count fits in 31 bits, else ``long``."""
+    return "int" if max(element_counts, default=0) <= INT32_MAX else "long"
+
+
+@context_dependent_memoize
+def _build(context, filename, dtype, defines):
+    path = kernel_dir() / filename
+    header = [f"#define REAL {_C_TYPES[dtype]}"]
+    if dtype == np.float64:
+        header.insert(0, "#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
+    header += [f"#define {name} {value}" for name, value in defines]
+    source = "\n".join(header) + "\n" + path.read_text()
+    try:
+        program = cl.Program(context, source).build()
+    except cl.Error as exc:  # the message carries the build log
+        raise ClconvError(f"clconv: building {path.name} failed (dtype {dtype}, defines {dict(defines)}, "
+                          f"source {path}):\n{exc}") from exc
+    return {k.function_name: k for k in program.all_kernels()}
+
+
+def get_kernel(context, filename, name, dtype, **defines):
+    """The kernel ``name`` of ``kernels/filename`` built for ``dtype`` and ``defines``."""
+    return _build(context, filename, np.dtype(dtype), tuple(sorted(defines.items())))[name]
+
+
+# clSetKernelArg is not thread-safe, and each cached kernel object is shared by
+# every thread using this context: set arguments and enqueue under one lock.
+_launch_lock = threading.Lock()
+
+
+def launch(queue, kernel, global_size, local_size, *args, what=""):
+    """Enqueue ``kernel``; global_size is rounded up to a multiple of local_size."""
+    if local_size is not None:
+        global_size = tuple(-(-g // l) * l for g, l in zip(global_size, local_size))
+    try:
+        with _launch_lock:
+            return kernel(queue, global_size, local_size, *args)
+    except cl.Error as exc:
+        raise ClconvError(f"clconv: {what or kernel.function_name}: launching {kernel.function_name} "
+                          f"over {global_size} failed: {exc}") from exc

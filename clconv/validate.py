@@ -1,0 +1,89 @@
+"""Checks on array arguments, all made before anything is enqueued.
+
+Shape rules live in :mod:`clconv.geometry`; this module checks the arrays
+themselves: type, dtype, shape, context, layout, and that an output does not
+overlap an input.
+"""
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
+
+from .device import check_dtype_supported, default_queue
+
+
+def is_device_array(a):
+    return isinstance(a, cla.Array)
+
+
+def check_type(name, a):
+    """Raise TypeError unless ``a`` is a float pyopencl Array or NumPy array."""
+    if not isinstance(a, (cla.Array, np.ndarray)):
+        raise TypeError(f"{name} must be a pyopencl.array.Array or a numpy.ndarray, got {type(a).__name__}")
+    if a.dtype.kind != "f":
+        raise TypeError(f"{name} must be a floating-point array, got {name} of dtype {a.dtype} "
+                        f"and size {list(a.shape)}")
+
+
+def check_same_dtype(**arrays):
+    """Raise TypeError unless every given array has one dtype."""
+    given = {k: a for k, a in arrays.items() if a is not None}
+    dtypes = {a.dtype for a in given.values()}
+    if len(dtypes) > 1:
+        desc = ", ".join(f"{k} {a.dtype} {list(a.shape)}" for k, a in given.items())
+        raise TypeError(f"all arrays must have the same dtype, got {desc}")
+
+
+def check_array(name, a, shape, context):
+    """Check shape, and for device arrays the context, contiguity and alignment.
+
+    NumPy arrays need no layout check: they are copied to the device contiguously.
+    """
+    if tuple(a.shape) != tuple(shape):
+        raise ValueError(f"{name} has size {list(a.shape)}, expected {list(shape)}")
+    if is_device_array(a):
+        if a.context != context:
+            raise ValueError(f"{name} of size {list(a.shape)} lives in another OpenCL context than the queue "
+                             f"used ({context.devices[0].name}); put all arrays in one context")
+        if not a.flags.c_contiguous:
+            raise ValueError(f"{name} of size {list(a.shape)} with strides {a.strides} must be C-contiguous")
+        if a.offset % a.dtype.itemsize:
+            raise ValueError(f"{name} has a byte offset {a.offset} that is not a multiple of its item size")
+
+
+def check_out(out, shape, dtype, context, inputs):
+    """Validate an ``out=`` array: device array, shape, dtype, context, no overlap with inputs."""
+    if out is None:
+        return
+    if not isinstance(out, (cla.Array, np.ndarray)):
+        raise TypeError(f"out must be a pyopencl.array.Array or a numpy.ndarray, got {type(out).__name__}")
+    if out.dtype != dtype:
+        raise TypeError(f"out has dtype {out.dtype}, expected {dtype}")
+    check_array("out", out, shape, context)
+    if isinstance(out, np.ndarray) and any(is_device_array(a) for a in inputs.values() if a is not None):
+        raise TypeError("out is a numpy.ndarray but the inputs are device arrays; pass a pyopencl Array")
+    if is_device_array(out):
+        lo, hi = out.offset, out.offset + out.nbytes
+        for name, a in inputs.items():
+            if is_device_array(a) and a.base_data == out.base_data and a.nbytes and out.nbytes:
+                if a.offset < hi and lo < a.offset + a.nbytes:
+                    raise ValueError(f"out of size {list(out.shape)} (bytes {lo}..{hi}) overlaps {name} of size "
+                                     f"{list(a.shape)} (bytes {a.offset}..{a.offset + a.nbytes}) in one buffer")
+
+
+def pick_queue(queue, *arrays, default=None):
+    """``queue`` if given, else the first device array's queue, else ``default``,
+    else :func:`clconv.default_queue`."""
+    if queue is not None:
+        if not isinstance(queue, cl.CommandQueue):
+            raise TypeError(f"queue must be a pyopencl.CommandQueue, got {type(queue).__name__}")
+        return queue
+    for a in arrays:
+        if is_device_array(a) and a.queue is not None:
+            return a.queue
+    return default if default is not None else default_queue()
+
+
+def check_device_dtype(dtype, queue):
+    check_dtype_supported(dtype, queue.device)
+    if queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE:
+        raise ValueError("clconv needs an in-order command queue; got an out-of-order queue")

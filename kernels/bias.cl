@@ -1,0 +1,50 @@
+// Bias kernels: broadcast in the forward pass, reduction for grad-bias.
+#ifndef REAL
+#define REAL float
+#endif
+#ifndef ACC            // accumulation type of the reduction
+#define ACC REAL
+#endif
+#ifndef IDX            // index type: int when every buffer has < 2^31 elements, else long
+#define IDX long
+#endif
+#ifndef WG             // work-group size of bias_grad, a power of two
+#define WG 256
+#endif
+
+// y[b, k, p] = bias[k] for a chunk of B images; the GEMM then adds onto it (beta = 1).
+__kernel void fill_bias(__global REAL* restrict y, const IDX y_off,
+                        __global const REAL* restrict bias, const IDX bias_off,
+                        const int B, const int K, const int P)
+{
+    const int p = get_global_id(0);
+    const int bk = get_global_id(1);   // b * K + k
+    if (p >= P || bk >= B * K) return;
+    y[y_off + (IDX)bk * P + p] = bias[bias_off + bk % K];
+}
+
+// db[k] = sum over images n and pixels p of dy[n, k, p]. One work-group per k;
+// each work-item sums a fixed strided subset, then a tree in local memory:
+// a fixed order, so the result is the same on every run.
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void bias_grad(__global const REAL* restrict dy, const IDX dy_off,
+               __global REAL* restrict db, const IDX db_off,
+               const int N, const int K, const int P)
+{
+    __local ACC part[WG];
+    const int k = get_group_id(0);
+    const int l = get_local_id(0);
+    const IDX total = (IDX)N * P;
+    ACC acc = 0;
+    for (IDX t = l; t < total; t += WG) {
+        const IDX n = t / P, p = t - n * P;
+        acc += (ACC)dy[dy_off + (n * K + k) * P + p];
+    }
+    part[l] = acc;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = WG / 2; s > 0; s >>= 1) {
+        if (l < s) part[l] += part[l + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (l == 0) db[db_off + k] = (REAL)part[0];
+}

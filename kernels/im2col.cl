@@ -1,0 +1,84 @@
+// im2col / col2im / layout kernels of the general im2col + GEMM algorithm.
+//
+// Column layout, shared by every pass: for a chunk of B images,
+//   col[r][b * P + p],  r = (c * KH + i) * KW + j,  p = oy * OW + ox,  P = OH * OW,
+// a (C*KH*KW) x (B*P) row-major matrix. Rows of group g are g*Cg*KH*KW ...,
+// so each group's block is one sub-matrix at a fixed offset.
+//
+// Specialised by the host with prepended #defines; the defaults below are for reading.
+#ifndef REAL
+#define REAL float
+#endif
+#ifndef IDX            // index type: int when every buffer has < 2^31 elements, else long
+#define IDX long
+#endif
+
+// 2-D range: dim 0 over the columns (b, p) of the chunk, dim 1 over the rows r.
+__kernel void im2col(__global const REAL* restrict x, const IDX x_off,
+                     __global REAL* restrict col, const IDX col_off,
+                     const int B, const int C, const int H, const int W,
+                     const int KH, const int KW, const int OH, const int OW,
+                     const int SH, const int SW, const int PT, const int PL,
+                     const int DH, const int DW)
+{
+    const int q = get_global_id(0);
+    const int r = get_global_id(1);
+    const int P = OH * OW;
+    if (q >= B * P || r >= C * KH * KW) return;
+    const int b = q / P, p = q - b * P;
+    const int oy = p / OW, ox = p - oy * OW;
+    const int j = r % KW, i = (r / KW) % KH, c = r / (KW * KH);
+    const int y = oy * SH - PT + i * DH;
+    const int xx = ox * SW - PL + j * DW;
+    REAL v = (REAL)0;
+    if (y >= 0 && y < H && xx >= 0 && xx < W)
+        v = x[x_off + (((IDX)b * C + c) * H + y) * W + xx];
+    col[col_off + (IDX)r * (B * (IDX)P) + q] = v;
+}
+
+// Adjoint of im2col. One work-item per input pixel (b, c, y, x) gathers every
+// column entry that im2col read from it and OVERWRITES dx with the sum: no
+// atomics, no dependence on what dx held before, a fixed summation order.
+__kernel void col2im(__global const REAL* restrict col, const IDX col_off,
+                     __global REAL* restrict dx, const IDX dx_off,
+                     const int B, const int C, const int H, const int W,
+                     const int KH, const int KW, const int OH, const int OW,
+                     const int SH, const int SW, const int PT, const int PL,
+                     const int DH, const int DW)
+{
+    const IDX t = get_global_id(0);
+    if (t >= (IDX)B * C * H * W) return;
+    const int xx = t % W, y = (t / W) % H;
+    const int c = (t / ((IDX)W * H)) % C;
+    const int b = t / ((IDX)W * H * C);
+    const int P = OH * OW;
+    REAL acc = (REAL)0;
+    for (int i = 0; i < KH; ++i) {
+        const int ny = y + PT - i * DH;           // = oy * SH
+        if (ny < 0 || ny % SH) continue;
+        const int oy = ny / SH;
+        if (oy >= OH) continue;
+        for (int j = 0; j < KW; ++j) {
+            const int nx = xx + PL - j * DW;      // = ox * SW
+            if (nx < 0 || nx % SW) continue;
+            const int ox = nx / SW;
+            if (ox >= OW) continue;
+            const IDX r = ((IDX)c * KH + i) * KW + j;
+            acc += col[col_off + r * (B * (IDX)P) + (IDX)b * P + oy * OW + ox];
+        }
+    }
+    dx[dx_off + t] = acc;
+}
+
+// (B, K, P) -> (K, B*P): grad_output in the column layout, so that grad-weight
+// is one GEMM per group over all B*P positions of the chunk.
+__kernel void nchw_to_cnhw(__global const REAL* restrict src, const IDX src_off,
+                           __global REAL* restrict dst, const IDX dst_off,
+                           const int B, const int K, const int P)
+{
+    const int q = get_global_id(0);   // b * P + p
+    const int k = get_global_id(1);
+    if (q >= B * P || k >= K) return;
+    const int b = q / P, p = q - b * P;
+    dst[dst_off + (IDX)k * (B * (IDX)P) + q] = src[src_off + ((IDX)b * K + k) * P + p];
+}

@@ -1,0 +1,59 @@
+"""Shared test tools: the one tolerance table, the case list, comparisons."""
+import numpy as np
+
+# Normalised max error, max|actual - expected| / max|expected|, against the float64 reference.
+TOLERANCE = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}
+
+
+def assert_close(actual, expected, dtype, what=""):
+    actual = np.asarray(actual, np.float64)
+    expected = np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert np.all(np.isfinite(actual)), f"{what}: non-finite values in the result"
+    scale = max(np.abs(expected).max(initial=0.0), 1e-30)
+    err = np.abs(actual - expected).max(initial=0.0) / scale
+    assert err <= TOLERANCE[np.dtype(dtype)], f"{what}: normalised max error {err:.3g} > {TOLERANCE[np.dtype(dtype)]}"
+
+
+class Case:
+    """One convolution configuration: input (N, C, H, W), weight (K, C/groups, kh, kw), options."""
+
+    def __init__(self, name, N, C, H, W, K, kh, kw, stride=1, padding=0, dilation=1, groups=1):
+        self.name = name
+        self.input_shape = (N, C, H, W)
+        self.weight_shape = (K, C // groups, kh, kw)
+        self.options = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+    def __repr__(self):
+        return self.name
+
+    def data(self, dtype=np.float32, seed=0):
+        """Random input, weight, bias (K,) and a grad_output of the right size."""
+        from clconv import reference
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal(self.input_shape).astype(dtype)
+        w = rng.standard_normal(self.weight_shape).astype(dtype)
+        b = rng.standard_normal(self.weight_shape[0]).astype(dtype)
+        out_shape = reference.conv2d(x[:0], w, **self.options).shape[1:]
+        dy = rng.standard_normal((self.input_shape[0],) + out_shape).astype(dtype)
+        return x, w, b, dy
+
+
+CASES = [
+    Case("g1_k3x3_s1_p1", 1, 3, 7, 9, 5, 3, 3, padding=1),
+    Case("g2_k3x3_s2_pad_pair", 3, 4, 9, 7, 6, 3, 3, stride=2, padding=(1, 2), groups=2),
+    Case("g3_k3x2_s3x2_asym", 1, 6, 11, 8, 9, 3, 2, stride=(3, 2), padding=((2, 0), (1, 3)), groups=3),
+    Case("depthwise_x2_s2_same", 3, 5, 9, 6, 10, 3, 3, stride=2, padding="same", groups=5),
+    Case("depthwise_k2x4_d2_valid", 1, 4, 10, 13, 4, 2, 4, padding="valid", dilation=2, groups=4),
+    Case("k1x1_g2", 3, 6, 5, 7, 4, 1, 1, groups=2),
+    Case("k1x1_s2", 1, 4, 7, 6, 3, 1, 1, stride=2),
+    Case("k1x1_s3_pad1", 3, 3, 8, 5, 5, 1, 1, stride=3, padding=1),
+    Case("fc_mode", 3, 8, 5, 4, 7, 5, 4),
+    Case("fc_mode_g2", 3, 6, 3, 5, 4, 3, 5, groups=2),
+    Case("fc_mode_padded", 1, 2, 3, 3, 3, 5, 5, padding=1),
+    Case("d1x3_same_s1", 3, 3, 8, 11, 4, 3, 3, padding="same", dilation=(1, 3)),
+    Case("k2x4_s1x3_p2", 1, 2, 6, 13, 3, 2, 4, stride=(1, 3), padding=2),
+    Case("g3_same_s3", 3, 6, 10, 11, 6, 3, 3, stride=3, padding="same", groups=3),
+    Case("g2_d2_s2_p1", 1, 4, 12, 9, 4, 3, 3, stride=2, padding=1, dilation=2, groups=2),
+    Case("g2_k5x5_alexnet_like", 3, 4, 9, 8, 6, 5, 5, padding=2, groups=2),
+]

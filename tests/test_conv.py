@@ -1,0 +1,167 @@
+"""Every public pass against the float64 NumPy reference."""
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
+import pytest
+
+import clconv
+from clconv import reference
+from helpers import CASES, assert_close
+
+
+def _all_passes(case, dtype, run):
+    """Run the four passes through ``run(fn, *args)`` and compare each with the reference."""
+    x, w, b, dy = case.data(dtype)
+    opts = case.options
+    assert_close(run(clconv.conv2d, x, w, b, **opts), reference.conv2d(x, w, b, **opts), dtype, "forward")
+    assert_close(run(clconv.conv2d, x, w, None, **opts), reference.conv2d(x, w, **opts), dtype, "forward no bias")
+    assert_close(run(clconv.conv2d_input, x.shape, w, dy, **opts), reference.conv2d_input(x.shape, w, dy, **opts),
+                 dtype, "grad-input")
+    assert_close(run(clconv.conv2d_weight, x, w.shape, dy, **opts),
+                 reference.conv2d_weight(x, w.shape, dy, **opts), dtype, "grad-weight")
+    assert_close(run(clconv.conv2d_bias, dy), reference.conv2d_bias(dy), dtype, "grad-bias")
+
+
+def _numpy_run(fn, *args, **kw):
+    result = fn(*args, **kw)
+    assert isinstance(result, np.ndarray)
+    return result
+
+
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_numpy_in_numpy_out(case):
+    _all_passes(case, np.float32, _numpy_run)
+
+
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_device_arrays(case, queue):
+    def run(fn, *args, **kw):
+        dev = [cla.to_device(queue, a) if isinstance(a, np.ndarray) else a for a in args]
+        result = fn(*dev, **kw)
+        assert isinstance(result, cla.Array) and result.queue is queue
+        return result.get()
+    _all_passes(case, np.float32, run)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in {"g3_k3x2_s3x2_asym", "depthwise_x2_s2_same",
+                                                                 "fc_mode_g2", "k1x1_g2"}], ids=repr)
+def test_float64(case, queue):
+    if "cl_khr_fp64" not in queue.device.extensions:
+        pytest.skip(f"{queue.device.name} has no cl_khr_fp64")
+    _all_passes(case, np.float64, _numpy_run)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.options["groups"] > 1], ids=repr)
+def test_grouped_equals_concatenated_groups(case):
+    x, w, b, dy = case.data()
+    G = case.options["groups"]
+    opts = dict(case.options, groups=1)
+    Cg, Kg = x.shape[1] // G, w.shape[0] // G
+    parts = [clconv.conv2d(x[:, g * Cg:(g + 1) * Cg], w[g * Kg:(g + 1) * Kg], b[g * Kg:(g + 1) * Kg], **opts)
+             for g in range(G)]
+    grouped = clconv.conv2d(x, w, b, **case.options)
+    np.testing.assert_allclose(grouped, np.concatenate(parts, axis=1), rtol=1e-5, atol=1e-5)
+
+
+def _carve(queue, arrays, offsets, fill=12345.0):
+    """Place each array inside one shared buffer at the given element offsets, sentinels around."""
+    dtype = arrays[0].dtype
+    size = max(o + a.size for o, a in zip(offsets, arrays)) + 131
+    base = cla.empty(queue, size, dtype)
+    base.fill(fill)
+    views = []
+    for o, a in zip(offsets, arrays):
+        v = base[o:o + a.size].reshape(a.shape)
+        v.set(np.ascontiguousarray(a))
+        views.append(v)
+    return base, views
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in {"g3_k3x2_s3x2_asym", "depthwise_x2_s2_same",
+                                                                 "fc_mode", "k1x1_g2", "g1_k3x3_s1_p1"}], ids=repr)
+def test_views_at_odd_offsets_in_one_buffer(case, queue):
+    """All operands and the output in one buffer at odd offsets; sentinels between stay untouched."""
+    x, w, b, dy = case.data()
+    opts = case.options
+    y_ref = reference.conv2d(x, w, b, **opts)
+    shapes = [x, w, b, dy, np.zeros(y_ref.shape, np.float32), np.zeros(x.shape, np.float32),
+              np.zeros(w.shape, np.float32), np.zeros(b.shape, np.float32)]
+    offsets, pos = [], 13
+    for a in shapes:
+        offsets.append(pos)
+        pos += a.size + 127 + (pos % 7)
+    base, (vx, vw, vb, vdy, vy, vdx, vdw, vdb) = _carve(queue, shapes, offsets)
+    before = base.get()
+    assert clconv.conv2d(vx, vw, vb, out=vy, **opts) is vy
+    assert clconv.conv2d_input(x.shape, vw, vdy, out=vdx, **opts) is vdx
+    assert clconv.conv2d_weight(vx, w.shape, vdy, out=vdw, **opts) is vdw
+    assert clconv.conv2d_bias(vdy, out=vdb) is vdb
+    assert_close(vy.get(), y_ref, np.float32, "forward")
+    assert_close(vdx.get(), reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "grad-input")
+    assert_close(vdw.get(), reference.conv2d_weight(x, w.shape, dy, **opts), np.float32, "grad-weight")
+    assert_close(vdb.get(), reference.conv2d_bias(dy), np.float32, "grad-bias")
+    after = base.get()
+    written = np.zeros(after.size, bool)
+    for o, a in zip(offsets[4:], shapes[4:]):
+        written[o:o + a.size] = True
+    np.testing.assert_array_equal(after[~written], before[~written])
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in {"g2_k3x3_s2_pad_pair", "k1x1_s3_pad1",
+                                                                 "g3_same_s3"}], ids=repr)
+def test_nan_filled_outputs_are_fully_overwritten(case, queue):
+    x, w, b, dy = case.data()
+    opts = case.options
+    outs = {}
+    for name, shape in [("y", reference.conv2d(x, w, **opts).shape), ("dx", x.shape), ("dw", w.shape),
+                        ("db", b.shape)]:
+        outs[name] = cla.empty(queue, shape, np.float32)
+        outs[name].fill(np.nan)
+    dev = {k: cla.to_device(queue, v) for k, v in dict(x=x, w=w, b=b, dy=dy).items()}
+    clconv.conv2d(dev["x"], dev["w"], None, out=outs["y"], **opts)
+    clconv.conv2d_input(x.shape, dev["w"], dev["dy"], out=outs["dx"], **opts)
+    clconv.conv2d_weight(dev["x"], w.shape, dev["dy"], out=outs["dw"], **opts)
+    clconv.conv2d_bias(dev["dy"], out=outs["db"])
+    assert_close(outs["y"].get(), reference.conv2d(x, w, **opts), np.float32, "forward")
+    assert_close(outs["dx"].get(), reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "grad-input")
+    assert_close(outs["dw"].get(), reference.conv2d_weight(x, w.shape, dy, **opts), np.float32, "grad-weight")
+    assert_close(outs["db"].get(), reference.conv2d_bias(dy), np.float32, "grad-bias")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.input_shape[0] == 3 and c.name in {
+    "g2_k3x3_s2_pad_pair", "depthwise_x2_s2_same", "g3_same_s3"}], ids=repr)
+def test_chunked_batch_matches_reference(case, queue):
+    """A workspace limit of about one image forces one chunk per image."""
+    x, w, b, dy = case.data()
+    opts = case.options
+    p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="im2col")
+    per_image = p.workspace_bytes // x.shape[0]
+    small = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="im2col", workspace_limit=per_image)
+    assert small.workspace_bytes < p.workspace_bytes
+    assert "3 chunk(s)" in small.explain()
+    assert_close(small.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float32, "forward")
+    assert_close(small.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "dx")
+    assert_close(small.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **opts), np.float32, "dw")
+
+
+def test_explicit_queue_and_second_queue(queue):
+    case = CASES[1]
+    x, w, b, dy = case.data()
+    other = cl.CommandQueue(queue.context)
+    dx, dw = cla.to_device(other, x), cla.to_device(other, w)
+    y = clconv.conv2d(dx, dw, **case.options)
+    assert y.queue is other
+    y2 = clconv.conv2d(dx, dw, **case.options, queue=queue)
+    assert y2.queue is queue
+    np.testing.assert_array_equal(y.get(), y2.get())
+
+
+def test_empty_batch_gives_empty_output_and_zero_gradients(queue):
+    case = CASES[1]
+    x, w, b, dy = case.data()
+    x0, dy0 = x[:0], dy[:0]
+    assert clconv.conv2d(x0, w, b, **case.options).shape == (0,) + dy.shape[1:]
+    assert clconv.conv2d_input(x0.shape, w, dy0, **case.options).shape == x0.shape
+    np.testing.assert_array_equal(clconv.conv2d_weight(x0, w.shape, dy0, **case.options), np.zeros(w.shape))
+    np.testing.assert_array_equal(clconv.conv2d_bias(dy0), np.zeros(b.shape))
+
