@@ -148,10 +148,11 @@ def conv_geometry(input_shape, weight_shape, stride=1, padding=0, dilation=1, gr
     N, C, H, W = input_shape
     K, Cg, kh, kw = weight_shape
     if min(weight_shape) <= 0:
-        raise ValueError(f"weight has a zero or negative dimension: weight of size {_shape(weight_shape)}")
+        raise ValueError(f"weight has a zero or negative dimension: weight of size {_shape(weight_shape)} "
+                         f"for input of size {_shape(input_shape)}")
     if N < 0 or min(C, H, W) <= 0:
         raise ValueError(f"input has a zero or negative dimension: input of size {_shape(input_shape)} "
-                         "(only the batch N may be 0)")
+                         f"for weight of size {_shape(weight_shape)} (only the batch N may be 0)")
     if K % groups:
         raise ValueError(f"Given groups={groups}, expected weight {_shape(weight_shape)} to have out_channels "
                          f"divisible by groups, but got {K} out_channels")

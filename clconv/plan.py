@@ -15,7 +15,8 @@ from . import bias as _bias
 from .algorithms.im2col import Im2col
 from .algorithms.common import ref
 from .geometry import check_grad_output, conv_geometry
-from .validate import (check_array, check_device_dtype, check_out, check_same_dtype, check_type,
+from .device import check_dtype_supported
+from .validate import (check_array, check_queue, check_out, check_same_dtype, check_type,
                        is_device_array, pick_queue)
 
 ALGORITHMS = {cls.name: cls for cls in (Im2col,)}
@@ -37,7 +38,7 @@ class Plan:
 
     def __init__(self, geometry, dtype, queue, *, algorithm="auto", workspace_limit=None):
         self.geometry, self.dtype, self.queue = geometry, np.dtype(dtype), queue
-        check_device_dtype(self.dtype, queue)
+        check_dtype_supported(self.dtype, queue.device)
         self.workspace_limit = workspace_limit or default_workspace_limit(queue.device)
         if self.workspace_limit > queue.device.max_mem_alloc_size:
             raise ValueError(f"workspace_limit {self.workspace_limit} is above the device's largest "
@@ -147,7 +148,8 @@ def prepare(queue, plan, arrays, shapes, out, out_shape):
         if dtype != plan.dtype:
             raise TypeError(f"this plan is for {plan.dtype}, got arrays of dtype {dtype}")
     else:
-        check_device_dtype(dtype, queue)
+        check_dtype_supported(dtype, queue.device)
+    check_queue(queue)
     for name, a in arrays.items():
         if a is not None:
             check_array(name, a, shapes[name], queue.context)

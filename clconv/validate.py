@@ -8,7 +8,7 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
-from .device import check_dtype_supported, default_queue
+from .device import default_queue
 
 
 def is_device_array(a):
@@ -83,7 +83,7 @@ def pick_queue(queue, *arrays, default=None):
     return default if default is not None else default_queue()
 
 
-def check_device_dtype(dtype, queue):
-    check_dtype_supported(dtype, queue.device)
+def check_queue(queue):
+    """Raise unless ``queue`` is in-order (our passes rely on in-order execution)."""
     if queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE:
         raise ValueError("clconv needs an in-order command queue; got an out-of-order queue")
