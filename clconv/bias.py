@@ -11,6 +11,17 @@ def fill_bias(queue, dtype, y, bias, N, K, P):
            i32(N), i32(K), i32(P), what="forward bias")
 
 
+def prefill_bias(queue, dtype, y, bias, g):
+    """Before a GEMM pass: y = bias broadcast (then GEMM with beta = 1), or nothing.
+
+    Returns the GEMM's beta. ``g`` is the ConvGeometry, ``bias`` a Ref or None.
+    """
+    if bias is None:
+        return 0.0
+    fill_bias(queue, dtype, y, bias, g.N, g.K, g.P)
+    return 1.0
+
+
 def bias_grad(queue, dtype, dy, db, N, K, P):
     """db (K,) = dy (N, K, P) summed over N and P, one work-group per channel."""
     idx = idx_for(dtype, dy, db)

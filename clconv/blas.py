@@ -5,7 +5,9 @@ pyclblast takes ``Array`` objects but only uses ``base_data`` and ignores
 pass the element offsets ourselves.
 """
 import pyclblast
+import pyopencl as cl
 import pyopencl.array as cla
+from pyopencl.tools import context_dependent_memoize
 
 from .programs import ClconvError
 
@@ -34,21 +36,52 @@ def gemm_strided_batched(queue, dtype, m, n, k, count, a, a_off, lda, a_stride, 
                           f"(lda={lda}, ldb={ldb}, ldc={ldc}) failed: {exc}") from exc
 
 
+@context_dependent_memoize
+def _queue_pool(context, device):
+    """The per-group in-order queues of one context and device (grown on demand)."""
+    return []
+
+
+def group_queues(queue, count):
+    """``count`` in-order queues on the context and device of ``queue``, kept per context."""
+    pool = _queue_pool(queue.context, queue.device)
+    while len(pool) < count:
+        pool.append(cl.CommandQueue(queue.context, queue.device))
+    return pool[:count]
+
+
 def grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, offsets, group_strides, image_strides,
-              lds, *, beta=0.0, a_transp=False, b_transp=False, what=""):
+              lds, *, beta=0.0, a_transp=False, b_transp=False, per_group=False, what=""):
     """Run one GEMM per (group, image) pair with offsets ``base + g * group_stride + i * image_stride``.
 
     The smaller of the two dimensions becomes a (host-side, non-blocking) loop
     and the other one the batch of a strided-batched GEMM, so there are
     min(groups, images) launches. ``offsets``, ``group_strides``,
     ``image_strides`` and ``lds`` are (A, B, C) triples.
+
+    With ``per_group`` each group's GEMM (batched over the images) runs on its
+    own in-order queue: those queues wait for a marker of everything enqueued
+    on ``queue`` so far, and ``queue`` waits for all of them before going on.
+    CLBlast takes no wait list, hence the barriers.
     """
-    if groups <= images:
-        loop, batch, loop_strides, batch_strides = groups, images, group_strides, image_strides
-    else:
-        loop, batch, loop_strides, batch_strides = images, groups, image_strides, group_strides
-    for i in range(loop):
+    def run(q, i, loop_strides, count, batch_strides):
         a_off, b_off, c_off = (o + i * s for o, s in zip(offsets, loop_strides))
-        gemm_strided_batched(queue, dtype, m, n, k, batch, a, a_off, lds[0], batch_strides[0],
+        gemm_strided_batched(q, dtype, m, n, k, count, a, a_off, lds[0], batch_strides[0],
                              b, b_off, lds[1], batch_strides[1], c, c_off, lds[2], batch_strides[2],
                              beta=beta, a_transp=a_transp, b_transp=b_transp, what=what)
+
+    if per_group and groups > 1:
+        ready = cl.enqueue_marker(queue)
+        done = []
+        for g, q in enumerate(group_queues(queue, groups)):
+            cl.enqueue_barrier(q, wait_for=[ready])
+            run(q, g, group_strides, images, image_strides)
+            done.append(cl.enqueue_marker(q))
+            q.flush()
+        cl.enqueue_barrier(queue, wait_for=done)
+    elif groups <= images:
+        for g in range(groups):
+            run(queue, g, group_strides, images, image_strides)
+    else:
+        for i in range(images):
+            run(queue, i, image_strides, groups, group_strides)

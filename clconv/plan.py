@@ -11,15 +11,19 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
-from . import bias as _bias
+from .algorithms.depthwise import Depthwise
+from .algorithms.fc import FullyConnected
 from .algorithms.im2col import Im2col
+from .algorithms.pointwise import Pointwise
 from .algorithms.common import ref
 from .geometry import check_grad_output, conv_geometry
 from .device import check_dtype_supported
 from .validate import (check_array, check_queue, check_out, check_same_dtype, check_type,
                        is_device_array, pick_queue)
 
-ALGORITHMS = {cls.name: cls for cls in (Im2col,)}
+# In order of preference: the first that applies is chosen by algorithm="auto".
+ALGORITHMS = {cls.name: cls for cls in (FullyConnected, Pointwise, Depthwise, Im2col)}
+QUEUES = ("single", "per-group")
 PASSES = ("forward", "backward_input", "backward_weight")
 
 
@@ -36,8 +40,11 @@ class Plan:
     and answered as NumPy) and return the result; ``out=`` writes in place.
     """
 
-    def __init__(self, geometry, dtype, queue, *, algorithm="auto", workspace_limit=None):
+    def __init__(self, geometry, dtype, queue, *, algorithm="auto", queues="single", workspace_limit=None):
         self.geometry, self.dtype, self.queue = geometry, np.dtype(dtype), queue
+        if queues not in QUEUES:
+            raise ValueError(f"queues must be one of {QUEUES}, got {queues!r}")
+        self.queues = queues
         check_dtype_supported(self.dtype, queue.device)
         self.workspace_limit = workspace_limit or default_workspace_limit(queue.device)
         if self.workspace_limit > queue.device.max_mem_alloc_size:
@@ -54,7 +61,8 @@ class Plan:
         for name, cls in candidates.items():
             ok, why = cls.applies(g)
             if ok:
-                return cls(g, self.dtype, self.workspace_limit), why
+                return cls(g, self.dtype, self.queue.device, self.workspace_limit,
+                           per_group=self.queues == "per-group"), why
             reasons.append(f"{name}: {why}")
         raise ValueError(f"algorithm {algorithm!r} does not apply to input {list(g.input_shape)} with weight "
                          f"{list(g.weight_shape)}: {'; '.join(reasons)}")
@@ -62,6 +70,11 @@ class Plan:
     @property
     def context(self):
         return self.queue.context
+
+    @property
+    def algorithms(self):
+        """The algorithm chosen for each pass: {"forward": "im2col", ...}."""
+        return {p: algo.name for p, (algo, _) in self._choice.items()}
 
     @property
     def workspace_bytes(self):
@@ -73,9 +86,9 @@ class Plan:
         g = self.geometry
         lines = [f"conv2d input {list(g.input_shape)} weight {list(g.weight_shape)} -> output "
                  f"{list(g.output_shape)}, stride {g.stride}, padding {g.pads}, dilation {g.dilation}, "
-                 f"groups {g.groups}, {self.dtype}"]
+                 f"groups {g.groups}, {self.dtype}, queues: {self.queues}"]
         for p, (algo, why) in self._choice.items():
-            lines.append(f"{p}: {algo.describe(p)}; chosen because {why}; "
+            lines.append(f"{p} [{algo.name}]: {algo.describe(p)}; chosen because {why}; "
                          f"workspace {algo.workspace[p] * self.dtype.itemsize} bytes")
         return "\n".join(lines)
 
@@ -93,11 +106,9 @@ class Plan:
         queue, dev, numpy_mode = prepare(queue, self, {"input": input, "weight": weight, "bias": bias},
                                                shapes, out, g.output_shape)
         if g.N:
-            y = ref(dev["out"])
-            if bias is not None:
-                _bias.fill_bias(queue, self.dtype, y, ref(dev["bias"]), g.N, g.K, g.P)
-            self._choice["forward"][0].forward(queue, ref(dev["input"]), ref(dev["weight"]), y,
-                                               self._workspace("forward"), accumulate=bias is not None)
+            self._choice["forward"][0].forward(queue, ref(dev["input"]), ref(dev["weight"]),
+                                               None if bias is None else ref(dev["bias"]), ref(dev["out"]),
+                                               self._workspace("forward"))
         return finish(dev, out, numpy_mode)
 
     def backward_input(self, weight, grad_output, *, out=None, queue=None):
@@ -181,21 +192,26 @@ _plan_lock = threading.Lock()
 
 
 def plan(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, *, dtype=np.float32,
-         queue=None, algorithm="auto", workspace_limit=None):
-    """Build a reusable :class:`Plan` for input (N, C, H, W) and weight (K, C/groups, kh, kw)."""
+         queue=None, algorithm="auto", queues="single", workspace_limit=None):
+    """Build a reusable :class:`Plan` for input (N, C, H, W) and weight (K, C/groups, kh, kw).
+
+    ``algorithm``: "auto" or one of "fc", "1x1", "direct", "im2col" (ValueError if
+    it does not apply). ``queues``: "single" or "per-group" (each group's GEMMs on
+    their own in-order queue). ``workspace_limit``: bytes of workspace per pass.
+    """
     g = conv_geometry(input_shape, weight_shape, stride, padding, dilation, groups)
-    return Plan(g, dtype, pick_queue(queue), algorithm=algorithm, workspace_limit=workspace_limit)
+    return Plan(g, dtype, pick_queue(queue), algorithm=algorithm, queues=queues, workspace_limit=workspace_limit)
 
 
-def cached_plan(g, dtype, queue, algorithm="auto"):
-    """The plan for (geometry, dtype, context, algorithm) from a small LRU cache."""
-    key = (queue.context.int_ptr, g, np.dtype(dtype), algorithm)
+def cached_plan(g, dtype, queue, algorithm="auto", queues="single"):
+    """The plan for (geometry, dtype, context, algorithm, queues) from a small LRU cache."""
+    key = (queue.context.int_ptr, g, np.dtype(dtype), algorithm, queues)
     with _plan_lock:
         p = _plan_cache.get(key)
         if p is not None:
             _plan_cache.move_to_end(key)
             return p
-    p = Plan(g, dtype, queue, algorithm=algorithm)
+    p = Plan(g, dtype, queue, algorithm=algorithm, queues=queues)
     with _plan_lock:
         _plan_cache[key] = p
         while len(_plan_cache) > _PLAN_CACHE_SIZE:

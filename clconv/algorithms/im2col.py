@@ -10,7 +10,8 @@ The (g, b) GEMMs are strided-batched launches over the larger of the two, looped
 over the smaller. Nothing is copied per group: every operand is an offset into
 its shared buffer.
 """
-from ..blas import gemm_strided_batched, grid_gemm
+from ..bias import prefill_bias
+from ..blas import grid_gemm
 from ..programs import INT32_MAX, get_kernel, launch
 from .common import Ref, i32, iarg, idx_for
 
@@ -24,8 +25,8 @@ class Im2col:
     def applies(g):
         return True, "general: any shape, stride, padding, dilation and groups"
 
-    def __init__(self, g, dtype, workspace_limit):
-        self.g, self.dtype = g, dtype
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False):
+        self.g, self.dtype, self.per_group = g, dtype, per_group
         itemsize = dtype.itemsize
         rows = g.C * g.kh * g.kw
         self.rows = rows
@@ -57,9 +58,9 @@ class Im2col:
                x.buf, iarg(idx, x.off + n0 * g.C * g.H * g.W), ws, iarg(idx, 0),
                *map(i32, self._geometry_args(B)), what="im2col")
 
-    def forward(self, queue, x, w, y, ws, accumulate):
-        """y (N, K, OH, OW) [+]= conv(x, w); with ``accumulate`` y already holds the bias."""
+    def forward(self, queue, x, w, bias, y, ws):
         g, B = self.g, self.chunk["forward"]
+        beta = prefill_bias(queue, self.dtype, y, bias, g)
         idx = idx_for(self.dtype, x, w, y, Ref(ws, 0))
         G, Kg, Kd, P = g.groups, g.Kg, g.Kd, g.P
         for n0 in range(0, g.N, B):
@@ -69,7 +70,7 @@ class Im2col:
                       offsets=(w.off, 0, y.off + n0 * g.K * P),
                       group_strides=(Kg * Kd, Kd * nb * P, Kg * P),
                       image_strides=(0, P, g.K * P),
-                      lds=(Kd, nb * P, P), beta=1.0 if accumulate else 0.0, what="forward")
+                      lds=(Kd, nb * P, P), beta=beta, per_group=self.per_group, what="forward")
 
     def backward_input(self, queue, w, dy, dx, ws):
         g, B = self.g, self.chunk["backward_input"]
@@ -82,7 +83,7 @@ class Im2col:
                       offsets=(w.off, dy.off + n0 * g.K * P, 0),
                       group_strides=(Kg * Kd, Kg * P, Kd * nb * P),
                       image_strides=(0, g.K * P, P),
-                      lds=(Kd, P, nb * P), a_transp=True, what="grad-input")
+                      lds=(Kd, P, nb * P), a_transp=True, per_group=self.per_group, what="grad-input")
             launch(queue, knl, (nb * g.C * g.H * g.W,), (64,),
                    ws, iarg(idx, 0), dx.buf, iarg(idx, dx.off + n0 * g.C * g.H * g.W),
                    *map(i32, self._geometry_args(nb)), what="col2im")
@@ -98,9 +99,8 @@ class Im2col:
             self._im2col(queue, x, n0, nb, ws, idx)
             launch(queue, transpose, (nb * P, g.K), TILE, dy.buf, iarg(idx, dy.off + n0 * g.K * P),
                    ws, iarg(idx, dyt), i32(nb), i32(g.K), i32(P), what="grad-weight layout")
-            gemm_strided_batched(queue, self.dtype, Kg, Kd, nb * P, G,
-                                 ws, dyt, nb * P, Kg * nb * P,
-                                 ws, 0, nb * P, Kd * nb * P,
-                                 dw.buf, dw.off, Kd, Kg * Kd,
-                                 beta=0.0 if n0 == 0 else 1.0, b_transp=True, what="grad-weight")
+            grid_gemm(queue, self.dtype, G, 1, Kg, Kd, nb * P, ws, ws, dw.buf,
+                      offsets=(dyt, 0, dw.off), group_strides=(Kg * nb * P, Kd * nb * P, Kg * Kd),
+                      image_strides=(0, 0, 0), lds=(nb * P, nb * P, Kd), beta=0.0 if n0 == 0 else 1.0,
+                      b_transp=True, per_group=self.per_group, what="grad-weight")
 

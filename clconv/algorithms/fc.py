@@ -1,0 +1,53 @@
+"""Fully-connected mode: the kernel covers the whole unpadded input (OH = OW = 1).
+
+Then input (N, C*H*W) and output (N, K) are plain matrices, group g owning
+columns g*Kd ... of the input and g*Kg ... of the output, and each pass is one
+strided-batched GEMM over the groups, over the whole batch, with no workspace:
+  forward       Y[:, g]  = X[:, g] @ W[g]^T       M=N   N=Kg  K=Kd
+  grad-input    dX[:, g] = dY[:, g] @ W[g]        M=N   N=Kd  K=Kg
+  grad-weight   dW[g]    = dY[:, g]^T @ X[:, g]   M=Kg  N=Kd  K=N
+"""
+from ..bias import prefill_bias
+from ..blas import grid_gemm
+
+
+class FullyConnected:
+    name = "fc"
+
+    @staticmethod
+    def applies(g):
+        if g.kh == g.H and g.kw == g.W and g.pads == ((0, 0), (0, 0)):
+            return True, f"kernel {g.kh}x{g.kw} covers the whole input {g.H}x{g.W}: one GEMM per pass"
+        return False, (f"needs a kernel covering the whole unpadded input (kernel {g.kh}x{g.kw}, "
+                       f"input {g.H}x{g.W}, padding {g.pads})")
+
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False):
+        self.g, self.dtype, self.per_group = g, dtype, per_group
+        self.workspace = {"forward": 0, "backward_input": 0, "backward_weight": 0}
+
+    def describe(self, pass_name):
+        g = self.g
+        mnk = {"forward": (g.N, g.Kg, g.Kd), "backward_input": (g.N, g.Kd, g.Kg),
+               "backward_weight": (g.Kg, g.Kd, g.N)}[pass_name]
+        return (f"fully-connected GEMM over the whole batch, {g.groups} group(s) in one batched call, "
+                f"M={mnk[0]} N={mnk[1]} K={mnk[2]}, no im2col, no workspace")
+
+    def _gemm(self, queue, m, n, k, a, b, c, offsets, group_strides, lds, **kw):
+        grid_gemm(queue, self.dtype, self.g.groups, 1, m, n, k, a, b, c, offsets, group_strides, (0, 0, 0), lds,
+                  per_group=self.per_group, **kw)
+
+    def forward(self, queue, x, w, bias, y, ws):
+        g = self.g
+        beta = prefill_bias(queue, self.dtype, y, bias, g)
+        self._gemm(queue, g.N, g.Kg, g.Kd, x.buf, w.buf, y.buf, (x.off, w.off, y.off), (g.Kd, g.Kg * g.Kd, g.Kg),
+                   (g.C * g.H * g.W, g.Kd, g.K), beta=beta, b_transp=True, what="forward (fc)")
+
+    def backward_input(self, queue, w, dy, dx, ws):
+        g = self.g
+        self._gemm(queue, g.N, g.Kd, g.Kg, dy.buf, w.buf, dx.buf, (dy.off, w.off, dx.off), (g.Kg, g.Kg * g.Kd, g.Kd),
+                   (g.K, g.Kd, g.C * g.H * g.W), what="grad-input (fc)")
+
+    def backward_weight(self, queue, x, dy, dw, ws):
+        g = self.g
+        self._gemm(queue, g.Kg, g.Kd, g.N, dy.buf, x.buf, dw.buf, (dy.off, x.off, dw.off), (g.Kg, g.Kd, g.Kg * g.Kd),
+                   (g.K, g.C * g.H * g.W, g.Kd), a_transp=True, what="grad-weight (fc)")

@@ -1,0 +1,56 @@
+"""1x1 convolution with stride 1 and no padding: GEMM straight on the input.
+
+An image's input (C, H*W) already is its column matrix, so forward and
+grad-input are the im2col algorithm's GEMMs without im2col/col2im:
+  forward       Y[b, g]  = W[g] @ X[b, g]       M=Kg  N=H*W  K=Cg
+  grad-input    dX[b, g] = W[g]^T @ dY[b, g]    M=Cg  N=H*W  K=Kg
+one GEMM per (group, image), batched over the larger of the two. grad-weight
+sums over the images: it uses the im2col algorithm, whose im2col for a 1x1
+kernel is just the (C, N*H*W) layout that makes it one GEMM per group.
+"""
+from ..bias import prefill_bias
+from ..blas import grid_gemm
+from .im2col import Im2col
+
+
+class Pointwise:
+    name = "1x1"
+
+    @staticmethod
+    def applies(g):
+        if (g.kh, g.kw) == (1, 1) and g.stride == (1, 1) and g.pads == ((0, 0), (0, 0)):
+            return True, "1x1 kernel, stride 1, no padding: the input is already the GEMM operand"
+        return False, f"needs a 1x1 kernel with stride 1 and no padding (kernel {g.kh}x{g.kw}, stride {g.stride}, " \
+                      f"padding {g.pads})"
+
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False):
+        self.g, self.dtype, self.per_group = g, dtype, per_group
+        self._weight = Im2col(g, dtype, device, workspace_limit, per_group)
+        self.workspace = {"forward": 0, "backward_input": 0,
+                          "backward_weight": self._weight.workspace["backward_weight"]}
+
+    def describe(self, pass_name):
+        g = self.g
+        if pass_name == "backward_weight":
+            return "1x1: " + self._weight.describe(pass_name)
+        m, k = (g.Kg, g.Cg) if pass_name == "forward" else (g.Cg, g.Kg)
+        return (f"1x1 GEMM on the input, {g.groups} group(s) x {g.N} image(s) in "
+                f"{min(g.groups, g.N)} batched launch(es), M={m} N={g.P} K={k}, no im2col")
+
+    def forward(self, queue, x, w, bias, y, ws):
+        g = self.g
+        beta = prefill_bias(queue, self.dtype, y, bias, g)
+        grid_gemm(queue, self.dtype, g.groups, g.N, g.Kg, g.P, g.Cg, w.buf, x.buf, y.buf,
+                  offsets=(w.off, x.off, y.off), group_strides=(g.Kg * g.Cg, g.Cg * g.P, g.Kg * g.P),
+                  image_strides=(0, g.C * g.P, g.K * g.P), lds=(g.Cg, g.P, g.P),
+                  beta=beta, per_group=self.per_group, what="forward (1x1)")
+
+    def backward_input(self, queue, w, dy, dx, ws):
+        g = self.g
+        grid_gemm(queue, self.dtype, g.groups, g.N, g.Cg, g.P, g.Kg, w.buf, dy.buf, dx.buf,
+                  offsets=(w.off, dy.off, dx.off), group_strides=(g.Kg * g.Cg, g.Kg * g.P, g.Cg * g.P),
+                  image_strides=(0, g.K * g.P, g.C * g.P), lds=(g.Cg, g.P, g.P), a_transp=True,
+                  per_group=self.per_group, what="grad-input (1x1)")
+
+    def backward_weight(self, queue, x, dy, dw, ws):
+        self._weight.backward_weight(queue, x, dy, dw, ws)

@@ -1,0 +1,87 @@
+"""Each algorithm against the reference on every case it applies to; the planner's choices."""
+import numpy as np
+import pyopencl.array as cla
+import pytest
+
+import clconv
+from clconv import reference
+from clconv.geometry import conv_geometry
+from clconv.plan import ALGORITHMS
+from helpers import CASES, Case, assert_close
+
+EXTRA = [  # cases that exercise the specialised algorithms harder
+    Case("fc_mode_g4_wide", 5, 8, 3, 2, 12, 3, 2, groups=4),
+    Case("k1x1_g3_batch5", 5, 6, 3, 7, 9, 1, 1, groups=3),
+    Case("depthwise_x3_5x5_d2", 2, 3, 11, 9, 9, 5, 5, padding=((3, 1), (0, 2)), dilation=2, groups=3),
+    Case("depthwise_big_batch", 5, 4, 23, 29, 4, 3, 3, stride=2, padding=1, groups=4),
+]
+
+
+def applicable():
+    for case in CASES + EXTRA:
+        g = conv_geometry(case.input_shape, case.weight_shape, **case.options)
+        for name, cls in ALGORITHMS.items():
+            if cls.applies(g)[0]:
+                yield pytest.param(case, name, id=f"{name}-{case.name}")
+
+
+@pytest.mark.parametrize("case,algorithm", list(applicable()))
+def test_algorithm_matches_reference(case, algorithm, queue):
+    x, w, b, dy = case.data()
+    opts = case.options
+    p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm=algorithm)
+    assert p.explain().count(f"[{algorithm}]") == 3
+    assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float32, "forward")
+    assert_close(p.forward(x, w), reference.conv2d(x, w, **opts), np.float32, "forward no bias")
+    assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "grad-input")
+    assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **opts), np.float32,
+                 "grad-weight")
+
+
+@pytest.mark.parametrize("case,algorithm", [
+    (CASES[0], "fc"), (CASES[0], "1x1"), (CASES[0], "direct"), (CASES[7], "1x1"), (CASES[10], "fc")], ids=repr)
+def test_forced_algorithm_that_does_not_apply_is_refused(case, algorithm, queue):
+    with pytest.raises(ValueError, match=f"algorithm '{algorithm}' does not apply") as info:
+        clconv.plan(case.input_shape, case.weight_shape, **case.options, queue=queue, algorithm=algorithm)
+    assert str(list(case.input_shape)) in str(info.value)
+
+
+@pytest.mark.parametrize("case,expected", [
+    ("fc_mode", "fc"), ("fc_mode_g2", "fc"), ("k1x1_g2", "1x1"), ("depthwise_x2_s2_same", "direct"),
+    ("g1_k3x3_s1_p1", "im2col"), ("k1x1_s2", "im2col"), ("fc_mode_padded", "im2col")])
+def test_auto_choice(case, expected, queue):
+    case = next(c for c in CASES if c.name == case)
+    p = clconv.plan(case.input_shape, case.weight_shape, **case.options, queue=queue)
+    assert set(p.algorithms.values()) == {expected}
+
+
+def test_explain_fc_mode_names_the_gemm(queue):
+    p = clconv.plan((16, 8, 6, 6), (32, 8, 6, 6), queue=queue)
+    text = p.explain()
+    assert "forward [fc]: fully-connected GEMM" in text and "M=16 N=32 K=288" in text
+    assert "covers the whole input 6x6" in text and p.workspace_bytes == 0
+
+
+@pytest.mark.parametrize("case", [c for c in CASES + EXTRA if c.options["groups"] > 1
+                                  and c.options["groups"] != c.input_shape[1]], ids=repr)
+def test_per_group_queues_are_bit_identical(case, queue):
+    x, w, b, dy = case.data()
+    opts = case.options
+    dev = {k: cla.to_device(queue, v) for k, v in dict(x=x, w=w, b=b, dy=dy).items()}
+    results = []
+    for queues in ("single", "per-group"):
+        p = clconv.plan(x.shape, w.shape, **opts, queue=queue, queues=queues)
+        results.append([p.forward(dev["x"], dev["w"], dev["b"]).get(), p.backward_input(dev["w"], dev["dy"]).get(),
+                        p.backward_weight(dev["x"], dev["dy"]).get()])
+    for single, grouped in zip(*results):
+        np.testing.assert_array_equal(single, grouped)
+    assert_close(results[1][0], reference.conv2d(x, w, b, **opts), np.float32, "forward per-group")
+
+
+def test_functional_api_takes_algorithm_and_queues(queue):
+    case = CASES[1]
+    x, w, b, dy = case.data()
+    y = clconv.conv2d(x, w, b, **case.options, algorithm="im2col", queues="per-group")
+    assert_close(y, reference.conv2d(x, w, b, **case.options), np.float32, "forward")
+    with pytest.raises(ValueError, match="queues"):
+        clconv.conv2d(x, w, b, **case.options, queues="many")
