@@ -49,7 +49,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     g = conv_geometry(x.shape, w.shape, stride, padding, dilation, groups)
     G = g.groups
     cols = _windows(x, g).reshape(g.N, G, g.Kd, g.P)
-    y = np.einsum("gkd,ngdp->ngkp", w.reshape(G, g.Kg, g.Kd), cols).reshape(g.output_shape)
+    y = np.einsum("gkd,ngdp->ngkp", w.reshape(G, g.Kg, g.Kd), cols, optimize=True).reshape(g.output_shape)
     if bias is not None:
         b = np.asarray(bias, np.float64)
         if b.shape != (g.K,):
@@ -64,7 +64,7 @@ def conv2d_input(input_size, weight, grad_output, stride=1, padding=0, dilation=
     g = conv_geometry(tuple(input_size), w.shape, stride, padding, dilation, groups)
     check_grad_output(g, dy.shape)
     G = g.groups
-    dcols = np.einsum("gkd,ngkp->ngdp", w.reshape(G, g.Kg, g.Kd), dy.reshape(g.N, G, g.Kg, g.P))
+    dcols = np.einsum("gkd,ngkp->ngdp", w.reshape(G, g.Kg, g.Kd), dy.reshape(g.N, G, g.Kg, g.P), optimize=True)
     dx = _unwindows(dcols.reshape(g.N, g.C, g.kh, g.kw, g.OH, g.OW), g)
     return _store(dx, out)
 
@@ -76,7 +76,7 @@ def conv2d_weight(input, weight_size, grad_output, stride=1, padding=0, dilation
     check_grad_output(g, dy.shape)
     G = g.groups
     cols = _windows(x, g).reshape(g.N, G, g.Kd, g.P)
-    dw = np.einsum("ngkp,ngdp->gkd", dy.reshape(g.N, G, g.Kg, g.P), cols)
+    dw = np.einsum("ngkp,ngdp->gkd", dy.reshape(g.N, G, g.Kg, g.P), cols, optimize=True)
     return _store(dw.reshape(g.weight_shape), out)
 
 

@@ -1,0 +1,1 @@
+"""clconv benchmarks: ``python -m bench`` (see bench/run.py)."""

@@ -1,0 +1,199 @@
+"""Benchmark clconv on the reference workloads, side by side with its peers.
+
+    python -m bench [--workload NAME ...] [--size cpu|gpu] [--repeat R] [--json PATH] [--no-peers]
+
+For every workload in bench/workloads.json (the 'gpu' sizes on a GPU, else the
+'cpu' sizes) and every pass: warm-up runs (excluding kernel builds), then
+repeated runs each ended by queue.finish(), min and median, GFLOP/s, GB/s, the
+algorithm the planner chose, and one correctness check against the NumPy
+reference. Peers (bench/peers.py) are timed the same way in the same run.
+A table goes to stdout; JSON to bench/results/<device>-<date>.json.
+"""
+import argparse
+import datetime
+import json
+import platform
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyclblast
+import pyopencl as cl
+import pyopencl.array as cla
+
+import clconv
+from clconv import reference
+from clconv.geometry import conv_geometry
+
+from . import peers
+
+HERE = Path(__file__).resolve().parent
+PASSES = ("forward", "backward_input", "backward_weight")
+SHORT = {"forward": "fwd", "backward_input": "dgrad", "backward_weight": "wgrad"}
+
+
+def load_workloads(path=HERE / "workloads.json"):
+    return json.loads(Path(path).read_text())["workloads"]
+
+
+def time_it(fn, sync, repeat, budget_s=3.0, warmup=2):
+    """(min, median) seconds of ``fn(); sync()``, after ``warmup`` untimed runs."""
+    for _ in range(warmup):
+        fn()
+        sync()
+    times = []
+    start = time.perf_counter()
+    while len(times) < repeat and (len(times) < 3 or time.perf_counter() - start < budget_s):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return min(times), statistics.median(times)
+
+
+def pass_bytes(g, itemsize):
+    """Bytes each pass must at least move: its two operands and its result."""
+    return (g.N * g.C * g.H * g.W + g.K * g.Cg * g.kh * g.kw + g.N * g.K * g.P) * itemsize
+
+
+def normalised_error(got, want):
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def gemm_peer(g, queue):
+    """One plain CLBlast SGEMM of each pass's size (groups == 1 only): the bound to aim at."""
+    shapes = {"forward": (g.N * g.P, g.K, g.Kd), "backward_input": (g.N * g.P, g.Kd, g.K),
+              "backward_weight": (g.K, g.Kd, g.N * g.P)}
+    fns = {}
+    for p, (m, n, k) in shapes.items():
+        a, b, c = (cla.zeros(queue, s, np.float32) for s in ((m, k), (k, n), (m, n)))
+        fns[p] = (lambda m=m, n=n, k=k, a=a, b=b, c=c: pyclblast.gemm(queue, m, n, k, a, b, c, k, n, n))
+    return fns
+
+
+def run_workload(w, size, queue, repeat, with_peers, log):
+    s = dict(w[size])
+    g = conv_geometry((s["N"], s["C"], s["H"], s["W"]), (s["K"], s["C"] // s["groups"], s["kh"], s["kw"]),
+                      s["stride"], s["padding"], s["dilation"], s["groups"])
+    rng = np.random.default_rng(0)
+    host = {"x": rng.standard_normal(g.input_shape, np.float32),
+            "w": (rng.standard_normal(g.weight_shape, np.float32) / np.sqrt(g.Kd)).astype(np.float32),
+            "dy": rng.standard_normal(g.output_shape, np.float32)}
+    dev = {k: cla.to_device(queue, v) for k, v in host.items()}
+    outs = {"forward": cla.empty(queue, g.output_shape, np.float32),
+            "backward_input": cla.empty(queue, g.input_shape, np.float32),
+            "backward_weight": cla.empty(queue, g.weight_shape, np.float32)}
+    plan = clconv.plan(g.input_shape, g.weight_shape, s["stride"], s["padding"], s["dilation"], s["groups"],
+                       queue=queue)
+    opts = dict(stride=s["stride"], padding=s["padding"], dilation=s["dilation"], groups=s["groups"])
+    ours = {"forward": lambda: plan.forward(dev["x"], dev["w"], out=outs["forward"]),
+            "backward_input": lambda: plan.backward_input(dev["w"], dev["dy"], out=outs["backward_input"]),
+            "backward_weight": lambda: plan.backward_weight(dev["x"], dev["dy"], out=outs["backward_weight"])}
+    result = {"name": w["name"], "size": size, "shape": s, "flop_per_pass": g.flops(),
+              "explain": plan.explain(), "passes": {}}
+    nbytes = pass_bytes(g, 4)
+    for p in PASSES:
+        tmin, tmed = time_it(ours[p], queue.finish, repeat)
+        result["passes"][p] = {"algorithm": plan.algorithms[p], "min_ms": tmin * 1e3, "median_ms": tmed * 1e3,
+                               "gflops": g.flops() / tmed / 1e9, "gbps": nbytes / tmed / 1e9, "peers": {}}
+    # correctness once: forward and grad-input on the first images, grad-weight on the whole batch
+    n = min(g.N, 4)
+    x, wt, dy = host["x"], host["w"], host["dy"]
+    errors = {"forward": normalised_error(outs["forward"].get()[:n], reference.conv2d(x[:n], wt, **opts)),
+              "backward_input": normalised_error(outs["backward_input"].get()[:n],
+                                                 reference.conv2d_input(x[:n].shape, wt, dy[:n], **opts)),
+              "backward_weight": normalised_error(outs["backward_weight"].get(),
+                                                  reference.conv2d_weight(x, wt.shape, dy, **opts))}
+    for p in PASSES:
+        result["passes"][p]["error"] = errors[p]
+    if with_peers:
+        for label, fns, sync in _peers(g, queue, host, dev, outs, log):
+            for p, fn in fns.items():
+                try:
+                    tmin, tmed = time_it(fn, sync, max(3, repeat // 2))
+                except Exception as exc:  # a peer failing must not stop the benchmark
+                    log(f"  {label} {p}: failed: {exc}")
+                    continue
+                result["passes"][p]["peers"][label] = {"min_ms": tmin * 1e3, "median_ms": tmed * 1e3}
+            if label == "clblast-loop":  # it wrote into our forward output: check it computed the same thing
+                err = normalised_error(outs["forward"].get()[:n], reference.conv2d(x[:n], wt, **opts))
+                result["passes"]["forward"]["peers"][label]["error"] = err
+    return result
+
+
+def _peers(g, queue, host, dev, outs, log):
+    """(label, {pass: fn}, sync) for every peer available here."""
+    shape = {"stride": g.stride[0], "padding": g.pads[0][0], "dilation": g.dilation[0], "groups": g.groups,
+             "N": g.N, "C": g.C, "H": g.H, "W": g.W, "K": g.K, "kh": g.kh, "kw": g.kw}
+    found = []
+    t = peers.torch_peer(shape, queue.device, host)
+    if isinstance(t, str):
+        log(f"  torch: {t}")
+    else:
+        fns, sync, label = t
+        found.append((label, fns, sync))
+    if g.N * g.K * g.P * g.Kd <= 2e10:   # float64 NumPy on the largest sizes takes too long to repeat
+        found.append(("numpy", peers.numpy_peer(shape, host), lambda: None))
+    loop = peers.clblast_loop_peer(shape, queue, dev, outs["forward"])
+    if isinstance(loop, str):
+        log(f"  clblast-loop: {loop}")
+    else:
+        found.append(("clblast-loop", loop, queue.finish))
+    if g.groups == 1:
+        found.append(("clblast-gemm", gemm_peer(g, queue), queue.finish))
+    return found
+
+
+def table(results):
+    labels = sorted({lab for r in results for p in r["passes"].values() for lab in p["peers"]})
+    head = f"{'workload':16s} {'pass':5s} {'algo':6s} {'med ms':>9s} {'min ms':>9s} {'GFLOP/s':>8s} {'GB/s':>7s} " \
+           f"{'err':>8s}" + "".join(f" {lab:>13s} {'ratio':>6s}" for lab in labels)
+    lines = [head, "-" * len(head)]
+    for r in results:
+        for p, d in r["passes"].items():
+            row = (f"{r['name']:16s} {SHORT[p]:5s} {d['algorithm']:6s} {d['median_ms']:9.3f} {d['min_ms']:9.3f} "
+                   f"{d['gflops']:8.1f} {d['gbps']:7.1f} {d['error']:8.1e}")
+            for lab in labels:
+                peer = d["peers"].get(lab)
+                row += (f" {peer['median_ms']:13.3f} {d['median_ms'] / peer['median_ms']:6.2f}" if peer
+                        else f" {'-':>13s} {'-':>6s}")
+            lines.append(row)
+    lines.append("ratio = clconv median / peer median (lower is better for clconv)")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", action="append", help="run only these workloads (repeatable)")
+    ap.add_argument("--size", choices=("cpu", "gpu"), help="workload sizes (default: by device type)")
+    ap.add_argument("--repeat", type=int, default=10, help="timed runs per pass (default 10)")
+    ap.add_argument("--json", help="output path (default bench/results/<device>-<date>.json)")
+    ap.add_argument("--no-peers", action="store_true", help="time clconv only")
+    args = ap.parse_args(argv)
+
+    queue = clconv.default_queue()
+    device = queue.device
+    size = args.size or ("gpu" if device.type & cl.device_type.GPU else "cpu")
+    workloads = [w for w in load_workloads() if not args.workload or w["name"] in args.workload]
+    if not workloads:
+        ap.error(f"no workload named {args.workload}")
+    print(f"device: {device.platform.name} / {device.name}; sizes: {size}", flush=True)
+    results = []
+    for w in workloads:
+        print(f"{w['name']} ...", flush=True)
+        results.append(run_workload(w, size, queue, args.repeat, not args.no_peers,
+                                    lambda msg: print(msg, flush=True)))
+    print(table(results))
+    today = datetime.date.today().isoformat()
+    path = Path(args.json) if args.json else \
+        HERE / "results" / f"{re.sub(r'[^A-Za-z0-9]+', '-', device.name).strip('-').lower()}-{today}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"date": today, "device": device.name, "platform": device.platform.name,
+                                "driver": device.driver_version, "machine": platform.machine(),
+                                "python": sys.version.split()[0], "sizes": size, "clconv": clconv.__version__,
+                                "workloads": results}, indent=1))
+    print(f"wrote {path}")
+    return 0
