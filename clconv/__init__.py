@@ -8,9 +8,10 @@ from .functional import conv2d, conv2d_bias, conv2d_input, conv2d_weight
 from .geometry import ConvGeometry, conv_geometry, normalize_padding, output_size
 from .plan import Plan, plan
 from .programs import ClconvError
+from .workspace import free_workspaces
 
 __version__ = "0.1.0"
 
 __all__ = ["conv2d", "conv2d_input", "conv2d_weight", "conv2d_bias", "plan", "Plan", "reference",
            "default_context", "default_queue", "ClconvError", "ConvGeometry", "conv_geometry",
-           "normalize_padding", "output_size"]
+           "normalize_padding", "output_size", "free_workspaces"]

@@ -8,21 +8,21 @@ import threading
 from collections import OrderedDict
 
 import numpy as np
-import pyopencl as cl
 import pyopencl.array as cla
 
-from .algorithms.depthwise import Depthwise
+from .algorithms.direct import Direct
 from .algorithms.fc import FullyConnected
 from .algorithms.im2col import Im2col
 from .algorithms.pointwise import Pointwise
 from .algorithms.common import ref
 from .geometry import check_grad_output, conv_geometry
+from .workspace import workspace
 from .device import check_dtype_supported
 from .validate import (check_array, check_queue, check_out, check_same_dtype, check_type,
                        is_device_array, pick_queue)
 
 # In order of preference: the first that applies is chosen by algorithm="auto".
-ALGORITHMS = {cls.name: cls for cls in (FullyConnected, Pointwise, Depthwise, Im2col)}
+ALGORITHMS = {cls.name: cls for cls in (FullyConnected, Pointwise, Direct, Im2col)}
 QUEUES = ("single", "per-group")
 PASSES = ("forward", "backward_input", "backward_weight")
 
@@ -92,10 +92,14 @@ class Plan:
                          f"workspace {algo.workspace[p] * self.dtype.itemsize} bytes")
         return "\n".join(lines)
 
-    def _workspace(self, pass_name):
+    def _run(self, pass_name, queue, *refs):
+        """Enqueue ``pass_name`` of the chosen algorithm with this queue's workspace."""
         algo = self._choice[pass_name][0]
         nbytes = algo.workspace[pass_name] * self.dtype.itemsize
-        return cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(nbytes, 1))
+        g = self.geometry
+        what = f"{pass_name} of input {list(g.input_shape)} with weight {list(g.weight_shape)} [{algo.name}]"
+        with workspace(queue, nbytes, what) as ws:
+            getattr(algo, pass_name)(queue, *refs, ws)
 
     # -- the passes ---------------------------------------------------------------
 
@@ -104,11 +108,10 @@ class Plan:
         g = self.geometry
         shapes = {"input": g.input_shape, "weight": g.weight_shape, "bias": (g.K,)}
         queue, dev, numpy_mode = prepare(queue, self, {"input": input, "weight": weight, "bias": bias},
-                                               shapes, out, g.output_shape)
+                                         shapes, out, g.output_shape)
         if g.N:
-            self._choice["forward"][0].forward(queue, ref(dev["input"]), ref(dev["weight"]),
-                                               None if bias is None else ref(dev["bias"]), ref(dev["out"]),
-                                               self._workspace("forward"))
+            self._run("forward", queue, ref(dev["input"]), ref(dev["weight"]),
+                      None if bias is None else ref(dev["bias"]), ref(dev["out"]))
         return finish(dev, out, numpy_mode)
 
     def backward_input(self, weight, grad_output, *, out=None, queue=None):
@@ -117,11 +120,9 @@ class Plan:
         shapes = {"weight": g.weight_shape, "grad_output": g.output_shape}
         _check_grad_output_rank(grad_output, g)
         queue, dev, numpy_mode = prepare(queue, self, {"weight": weight, "grad_output": grad_output},
-                                               shapes, out, g.input_shape)
+                                         shapes, out, g.input_shape)
         if g.N:
-            self._choice["backward_input"][0].backward_input(
-                queue, ref(dev["weight"]), ref(dev["grad_output"]), ref(dev["out"]),
-                self._workspace("backward_input"))
+            self._run("backward_input", queue, ref(dev["weight"]), ref(dev["grad_output"]), ref(dev["out"]))
         return finish(dev, out, numpy_mode)
 
     def backward_weight(self, input, grad_output, *, out=None, queue=None):
@@ -130,11 +131,9 @@ class Plan:
         shapes = {"input": g.input_shape, "grad_output": g.output_shape}
         _check_grad_output_rank(grad_output, g)
         queue, dev, numpy_mode = prepare(queue, self, {"input": input, "grad_output": grad_output},
-                                               shapes, out, g.weight_shape)
+                                         shapes, out, g.weight_shape)
         if g.N:
-            self._choice["backward_weight"][0].backward_weight(
-                queue, ref(dev["input"]), ref(dev["grad_output"]), ref(dev["out"]),
-                self._workspace("backward_weight"))
+            self._run("backward_weight", queue, ref(dev["input"]), ref(dev["grad_output"]), ref(dev["out"]))
         else:
             dev["out"].fill(0, queue=queue)
         return finish(dev, out, numpy_mode)

@@ -82,3 +82,31 @@ __kernel void nchw_to_cnhw(__global const REAL* restrict src, const IDX src_off,
     const int b = q / P, p = q - b * P;
     dst[dst_off + (IDX)k * (B * (IDX)P) + q] = src[src_off + ((IDX)b * K + k) * P + p];
 }
+
+// (K, B*P) -> (B, K, P), adding bias[k] when has_bias: the forward GEMM's result
+// back into NCHW. 2-D range: dim 0 over (b, p), dim 1 over k.
+__kernel void cnhw_to_nchw(__global const REAL* restrict src, const IDX src_off,
+                           __global REAL* restrict dst, const IDX dst_off,
+                           __global const REAL* restrict bias, const IDX bias_off, const int has_bias,
+                           const int B, const int K, const int P)
+{
+    const int q = get_global_id(0);
+    const int k = get_global_id(1);
+    if (q >= B * P || k >= K) return;
+    const int b = q / P, p = q - b * P;
+    REAL v = src[src_off + (IDX)k * (B * (IDX)P) + q];
+    if (has_bias) v += bias[bias_off + k];
+    dst[dst_off + ((IDX)b * K + k) * P + p] = v;
+}
+
+// out[i] = (accumulate ? out[i] : 0) + sum over s < S of part[s * n + i], in order:
+// the deterministic second stage of a split-K GEMM.
+__kernel void sum_partials(__global const REAL* restrict part, const IDX part_off, const int S, const IDX n,
+                           __global REAL* restrict out, const IDX out_off, const int accumulate)
+{
+    const IDX i = get_global_id(0);
+    if (i >= n) return;
+    REAL acc = accumulate ? out[out_off + i] : (REAL)0;
+    for (int s = 0; s < S; ++s) acc += part[part_off + (IDX)s * n + i];
+    out[out_off + i] = acc;
+}

@@ -14,6 +14,8 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
     Case("k1x1_g3_batch5", 5, 6, 3, 7, 9, 1, 1, groups=3),
     Case("depthwise_x3_5x5_d2", 2, 3, 11, 9, 9, 5, 5, padding=((3, 1), (0, 2)), dilation=2, groups=3),
     Case("depthwise_big_batch", 5, 4, 23, 29, 4, 3, 3, stride=2, padding=1, groups=4),
+    Case("split_k_g2", 4, 4, 17, 19, 6, 3, 3, padding=1, groups=2),
+    Case("split_k_1x1_g1", 6, 5, 13, 11, 7, 1, 1),
 ]
 
 
@@ -62,15 +64,15 @@ def test_explain_fc_mode_names_the_gemm(queue):
     assert "covers the whole input 6x6" in text and p.workspace_bytes == 0
 
 
-@pytest.mark.parametrize("case", [c for c in CASES + EXTRA if c.options["groups"] > 1
-                                  and c.options["groups"] != c.input_shape[1]], ids=repr)
-def test_per_group_queues_are_bit_identical(case, queue):
+@pytest.mark.parametrize("case,algorithm", [(c, a) for c in CASES + EXTRA if c.options["groups"] > 1
+                                            for a in ("im2col", "auto")], ids=repr)
+def test_per_group_queues_are_bit_identical(case, algorithm, queue):
     x, w, b, dy = case.data()
     opts = case.options
     dev = {k: cla.to_device(queue, v) for k, v in dict(x=x, w=w, b=b, dy=dy).items()}
     results = []
     for queues in ("single", "per-group"):
-        p = clconv.plan(x.shape, w.shape, **opts, queue=queue, queues=queues)
+        p = clconv.plan(x.shape, w.shape, **opts, queue=queue, queues=queues, algorithm=algorithm)
         results.append([p.forward(dev["x"], dev["w"], dev["b"]).get(), p.backward_input(dev["w"], dev["dy"]).get(),
                         p.backward_weight(dev["x"], dev["dy"]).get()])
     for single, grouped in zip(*results):
@@ -85,3 +87,18 @@ def test_functional_api_takes_algorithm_and_queues(queue):
     assert_close(y, reference.conv2d(x, w, b, **case.options), np.float32, "forward")
     with pytest.raises(ValueError, match="queues"):
         clconv.conv2d(x, w, b, **case.options, queues="many")
+
+
+@pytest.mark.parametrize("images_per_chunk", [4, 2, 1])
+def test_split_k_grad_weight_with_chunks(images_per_chunk, queue):
+    case = next(c for c in EXTRA if c.name == "split_k_g2")
+    x, w, b, dy = case.data()
+    full = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="im2col")
+    algo = full._choice["backward_weight"][0]
+    assert algo.slices == 4 and "split-K into 4 slices" in full.explain()
+    g = full.geometry
+    limit = ((algo.rows + g.K) * g.P * images_per_chunk + algo.max_slices * g.K * g.Kd) * 4
+    p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="im2col", workspace_limit=limit)
+    assert p._choice["backward_weight"][0].chunk == images_per_chunk
+    assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **case.options), np.float32,
+                 "grad-weight")

@@ -1,21 +1,24 @@
-"""General algorithm: im2col + strided-batched CLBlast GEMM over groups and images.
+"""General algorithm: im2col + one strided-batched CLBlast GEMM over the groups per chunk.
 
-Workspace layout for a chunk of B images (see kernels/im2col.cl):
-col is (C*kh*kw) x (B*P); group g owns rows g*Kd ... (g+1)*Kd - 1. Each pass is,
-per chunk:
-  forward        im2col, then Y[b, g] = W[g] @ col[g][:, b]      (one GEMM per (g, b))
-  grad-input     col[g][:, b] = W[g]^T @ dY[b, g], then col2im   (col2im overwrites dX)
-  grad-weight    im2col, dY -> (K, B*P), then dW[g] += dY'[g] @ col[g]^T  (one GEMM per g)
-The (g, b) GEMMs are strided-batched launches over the larger of the two, looped
-over the smaller. Nothing is copied per group: every operand is an offset into
-its shared buffer.
+Workspace for a chunk of B images (see kernels/im2col.cl): col is (C*kh*kw) x (B*P)
+with group g owning rows g*Kd ... (g+1)*Kd - 1, and a (K, B*P) buffer T holds
+output-shaped data in the same column order. Per chunk:
+  forward        im2col; T[g] = W[g] @ col[g]; T -> Y (NCHW, + bias)
+  grad-input     dY -> T; col[g] = W[g]^T @ T[g]; col2im (overwrites dX)
+  grad-weight    im2col; dY -> T; split-K: partial[s][g] = T[g][:, s] @ col[g][:, s]^T
+                 over S slices of the B*P columns, then dW (+)= sum over s, in order
+Each GEMM covers all B*P positions of the chunk, and the groups are the batch of
+one strided-batched call (or, with per-group queues, one call per group on its
+own queue). Nothing is copied per group: every operand is an offset into its
+shared buffer.
 """
-from ..bias import prefill_bias
 from ..blas import grid_gemm
 from ..programs import INT32_MAX, get_kernel, launch
 from .common import Ref, i32, iarg, idx_for
 
-TILE = (64, 4)   # work-group shape of the 2-D layout kernels
+TILE = (64, 4)             # work-group shape of the 2-D layout kernels
+SPLIT_K_TARGET = 1 << 22   # aim for about this many partial-sum elements in grad-weight
+MIN_SLICE = 256            # shortest split-K slice (GEMM K) worth a separate partial
 
 
 class Im2col:
@@ -28,79 +31,112 @@ class Im2col:
     def __init__(self, g, dtype, device, workspace_limit, per_group=False):
         self.g, self.dtype, self.per_group = g, dtype, per_group
         itemsize = dtype.itemsize
-        rows = g.C * g.kh * g.kw
-        self.rows = rows
-        per_image = {"forward": rows * g.P, "backward_input": rows * g.P, "backward_weight": (rows + g.K) * g.P}
-        if per_image["backward_weight"] * itemsize > workspace_limit:
+        self.rows = g.C * g.kh * g.kw
+        per_image = (self.rows + g.K) * g.P
+        # grad-weight partials: at most one slice per image
+        self.max_slices = max(1, min(g.N, -(-SPLIT_K_TARGET // (g.K * g.Kd)), g.N * g.P // MIN_SLICE))
+        partials = self.max_slices * g.K * g.Kd if self.max_slices > 1 else 0
+        if (per_image + partials) * itemsize > workspace_limit:
             raise ValueError(f"one image of input {list(g.input_shape)} with weight {list(g.weight_shape)} needs "
-                             f"{per_image['backward_weight'] * itemsize} workspace bytes, above the limit "
+                             f"{(per_image + partials) * itemsize} workspace bytes, above the limit "
                              f"of {workspace_limit} bytes")
-        # images per chunk, per pass: as many as the budget allows
-        self.chunk = {p: max(1, min(g.N, workspace_limit // (e * itemsize), INT32_MAX // g.P))
-                      for p, e in per_image.items()}
-        self.workspace = {p: per_image[p] * self.chunk[p] for p in per_image}
+        # images per chunk: as many as the budget allows
+        self.chunk = max(1, min(g.N, (workspace_limit // itemsize - partials) // per_image, INT32_MAX // g.P))
+        self.slices = _largest_divisor_at_most(self.chunk, self.max_slices)
+        wgrad_extra = self.slices * g.K * g.Kd if self.slices > 1 else 0
+        self.workspace = {"forward": per_image * self.chunk, "backward_input": per_image * self.chunk,
+                          "backward_weight": per_image * self.chunk + wgrad_extra}
 
     def describe(self, pass_name):
-        g, B = self.g, self.chunk[pass_name]
-        launches = -(-g.N // B) if g.N else 0
-        return (f"im2col + batched GEMM over {g.groups} group(s), chunks of {B} image(s) "
-                f"({launches} chunk(s)); per GEMM M={g.Kg} N={g.P} K={g.Kd}")
+        g, B = self.g, self.chunk
+        chunks = -(-g.N // B) if g.N else 0
+        mnk = {"forward": (g.Kg, B * g.P, g.Kd), "backward_input": (g.Kd, B * g.P, g.Kg),
+               "backward_weight": (g.Kg, g.Kd, B * g.P)}[pass_name]
+        text = (f"im2col + GEMM batched over {g.groups} group(s), {chunks} chunk(s) of {B} image(s), "
+                f"per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2]}")
+        if pass_name == "backward_weight" and self.slices > 1:
+            text += f", split-K into {self.slices} slices summed in order"
+        return text
 
     def _geometry_args(self, B):
         g = self.g
         (pt, _), (pl, _) = g.pads
-        return ((B, g.C, g.H, g.W, g.kh, g.kw, g.OH, g.OW) + g.stride + (pt, pl) + g.dilation)
+        return tuple(map(i32, (B, g.C, g.H, g.W, g.kh, g.kw, g.OH, g.OW) + g.stride + (pt, pl) + g.dilation))
 
-    def _im2col(self, queue, x, n0, B, ws, idx):
+    def _kernel(self, queue, name, idx):
+        return get_kernel(queue.context, "im2col.cl", name, self.dtype, IDX=idx)
+
+    def _im2col(self, queue, idx, x, n0, B, ws, col):
         g = self.g
-        knl = get_kernel(queue.context, "im2col.cl", "im2col", self.dtype, IDX=idx)
-        launch(queue, knl, (B * g.P, self.rows), TILE,
-               x.buf, iarg(idx, x.off + n0 * g.C * g.H * g.W), ws, iarg(idx, 0),
-               *map(i32, self._geometry_args(B)), what="im2col")
+        launch(queue, self._kernel(queue, "im2col", idx), (B * g.P, self.rows), TILE,
+               x.buf, iarg(idx, x.off + n0 * g.C * g.H * g.W), ws, iarg(idx, col),
+               *self._geometry_args(B), what="im2col")
+
+    def _to_columns(self, queue, idx, dy, n0, B, ws, t):
+        """dY of images n0 ... n0+B-1 (B, K, P) -> T (K, B*P)."""
+        g = self.g
+        launch(queue, self._kernel(queue, "nchw_to_cnhw", idx), (B * g.P, g.K), TILE,
+               dy.buf, iarg(idx, dy.off + n0 * g.K * g.P), ws, iarg(idx, t), i32(B), i32(g.K), i32(g.P),
+               what="grad_output layout")
+
+    def _group_gemm(self, queue, m, n, k, a, b, c, offsets, strides, lds, **kw):
+        grid_gemm(queue, self.dtype, self.g.groups, 1, m, n, k, a, b, c, offsets, strides, (0, 0, 0), lds,
+                  per_group=self.per_group, **kw)
 
     def forward(self, queue, x, w, bias, y, ws):
-        g, B = self.g, self.chunk["forward"]
-        beta = prefill_bias(queue, self.dtype, y, bias, g)
-        idx = idx_for(self.dtype, x, w, y, Ref(ws, 0))
-        G, Kg, Kd, P = g.groups, g.Kg, g.Kd, g.P
+        g, B = self.g, self.chunk
+        idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
+        G, Kg, Kd = g.groups, g.Kg, g.Kd
+        to_nchw = self._kernel(queue, "cnhw_to_nchw", idx)
+        b = bias if bias is not None else w
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
-            self._im2col(queue, x, n0, nb, ws, idx)
-            grid_gemm(queue, self.dtype, G, nb, Kg, P, Kd, w.buf, ws, y.buf,
-                      offsets=(w.off, 0, y.off + n0 * g.K * P),
-                      group_strides=(Kg * Kd, Kd * nb * P, Kg * P),
-                      image_strides=(0, P, g.K * P),
-                      lds=(Kd, nb * P, P), beta=beta, per_group=self.per_group, what="forward")
+            col, t, ld = 0, self.rows * nb * g.P, nb * g.P
+            self._im2col(queue, idx, x, n0, nb, ws, col)
+            self._group_gemm(queue, Kg, ld, Kd, w.buf, ws, ws, (w.off, col, t), (Kg * Kd, Kd * ld, Kg * ld),
+                             (Kd, ld, ld), what="forward")
+            launch(queue, to_nchw, (ld, g.K), TILE, ws, iarg(idx, t), y.buf, iarg(idx, y.off + n0 * g.K * g.P),
+                   b.buf, iarg(idx, b.off), i32(bias is not None), i32(nb), i32(g.K), i32(g.P),
+                   what="output layout")
 
     def backward_input(self, queue, w, dy, dx, ws):
-        g, B = self.g, self.chunk["backward_input"]
+        g, B = self.g, self.chunk
         idx = idx_for(self.dtype, w, dy, dx, Ref(ws, 0))
-        G, Kg, Kd, P = g.groups, g.Kg, g.Kd, g.P
-        knl = get_kernel(queue.context, "im2col.cl", "col2im", self.dtype, IDX=idx)
+        G, Kg, Kd = g.groups, g.Kg, g.Kd
+        col2im = self._kernel(queue, "col2im", idx)
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
-            grid_gemm(queue, self.dtype, G, nb, Kd, P, Kg, w.buf, dy.buf, ws,
-                      offsets=(w.off, dy.off + n0 * g.K * P, 0),
-                      group_strides=(Kg * Kd, Kg * P, Kd * nb * P),
-                      image_strides=(0, g.K * P, P),
-                      lds=(Kd, P, nb * P), a_transp=True, per_group=self.per_group, what="grad-input")
-            launch(queue, knl, (nb * g.C * g.H * g.W,), (64,),
-                   ws, iarg(idx, 0), dx.buf, iarg(idx, dx.off + n0 * g.C * g.H * g.W),
-                   *map(i32, self._geometry_args(nb)), what="col2im")
+            t, col, ld = 0, g.K * nb * g.P, nb * g.P
+            self._to_columns(queue, idx, dy, n0, nb, ws, t)
+            self._group_gemm(queue, Kd, ld, Kg, w.buf, ws, ws, (w.off, t, col), (Kg * Kd, Kg * ld, Kd * ld),
+                             (Kd, ld, ld), a_transp=True, what="grad-input")
+            launch(queue, col2im, (nb * g.C * g.H * g.W,), (64,), ws, iarg(idx, col),
+                   dx.buf, iarg(idx, dx.off + n0 * g.C * g.H * g.W), *self._geometry_args(nb), what="col2im")
 
     def backward_weight(self, queue, x, dy, dw, ws):
-        g, B = self.g, self.chunk["backward_weight"]
+        g, B = self.g, self.chunk
         idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
-        G, Kg, Kd, P = g.groups, g.Kg, g.Kd, g.P
-        transpose = get_kernel(queue.context, "im2col.cl", "nchw_to_cnhw", self.dtype, IDX=idx)
+        G, Kg, Kd = g.groups, g.Kg, g.Kd
+        reduce = self._kernel(queue, "sum_partials", idx)
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
-            dyt = self.rows * nb * P          # dY' lives after col in the workspace
-            self._im2col(queue, x, n0, nb, ws, idx)
-            launch(queue, transpose, (nb * P, g.K), TILE, dy.buf, iarg(idx, dy.off + n0 * g.K * P),
-                   ws, iarg(idx, dyt), i32(nb), i32(g.K), i32(P), what="grad-weight layout")
-            grid_gemm(queue, self.dtype, G, 1, Kg, Kd, nb * P, ws, ws, dw.buf,
-                      offsets=(dyt, 0, dw.off), group_strides=(Kg * nb * P, Kd * nb * P, Kg * Kd),
-                      image_strides=(0, 0, 0), lds=(nb * P, nb * P, Kd), beta=0.0 if n0 == 0 else 1.0,
-                      b_transp=True, per_group=self.per_group, what="grad-weight")
+            ld = nb * g.P
+            col, t, part = 0, self.rows * ld, (self.rows + g.K) * ld
+            self._im2col(queue, idx, x, n0, nb, ws, col)
+            self._to_columns(queue, idx, dy, n0, nb, ws, t)
+            S = _largest_divisor_at_most(nb, self.slices)
+            if S == 1:
+                self._group_gemm(queue, Kg, Kd, ld, ws, ws, dw.buf, (t, col, dw.off), (Kg * ld, Kd * ld, Kg * Kd),
+                                 (ld, ld, Kd), beta=0.0 if n0 == 0 else 1.0, b_transp=True, what="grad-weight")
+                continue
+            L = ld // S   # slice length: nb / S whole images
+            grid_gemm(queue, self.dtype, G, S, Kg, Kd, L, ws, ws, ws, offsets=(t, col, part),
+                      group_strides=(Kg * ld, Kd * ld, Kg * Kd), image_strides=(L, L, g.K * Kd),
+                      lds=(ld, ld, Kd), b_transp=True, per_group=self.per_group, what="grad-weight (split-K)")
+            n = g.K * Kd
+            launch(queue, reduce, (n,), (64,), ws, iarg(idx, part), i32(S), iarg(idx, n),
+                   dw.buf, iarg(idx, dw.off), i32(n0 > 0), what="grad-weight (sum of slices)")
 
+
+def _largest_divisor_at_most(n, limit):
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)

@@ -1,0 +1,140 @@
+// Direct grouped convolution for groups with few taps: Cg input channels per group
+// (Cg == 1 is depthwise, with any channel multiplier Kg = K / groups), weight
+// (K, Cg, KH, KW). Memory-bound, so no GEMM: each output (or input-gradient)
+// element is a short dot product over its group's channels and the kernel taps.
+#ifndef REAL
+#define REAL float
+#endif
+#ifndef IDX            // index type: int when every buffer has < 2^31 elements, else long
+#define IDX long
+#endif
+#ifndef TAPS           // Cg * KH * KW, the grad-weight accumulators per filter
+#define TAPS 9
+#endif
+#ifndef WG             // work-group size of direct_weight_partial, a power of two
+#define WG 256
+#endif
+
+#define GEOMETRY const int N, const int C, const int H, const int W, const int K, const int G, \
+                 const int KH, const int KW, const int OH, const int OW, const int SH, const int SW, \
+                 const int PT, const int PL, const int DH, const int DW
+
+// y[n, k, oy, ox] = bias[k] + sum over c < Cg, i, j of
+//                   w[k, c, i, j] * x[n, (k / Kg) * Cg + c, oy*SH - PT + i*DH, ox*SW - PL + j*DW]
+// 2-D range: dim 0 over output pixels p, dim 1 over (n, k).
+__kernel void direct_forward(__global const REAL* restrict x, const IDX x_off,
+                             __global const REAL* restrict w, const IDX w_off,
+                             __global const REAL* restrict bias, const IDX bias_off, const int has_bias,
+                             __global REAL* restrict y, const IDX y_off, GEOMETRY)
+{
+    const int p = get_global_id(0), nk = get_global_id(1);
+    if (p >= OH * OW || nk >= N * K) return;
+    const int Cg = C / G, Kg = K / G;
+    const int k = nk % K, n = nk / K, c0 = (k / Kg) * Cg;
+    const int oy = p / OW, ox = p - oy * OW;
+    REAL acc = has_bias ? bias[bias_off + k] : (REAL)0;
+    for (int c = 0; c < Cg; ++c) {
+        const IDX xb = x_off + ((IDX)n * C + c0 + c) * H * W;
+        const IDX wb = w_off + ((IDX)k * Cg + c) * KH * KW;
+        for (int i = 0; i < KH; ++i) {
+            const int iy = oy * SH - PT + i * DH;
+            if (iy < 0 || iy >= H) continue;
+            for (int j = 0; j < KW; ++j) {
+                const int ix = ox * SW - PL + j * DW;
+                if (ix >= 0 && ix < W) acc += w[wb + i * KW + j] * x[xb + iy * W + ix];
+            }
+        }
+    }
+    y[y_off + (IDX)nk * OH * OW + p] = acc;
+}
+
+// dx[n, c, iy, ix] = sum over the Kg filters k of c's group and the taps that read
+// (iy, ix) of w[k, c % Cg, i, j] * dy[n, k, oy, ox]. Overwrites dx; fixed order.
+__kernel void direct_input(__global const REAL* restrict w, const IDX w_off,
+                           __global const REAL* restrict dy, const IDX dy_off,
+                           __global REAL* restrict dx, const IDX dx_off, GEOMETRY)
+{
+    const int q = get_global_id(0), nc = get_global_id(1);
+    if (q >= H * W || nc >= N * C) return;
+    const int Cg = C / G, Kg = K / G;
+    const int c = nc % C, n = nc / C, k0 = (c / Cg) * Kg, cw = c % Cg;
+    const int iy = q / W, ix = q - iy * W;
+    REAL acc = (REAL)0;
+    for (int m = 0; m < Kg; ++m) {
+        const int k = k0 + m;
+        const IDX db = dy_off + ((IDX)n * K + k) * OH * OW;
+        const IDX wb = w_off + ((IDX)k * Cg + cw) * KH * KW;
+        for (int i = 0; i < KH; ++i) {
+            const int ny = iy + PT - i * DH;
+            if (ny < 0 || ny % SH) continue;
+            const int oy = ny / SH;
+            if (oy >= OH) continue;
+            for (int j = 0; j < KW; ++j) {
+                const int nx = ix + PL - j * DW;
+                if (nx < 0 || nx % SW) continue;
+                const int ox = nx / SW;
+                if (ox < OW) acc += w[wb + i * KW + j] * dy[db + oy * OW + ox];
+            }
+        }
+    }
+    dx[dx_off + (IDX)nc * H * W + q] = acc;
+}
+
+// grad-weight, stage 1 of 2. Work-group (k, s) sums dy[n, k, p] * x[n, c, ...] for
+// every (c, i, j) of filter k over slice s of the N*OH*OW positions, each work-item
+// a fixed strided subset, then a tree in local memory per tap:
+// part[(k * S + s) * TAPS + tap].
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void direct_weight_partial(__global const REAL* restrict x, const IDX x_off,
+                           __global const REAL* restrict dy, const IDX dy_off,
+                           __global REAL* restrict part, const int S, GEOMETRY)
+{
+    __local REAL red[WG];
+    const int Cg = C / G, Kg = K / G;
+    const int k = get_group_id(0) / S, s = get_group_id(0) % S, l = get_local_id(0);
+    const int c0 = (k / Kg) * Cg, P = OH * OW;
+    const IDX total = (IDX)N * P;
+    const IDX per = (total + S - 1) / S;
+    const IDX begin = per * s;
+    const IDX end = min(total, begin + per);
+    REAL acc[TAPS];
+    for (int t = 0; t < TAPS; ++t) acc[t] = (REAL)0;
+    for (IDX t = begin + l; t < end; t += WG) {
+        const int n = t / P, p = t - (IDX)n * P;
+        const int oy = p / OW, ox = p - oy * OW;
+        const REAL g = dy[dy_off + ((IDX)n * K + k) * P + p];
+        for (int c = 0; c < Cg; ++c) {
+            const IDX xb = x_off + ((IDX)n * C + c0 + c) * H * W;
+            for (int i = 0; i < KH; ++i) {
+                const int iy = oy * SH - PT + i * DH;
+                if (iy < 0 || iy >= H) continue;
+                for (int j = 0; j < KW; ++j) {
+                    const int ix = ox * SW - PL + j * DW;
+                    if (ix >= 0 && ix < W) acc[(c * KH + i) * KW + j] += g * x[xb + iy * W + ix];
+                }
+            }
+        }
+    }
+    for (int t = 0; t < TAPS; ++t) {
+        red[l] = acc[t];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int h = WG / 2; h > 0; h >>= 1) {
+            if (l < h) red[l] += red[l + h];
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+        if (l == 0) part[((IDX)k * S + s) * TAPS + t] = red[0];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+}
+
+// grad-weight, stage 2: dw[k, tap] = sum over s of the partials, in order.
+__kernel void direct_weight_sum(__global const REAL* restrict part, const int S,
+                                __global REAL* restrict dw, const IDX dw_off, const int K)
+{
+    const int kt = get_global_id(0);
+    if (kt >= K * TAPS) return;
+    const int k = kt / TAPS, t = kt - k * TAPS;
+    REAL acc = (REAL)0;
+    for (int s = 0; s < S; ++s) acc += part[((IDX)k * S + s) * TAPS + t];
+    dw[dw_off + kt] = acc;
+}
