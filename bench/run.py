@@ -74,7 +74,7 @@ def gemm_peer(g, queue):
     return fns
 
 
-def run_workload(w, size, queue, repeat, with_peers, log):
+def run_workload(w, size, queue, repeat, with_peers, log, algorithm="auto", queues="single"):
     s = dict(w[size])
     g = conv_geometry((s["N"], s["C"], s["H"], s["W"]), (s["K"], s["C"] // s["groups"], s["kh"], s["kw"]),
                       s["stride"], s["padding"], s["dilation"], s["groups"])
@@ -87,7 +87,7 @@ def run_workload(w, size, queue, repeat, with_peers, log):
             "backward_input": cla.empty(queue, g.input_shape, np.float32),
             "backward_weight": cla.empty(queue, g.weight_shape, np.float32)}
     plan = clconv.plan(g.input_shape, g.weight_shape, s["stride"], s["padding"], s["dilation"], s["groups"],
-                       queue=queue)
+                       queue=queue, algorithm=algorithm, queues=queues)
     opts = dict(stride=s["stride"], padding=s["padding"], dilation=s["dilation"], groups=s["groups"])
     ours = {"forward": lambda: plan.forward(dev["x"], dev["w"], out=outs["forward"]),
             "backward_input": lambda: plan.backward_input(dev["w"], dev["dy"], out=outs["backward_input"]),
@@ -172,6 +172,8 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=10, help="timed runs per pass (default 10)")
     ap.add_argument("--json", help="output path (default bench/results/<device>-<date>.json)")
     ap.add_argument("--no-peers", action="store_true", help="time clconv only")
+    ap.add_argument("--algorithm", default="auto", help="force an algorithm (see clconv.plan)")
+    ap.add_argument("--queues", default="single", choices=("single", "per-group"), help="GEMM queues per group")
     args = ap.parse_args(argv)
 
     queue = clconv.default_queue()
@@ -185,13 +187,13 @@ def main(argv=None):
     for w in workloads:
         print(f"{w['name']} ...", flush=True)
         results.append(run_workload(w, size, queue, args.repeat, not args.no_peers,
-                                    lambda msg: print(msg, flush=True)))
+                                    lambda msg: print(msg, flush=True), args.algorithm, args.queues))
     print(table(results))
     today = datetime.date.today().isoformat()
     path = Path(args.json) if args.json else \
         HERE / "results" / f"{re.sub(r'[^A-Za-z0-9]+', '-', device.name).strip('-').lower()}-{today}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"date": today, "device": device.name, "platform": device.platform.name,
+    path.write_text(json.dumps({"date": today, "algorithm": args.algorithm, "queues": args.queues, "device": device.name, "platform": device.platform.name,
                                 "driver": device.driver_version, "machine": platform.machine(),
                                 "python": sys.version.split()[0], "sizes": size, "clconv": clconv.__version__,
                                 "workloads": results}, indent=1))

@@ -5,6 +5,7 @@ type, index type, tile sizes) and built once per (context, file, dtype,
 options); the cache lives on the context (pyopencl's context-dependent memoize).
 """
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +67,28 @@ def launch(queue, kernel, global_size, local_size, *args, what=""):
         global_size = tuple(-(-g // l) * l for g, l in zip(global_size, local_size))
     try:
         with _launch_lock:
-            return kernel(queue, global_size, local_size, *args)
+            event = kernel(queue, global_size, local_size, *args)
     except cl.Error as exc:
         raise ClconvError(f"clconv: {what or kernel.function_name}: launching {kernel.function_name} "
                           f"over {global_size} failed: {exc}") from exc
+    record(kernel.function_name, event)
+    return event
+
+
+_recording = threading.local()
+
+
+@contextmanager
+def recording():
+    """Collect ``(name, event)`` for every kernel and GEMM this thread enqueues (for profiling)."""
+    _recording.events = []
+    try:
+        yield _recording.events
+    finally:
+        del _recording.events
+
+
+def record(name, event):
+    events = getattr(_recording, "events", None)
+    if events is not None:
+        events.append((name, event))

@@ -95,7 +95,7 @@ def test_split_k_grad_weight_with_chunks(images_per_chunk, queue):
     x, w, b, dy = case.data()
     full = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="im2col")
     algo = full._choice["backward_weight"][0]
-    assert algo.slices == 4 and "split-K into 4 slices" in full.explain()
+    assert algo.slices == 4 and "split-K into 4 slices" in full.explain()   # 4 * 17 * 19 positions, >= 256 each
     g = full.geometry
     limit = ((algo.rows + g.K) * g.P * images_per_chunk + algo.max_slices * g.K * g.Kd) * 4
     p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="im2col", workspace_limit=limit)

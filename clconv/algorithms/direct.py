@@ -6,12 +6,34 @@ to pay; these passes are memory-bound direct kernels instead. grad-weight is a
 deterministic two-stage reduction (partials per slice of the batch*pixels, then
 an ordered sum), no atomics.
 """
+import pyopencl as cl
+
 from ..programs import get_kernel, launch
 from .common import i32, iarg, idx_for
 
 MAX_TAPS = 64         # Cg * kh * kw above this: the private accumulators get too large
 MAX_FILTERS = 64      # Kg above this: a GEMM over the group's filters pays again
-TILE = (64, 4)
+MAX_PATCH = 3072      # elements of the local-memory patch (12 KiB in float32, 24 KiB in float64)
+
+
+def _pow2_at_least(n):
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _tile(width, height):
+    """Work-group tile (TX, TY) of at most 256 work-items for a width x height plane."""
+    tx = min(32, _pow2_at_least(width))
+    return tx, min(256 // tx, _pow2_at_least(height))
+
+
+def _patches(g):
+    """{pass: (TX, TY, PH, PW)}: tile and staged patch of the forward and grad-input kernels."""
+    (sh, sw), (dh, dw) = g.stride, g.dilation
+    tx, ty = _tile(g.OW, g.OH)
+    fwd = (tx, ty, (ty - 1) * sh + (g.kh - 1) * dh + 1, (tx - 1) * sw + (g.kw - 1) * dw + 1)
+    tx, ty = _tile(g.W, g.H)
+    inp = (tx, ty, (ty - 1 + (g.kh - 1) * dh) // sh + 2, (tx - 1 + (g.kw - 1) * dw) // sw + 2)
+    return {"forward": fwd, "backward_input": inp}
 
 
 class Direct:
@@ -25,6 +47,9 @@ class Direct:
         if taps > MAX_TAPS or g.Kg > MAX_FILTERS:
             return False, (f"needs at most {MAX_TAPS} taps (Cg*kh*kw = {taps}) and {MAX_FILTERS} filters per group "
                            f"(Kg = {g.Kg})")
+        patch = max(ph * pw for _, _, ph, pw in _patches(g).values())
+        if patch > MAX_PATCH:
+            return False, f"the input patch of a tile ({patch} elements) does not fit in local memory"
         kind = "depthwise" if g.Cg == 1 else "small groups"
         return True, (f"{kind} ({g.groups} groups of {g.Cg} channel(s) x {g.kh}x{g.kw} taps -> {g.Kg} filter(s)): "
                       "GEMMs this small do not pay, a direct memory-bound kernel does")
@@ -32,6 +57,7 @@ class Direct:
     def __init__(self, g, dtype, device, workspace_limit, per_group=False):
         self.g, self.dtype = g, dtype
         self.taps = g.Cg * g.kh * g.kw
+        self.tiles = _patches(g)
         # enough work-groups in stage 1 to fill the device (about 4 per compute unit),
         # each slice keeping at least 1024 positions; fixed per device, so deterministic
         fill = -(-4 * device.max_compute_units // g.K)
@@ -43,7 +69,9 @@ class Direct:
         if pass_name == "backward_weight":
             return (f"direct grouped grad-weight, {g.K} x {self.slices} partial sums of {self.taps} taps, "
                     "then an ordered sum")
-        return f"direct grouped kernel, {self.taps} taps per output, no GEMM, no workspace"
+        tx, ty, ph, pw = self.tiles[pass_name]
+        return (f"direct grouped kernel, {self.taps} taps per output, {tx}x{ty} tiles staging a {ph}x{pw} patch "
+                "in local memory, no GEMM, no workspace")
 
     def _geometry(self):
         g = self.g
@@ -51,24 +79,29 @@ class Direct:
         return tuple(map(i32, (g.N, g.C, g.H, g.W, g.K, g.groups, g.kh, g.kw, g.OH, g.OW) + g.stride + (pt, pl)
                          + g.dilation))
 
-    def _kernel(self, queue, name, idx):
+    def _kernel(self, queue, name, idx, tile=None):
         wg = 1 << (min(256, queue.device.max_work_group_size).bit_length() - 1)
-        return get_kernel(queue.context, "direct.cl", name, self.dtype, IDX=idx, TAPS=self.taps, WG=wg), wg
+        tx, ty, ph, pw = tile or self.tiles["forward"]
+        stage = int(bool(queue.device.type & cl.device_type.GPU))   # CPUs: caches stage better than barriers
+        return get_kernel(queue.context, "direct.cl", name, self.dtype, IDX=idx, TAPS=self.taps, WG=wg,
+                          TX=tx, TY=ty, PH=ph, PW=pw, STAGE=stage), wg
 
     def forward(self, queue, x, w, bias, y, ws):
         g = self.g
         idx = idx_for(self.dtype, x, w, y, bias)
-        knl, _ = self._kernel(queue, "direct_forward", idx)
+        tx, ty = self.tiles["forward"][:2]
+        knl, _ = self._kernel(queue, "direct_forward", idx, self.tiles["forward"])
         b = bias if bias is not None else w
-        launch(queue, knl, (g.P, g.N * g.K), TILE, x.buf, iarg(idx, x.off), w.buf, iarg(idx, w.off),
+        launch(queue, knl, (g.OW, g.OH, g.N * g.K), (tx, ty, 1), x.buf, iarg(idx, x.off), w.buf, iarg(idx, w.off),
                b.buf, iarg(idx, b.off), i32(bias is not None), y.buf, iarg(idx, y.off), *self._geometry(),
                what="forward (direct)")
 
     def backward_input(self, queue, w, dy, dx, ws):
         g = self.g
         idx = idx_for(self.dtype, w, dy, dx)
-        knl, _ = self._kernel(queue, "direct_input", idx)
-        launch(queue, knl, (g.H * g.W, g.N * g.C), TILE, w.buf, iarg(idx, w.off), dy.buf, iarg(idx, dy.off),
+        tx, ty = self.tiles["backward_input"][:2]
+        knl, _ = self._kernel(queue, "direct_input", idx, self.tiles["backward_input"])
+        launch(queue, knl, (g.W, g.H, g.N * g.C), (tx, ty, 1), w.buf, iarg(idx, w.off), dy.buf, iarg(idx, dy.off),
                dx.buf, iarg(idx, dx.off), *self._geometry(), what="grad-input (direct)")
 
     def backward_weight(self, queue, x, dy, dw, ws):

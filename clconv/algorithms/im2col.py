@@ -17,8 +17,9 @@ from ..programs import INT32_MAX, get_kernel, launch
 from .common import Ref, i32, iarg, idx_for
 
 TILE = (64, 4)             # work-group shape of the 2-D layout kernels
-SPLIT_K_TARGET = 1 << 22   # aim for about this many partial-sum elements in grad-weight
+SPLIT_K_TARGET = 1 << 24   # aim for about this many partial-sum elements in grad-weight
 MIN_SLICE = 256            # shortest split-K slice (GEMM K) worth a separate partial
+MAX_SLICES = 64
 
 
 class Im2col:
@@ -33,8 +34,8 @@ class Im2col:
         itemsize = dtype.itemsize
         self.rows = g.C * g.kh * g.kw
         per_image = (self.rows + g.K) * g.P
-        # grad-weight partials: at most one slice per image
-        self.max_slices = max(1, min(g.N, -(-SPLIT_K_TARGET // (g.K * g.Kd)), g.N * g.P // MIN_SLICE))
+        # grad-weight split-K: enough partial sums to fill the device, slices of at least MIN_SLICE positions
+        self.max_slices = max(1, min(MAX_SLICES, -(-SPLIT_K_TARGET // (g.K * g.Kd)), g.N * g.P // MIN_SLICE))
         partials = self.max_slices * g.K * g.Kd if self.max_slices > 1 else 0
         if (per_image + partials) * itemsize > workspace_limit:
             raise ValueError(f"one image of input {list(g.input_shape)} with weight {list(g.weight_shape)} needs "
@@ -42,7 +43,7 @@ class Im2col:
                              f"of {workspace_limit} bytes")
         # images per chunk: as many as the budget allows
         self.chunk = max(1, min(g.N, (workspace_limit // itemsize - partials) // per_image, INT32_MAX // g.P))
-        self.slices = _largest_divisor_at_most(self.chunk, self.max_slices)
+        self.slices = _largest_divisor_at_most(self.chunk * g.P, self.max_slices)
         wgrad_extra = self.slices * g.K * g.Kd if self.slices > 1 else 0
         self.workspace = {"forward": per_image * self.chunk, "backward_input": per_image * self.chunk,
                           "backward_weight": per_image * self.chunk + wgrad_extra}
@@ -124,12 +125,12 @@ class Im2col:
             col, t, part = 0, self.rows * ld, (self.rows + g.K) * ld
             self._im2col(queue, idx, x, n0, nb, ws, col)
             self._to_columns(queue, idx, dy, n0, nb, ws, t)
-            S = _largest_divisor_at_most(nb, self.slices)
+            S = _largest_divisor_at_most(ld, self.max_slices)
             if S == 1:
                 self._group_gemm(queue, Kg, Kd, ld, ws, ws, dw.buf, (t, col, dw.off), (Kg * ld, Kd * ld, Kg * Kd),
                                  (ld, ld, Kd), beta=0.0 if n0 == 0 else 1.0, b_transp=True, what="grad-weight")
                 continue
-            L = ld // S   # slice length: nb / S whole images
+            L = ld // S   # slice length: S slices cover the nb * P columns exactly
             grid_gemm(queue, self.dtype, G, S, Kg, Kd, L, ws, ws, ws, offsets=(t, col, part),
                       group_strides=(Kg * ld, Kd * ld, Kg * Kd), image_strides=(L, L, g.K * Kd),
                       lds=(ld, ld, Kd), b_transp=True, per_group=self.per_group, what="grad-weight (split-K)")

@@ -1,0 +1,64 @@
+"""Where each pass spends its device time: OpenCL profiling events per kernel.
+
+    python -m bench.profile [--workload NAME ...] [--size cpu|gpu]
+
+Runs every pass once to warm up, then once on a profiling queue, and sums the
+device time of each enqueued kernel or CLBlast GEMM by name. CLBlast returns the
+event of its last kernel only: its helper kernels (padding, transposes), when it
+runs any, are not counted, so "gemm" can be an underestimate.
+"""
+import argparse
+from collections import defaultdict
+
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
+
+import clconv
+from clconv.programs import recording
+
+from .run import load_workloads
+
+
+def profile(w, size, queue):
+    s = w[size]
+    x = cla.to_device(queue, np.random.default_rng(0).standard_normal((s["N"], s["C"], s["H"], s["W"]), np.float32))
+    wt = cla.to_device(queue, np.ones((s["K"], s["C"] // s["groups"], s["kh"], s["kw"]), np.float32))
+    p = clconv.plan(x.shape, wt.shape, s["stride"], s["padding"], s["dilation"], s["groups"], queue=queue)
+    dy = cla.to_device(queue, np.ones(p.geometry.output_shape, np.float32))
+    passes = {"forward": lambda: p.forward(x, wt), "backward_input": lambda: p.backward_input(wt, dy),
+              "backward_weight": lambda: p.backward_weight(x, dy)}
+    rows = []
+    for name, run in passes.items():
+        run()
+        queue.finish()
+        with recording() as events:
+            run()
+            queue.finish()
+        parts = defaultdict(float)
+        for kernel, event in events:
+            parts[kernel] += (event.profile.end - event.profile.start) * 1e-6
+        total = sum(parts.values())
+        detail = ", ".join(f"{k} {v:.3f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]))
+        rows.append(f"{w['name']:16s} {name:16s} {p.algorithms[name]:7s} {total:9.3f} ms = {detail}")
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", action="append")
+    ap.add_argument("--size", choices=("cpu", "gpu"))
+    args = ap.parse_args(argv)
+    device = clconv.default_queue().device
+    queue = cl.CommandQueue(clconv.default_context(), device,
+                            properties=cl.command_queue_properties.PROFILING_ENABLE)
+    size = args.size or ("gpu" if device.type & cl.device_type.GPU else "cpu")
+    print(f"device: {device.name}; sizes: {size}; device time per pass (ms) by kernel")
+    for w in load_workloads():
+        if not args.workload or w["name"] in args.workload:
+            print("\n".join(profile(w, size, queue)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
