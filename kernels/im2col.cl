@@ -13,7 +13,10 @@
 #define IDX long
 #endif
 
-// 2-D range: dim 0 over the columns (b, p) of the chunk, dim 1 over the rows r.
+// 3-D range: dim 0 over the output pixels p of one image, dim 1 over channels c,
+// dim 2 over the B images. Each work-item writes the KH*KW rows of channel c in
+// its column (b, p): the index arithmetic is paid once per pixel, not per tap,
+// and neighbouring work-items write neighbouring columns.
 __kernel void im2col(__global const REAL* restrict x, const IDX x_off,
                      __global REAL* restrict col, const IDX col_off,
                      const int B, const int C, const int H, const int W,
@@ -21,19 +24,21 @@ __kernel void im2col(__global const REAL* restrict x, const IDX x_off,
                      const int SH, const int SW, const int PT, const int PL,
                      const int DH, const int DW)
 {
-    const int q = get_global_id(0);
-    const int r = get_global_id(1);
+    const int p = get_global_id(0), c = get_global_id(1), b = get_global_id(2);
     const int P = OH * OW;
-    if (q >= B * P || r >= C * KH * KW) return;
-    const int b = q / P, p = q - b * P;
+    if (p >= P || c >= C || b >= B) return;
     const int oy = p / OW, ox = p - oy * OW;
-    const int j = r % KW, i = (r / KW) % KH, c = r / (KW * KH);
-    const int y = oy * SH - PT + i * DH;
-    const int xx = ox * SW - PL + j * DW;
-    REAL v = (REAL)0;
-    if (y >= 0 && y < H && xx >= 0 && xx < W)
-        v = x[x_off + (((IDX)b * C + c) * H + y) * W + xx];
-    col[col_off + (IDX)r * (B * (IDX)P) + q] = v;
+    const IDX ld = (IDX)B * P;
+    const IDX xb = x_off + ((IDX)b * C + c) * H * W;
+    IDX dst = col_off + (IDX)c * KH * KW * ld + (IDX)b * P + p;
+    for (int i = 0; i < KH; ++i) {
+        const int y = oy * SH - PT + i * DH;
+        const bool row_in = y >= 0 && y < H;
+        for (int j = 0; j < KW; ++j, dst += ld) {
+            const int xx = ox * SW - PL + j * DW;
+            col[dst] = (row_in && xx >= 0 && xx < W) ? x[xb + y * W + xx] : (REAL)0;
+        }
+    }
 }
 
 // Adjoint of im2col. One work-item per input pixel (b, c, y, x) gathers every

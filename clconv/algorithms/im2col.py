@@ -69,7 +69,7 @@ class Im2col:
 
     def _im2col(self, queue, idx, x, n0, B, ws, col):
         g = self.g
-        launch(queue, self._kernel(queue, "im2col", idx), (B * g.P, self.rows), TILE,
+        launch(queue, self._kernel(queue, "im2col", idx), (g.P, g.C, B), (64, 1, 1),
                x.buf, iarg(idx, x.off + n0 * g.C * g.H * g.W), ws, iarg(idx, col),
                *self._geometry_args(B), what="im2col")
 
