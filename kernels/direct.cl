@@ -25,8 +25,8 @@
 #ifndef TY
 #define TY 8
 #endif
-// Input patch a tile needs (set by the host from stride, dilation and kernel size):
-// forward: PH = (TY-1)*SH + (KH-1)*DH + 1 rows, PW likewise; grad-input: rows of dy.
+// Input patch a forward tile needs (set by the host from stride, dilation and kernel
+// size): PH = (TY-1)*SH + (KH-1)*DH + 1 rows, PW likewise.
 #ifndef PH
 #define PH 10
 #endif
@@ -37,8 +37,6 @@
 #ifndef STAGE          // 1: stage each tile's patch in local memory (GPUs); 0: read global memory
 #define STAGE 1        //    directly, with no barriers (CPU devices, where caches do the staging)
 #endif
-
-static int floor_div(int a, int b) { return (a - (((a % b) + b) % b)) / b; }
 
 // y[n, k, oy, ox] = bias[k] + sum over c < Cg, i, j of
 //                   w[k, c, i, j] * x[n, (k / Kg) * Cg + c, oy*SH - PT + i*DH, ox*SW - PL + j*DW]
@@ -92,60 +90,37 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
 
 // dx[n, c, iy, ix] = sum over the Kg filters k of c's group and the taps that read
 // (iy, ix) of w[k, c % Cg, i, j] * dy[n, k, oy, ox]. Overwrites dx; fixed order.
-// Work-group: a TX x TY tile of plane (n, c); the dy rows/columns it reaches
-// (PH x PW from (oyb, oxb)) are staged in local memory per filter.
+// Work-group: a TX x TY tile of plane (n, c) = group id 2. Only a fraction of the
+// taps meets the output grid when strided, so dy is read from global memory
+// directly (staging it measured slower on an H200).
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void direct_input(__global const REAL* restrict w, const IDX w_off,
                   __global const REAL* restrict dy, const IDX dy_off,
                   __global REAL* restrict dx, const IDX dx_off, GEOMETRY)
 {
-#if STAGE
-    __local REAL patch[PH][PW];
-    const int lid = get_local_id(1) * TX + get_local_id(0);
-#endif
-    const int lx = get_local_id(0), ly = get_local_id(1);
-    const int ix = get_group_id(0) * TX + lx, iy = get_group_id(1) * TY + ly;
-    const int nc = get_group_id(2);
+    const int ix = get_global_id(0), iy = get_global_id(1), nc = get_global_id(2);
+    if (ix >= W || iy >= H) return;
     const int Cg = C / G, Kg = K / G;
     const int c = nc % C, n = nc / C, k0 = (c / Cg) * Kg, cw = c % Cg;
-    const int oyb = floor_div(get_group_id(1) * TY + PT - (KH - 1) * DH, SH);
-    const int oxb = floor_div(get_group_id(0) * TX + PL - (KW - 1) * DW, SW);
     REAL acc = (REAL)0;
     for (int m = 0; m < Kg; ++m) {
         const int k = k0 + m;
         const IDX db = dy_off + ((IDX)n * K + k) * OH * OW;
         const IDX wb = w_off + ((IDX)k * Cg + cw) * KH * KW;
-#if STAGE
-        for (int e = lid; e < PH * PW; e += TX * TY) {
-            const int py = e / PW, px = e - py * PW;
-            const int oy = oyb + py, ox = oxb + px;
-            patch[py][px] = (oy >= 0 && oy < OH && ox >= 0 && ox < OW) ? dy[db + oy * OW + ox] : (REAL)0;
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-#endif
         for (int i = 0; i < KH; ++i) {
             const int ny = iy + PT - i * DH;          // = oy * SH when tap i reads row iy
-            if (ny % SH) continue;                    // also skips ny < 0 not on the grid
-            const int oy = floor_div(ny, SH);
-#if !STAGE
-            if (oy < 0 || oy >= OH) continue;
-#endif
+            if (ny < 0 || ny % SH) continue;
+            const int oy = ny / SH;
+            if (oy >= OH) continue;
             for (int j = 0; j < KW; ++j) {
                 const int nx = ix + PL - j * DW;
-                if (nx % SW) continue;
-                const int ox = floor_div(nx, SW);
-#if STAGE
-                acc += w[wb + i * KW + j] * patch[oy - oyb][ox - oxb];   // out-of-range staged as 0
-#else
-                if (ox >= 0 && ox < OW) acc += w[wb + i * KW + j] * dy[db + oy * OW + ox];
-#endif
+                if (nx < 0 || nx % SW) continue;
+                const int ox = nx / SW;
+                if (ox < OW) acc += w[wb + i * KW + j] * dy[db + oy * OW + ox];
             }
         }
-#if STAGE
-        barrier(CLK_LOCAL_MEM_FENCE);
-#endif
     }
-    if (ix < W && iy < H) dx[dx_off + (IDX)nc * H * W + iy * W + ix] = acc;
+    dx[dx_off + (IDX)nc * H * W + iy * W + ix] = acc;
 }
 
 // grad-weight, stage 1 of 2. Work-group (k, s) sums dy[n, k, p] * x[n, c, ...] for

@@ -27,13 +27,11 @@ def _tile(width, height):
 
 
 def _patches(g):
-    """{pass: (TX, TY, PH, PW)}: tile and staged patch of the forward and grad-input kernels."""
+    """{pass: (TX, TY, PH, PW)}: work-group tiles, and the forward's staged input patch."""
     (sh, sw), (dh, dw) = g.stride, g.dilation
     tx, ty = _tile(g.OW, g.OH)
     fwd = (tx, ty, (ty - 1) * sh + (g.kh - 1) * dh + 1, (tx - 1) * sw + (g.kw - 1) * dw + 1)
-    tx, ty = _tile(g.W, g.H)
-    inp = (tx, ty, (ty - 1 + (g.kh - 1) * dh) // sh + 2, (tx - 1 + (g.kw - 1) * dw) // sw + 2)
-    return {"forward": fwd, "backward_input": inp}
+    return {"forward": fwd, "backward_input": _tile(g.W, g.H) + fwd[2:]}
 
 
 class Direct:
@@ -47,7 +45,7 @@ class Direct:
         if taps > MAX_TAPS or g.Kg > MAX_FILTERS:
             return False, (f"needs at most {MAX_TAPS} taps (Cg*kh*kw = {taps}) and {MAX_FILTERS} filters per group "
                            f"(Kg = {g.Kg})")
-        patch = max(ph * pw for _, _, ph, pw in _patches(g).values())
+        patch = _patches(g)["forward"][2] * _patches(g)["forward"][3]
         if patch > MAX_PATCH:
             return False, f"the input patch of a tile ({patch} elements) does not fit in local memory"
         kind = "depthwise" if g.Cg == 1 else "small groups"
@@ -70,8 +68,8 @@ class Direct:
             return (f"direct grouped grad-weight, {g.K} x {self.slices} partial sums of {self.taps} taps, "
                     "then an ordered sum")
         tx, ty, ph, pw = self.tiles[pass_name]
-        return (f"direct grouped kernel, {self.taps} taps per output, {tx}x{ty} tiles staging a {ph}x{pw} patch "
-                "in local memory, no GEMM, no workspace")
+        staged = f" staging a {ph}x{pw} input patch in local memory on GPUs" if pass_name == "forward" else ""
+        return f"direct grouped kernel, {self.taps} taps per output, {tx}x{ty} tiles{staged}, no GEMM, no workspace"
 
     def _geometry(self):
         g = self.g
@@ -82,7 +80,7 @@ class Direct:
     def _kernel(self, queue, name, idx, tile=None):
         wg = 1 << (min(256, queue.device.max_work_group_size).bit_length() - 1)
         tx, ty, ph, pw = tile or self.tiles["forward"]
-        stage = int(bool(queue.device.type & cl.device_type.GPU))   # CPUs: caches stage better than barriers
+        stage = int(bool(queue.device.type & cl.device_type.GPU))   # on CPUs caches stage better than barriers
         return get_kernel(queue.context, "direct.cl", name, self.dtype, IDX=idx, TAPS=self.taps, WG=wg,
                           TX=tx, TY=ty, PH=ph, PW=pw, STAGE=stage), wg
 
