@@ -2,14 +2,15 @@
 VENV   ?= .venv
 PYTHON ?= python3
 PY     := $(VENV)/bin/python
-APT_PACKAGES := libclblast-dev ocl-icd-opencl-dev opencl-headers clinfo
+APT_PACKAGES := libclblast-dev ocl-icd-opencl-dev opencl-headers clinfo oclgrind
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup system venv demo test clean
+.PHONY: setup system venv demo test check-kernels clean
 
 setup: system venv
 
-# Debian packages: CLBlast (pyclblast builds against it), the OpenCL loader and headers, clinfo.
+# Debian packages: CLBlast (pyclblast builds against it), the OpenCL loader and headers, clinfo,
+# and Oclgrind (an OpenCL simulator that checks every memory access) for check-kernels.
 system:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -28,8 +29,25 @@ $(VENV)/.installed: setup.cfg pyproject.toml | system
 demo: setup
 	$(PY) -m clconv.demo
 
-test: setup
+test: setup check-kernels
 	$(PY) -m pytest -q tests
+
+# Every kernel and algorithm under Oclgrind; fails unless its log stays empty.
+# Run 1: with CLBlast, data races and out-of-bounds accesses. Run 2: GEMMs on the host
+# (see tests/oclgrind_sweep.py for why), plus uninitialised-memory tracking.
+OCLGRIND_DIR := build/oclgrind
+check-kernels: setup
+	@mkdir -p $(OCLGRIND_DIR) && echo /usr/lib/oclgrind/liboclgrind-rt-icd.so > $(OCLGRIND_DIR)/oclgrind.icd
+	@set -e; for mode in clblast host-gemm; do \
+	  log=$(OCLGRIND_DIR)/$$mode.log; rm -f $$log; \
+	  if [ $$mode = host-gemm ]; then checks="OCLGRIND_UNINITIALIZED=1"; args=--host-gemm; else checks=; args=; fi; \
+	  echo "Oclgrind sweep ($$mode)"; \
+	  env OCL_ICD_VENDORS=$(CURDIR)/$(OCLGRIND_DIR) CLCONV_DEVICE=oclgrind OCLGRIND_LOG=$$log \
+	      OCLGRIND_DATA_RACES=1 $$checks $(PY) tests/oclgrind_sweep.py $$args > $(OCLGRIND_DIR)/$$mode.out \
+	    || { cat $(OCLGRIND_DIR)/$$mode.out; exit 1; }; \
+	  if [ -s $$log ]; then echo "Oclgrind reported problems ($$log):"; head -60 $$log; exit 1; fi; \
+	  echo "  $$(grep -c ' ok' $(OCLGRIND_DIR)/$$mode.out) results match the reference; Oclgrind log empty"; \
+	done
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,82 @@
+"""Limits made cheap: 64-bit index kernels, forced chunking, allocation failures."""
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
+import pytest
+
+import clconv
+from clconv import programs, reference
+from clconv.plan import ALGORITHMS
+from helpers import CASES, assert_close
+
+LIMIT_CASES = [c for c in CASES if c.name in {"g2_k3x3_s2_pad_pair", "depthwise_x2_s2_same", "fc_mode_g2",
+                                              "k1x1_g2", "g3_same_s3"}]
+
+
+@pytest.mark.parametrize("case", LIMIT_CASES, ids=repr)
+def test_64_bit_index_kernels(case, queue, monkeypatch):
+    """With the 31-bit limit lowered to 10 elements every kernel is built with long indices."""
+    monkeypatch.setattr(programs, "INT32_MAX", 10)
+    assert programs.index_type(11) == "long"
+    x, w, b, dy = case.data()
+    opts = case.options
+    for name, cls in ALGORITHMS.items():
+        g = clconv.conv_geometry(x.shape, w.shape, **opts)
+        if not cls.applies(g)[0]:
+            continue
+        p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm=name)
+        assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float32, f"{name} forward")
+        assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), np.float32,
+                     f"{name} grad-input")
+        assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **opts), np.float32,
+                     f"{name} grad-weight")
+    assert_close(clconv.conv2d_bias(dy), reference.conv2d_bias(dy), np.float32, "grad-bias")
+
+
+def test_small_max_allocation_forces_chunks_with_the_same_result(queue, monkeypatch):
+    """A device whose largest allocation holds about one image's workspace: chunked, same answer."""
+    case = next(c for c in CASES if c.name == "g3_same_s3")
+    x, w, b, dy = case.data()
+    full = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="im2col")
+    per_image = full.workspace_bytes // x.shape[0]
+
+    class SmallDevice:
+        def __init__(self, device):
+            self._device = device
+            self.max_mem_alloc_size = 2 * per_image
+
+        def __getattr__(self, name):
+            return getattr(self._device, name)
+
+    class SmallQueue:
+        def __init__(self, q):
+            self._q, self.device = q, SmallDevice(q.device)
+
+        def __getattr__(self, name):
+            return getattr(self._q, name)
+
+    small = clconv.Plan(full.geometry, np.float32, SmallQueue(queue), algorithm="im2col")
+    assert small.workspace_bytes <= 2 * per_image < full.workspace_bytes
+    assert "3 chunk(s)" in small.explain()
+    for got, want in [(small.forward(x, w, b, queue=queue), full.forward(x, w, b)),
+                      (small.backward_input(w, dy, queue=queue), full.backward_input(w, dy)),
+                      (small.backward_weight(x, dy, queue=queue), full.backward_weight(x, dy))]:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_one_image_above_the_limit_is_refused_before_enqueueing(queue):
+    with pytest.raises(ValueError, match="workspace bytes, above the limit"):
+        clconv.plan((2, 8, 30, 30), (8, 8, 3, 3), padding=1, queue=queue, algorithm="im2col", workspace_limit=1000)
+
+
+def test_allocation_failure_is_reraised_with_context(queue, monkeypatch):
+    case = CASES[1]
+    x, w, b, dy = (cla.to_device(queue, a) for a in case.data())
+    out = cla.empty(queue, dy.shape, np.float32)
+    clconv.free_workspaces()
+
+    def no_memory(*args, **kw):
+        raise cl.MemoryError("clCreateBuffer", cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE, "mocked")
+    monkeypatch.setattr(cl, "Buffer", no_memory)
+    with pytest.raises(clconv.ClconvError, match=r"forward of input \[3, 4, 9, 7\] with weight \[6, 2, 3, 3\]"):
+        clconv.conv2d(x, w, **case.options, algorithm="im2col", out=out)
