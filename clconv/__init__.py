@@ -2,16 +2,18 @@
 
 Our own im2col/col2im kernels plus CLBlast GEMM, on pyopencl arrays.
 """
-from . import reference
+from . import nn, reference
 from .device import default_context, default_queue
 from .functional import conv2d, conv2d_bias, conv2d_input, conv2d_weight
 from .geometry import ConvGeometry, conv_geometry, normalize_padding, output_size
 from .plan import Plan, plan
 from .programs import ClconvError
+from .transpose import conv_transpose2d, conv_transpose2d_input, conv_transpose2d_weight
 from .workspace import free_workspaces
 
 __version__ = "0.1.0"
 
-__all__ = ["conv2d", "conv2d_input", "conv2d_weight", "conv2d_bias", "plan", "Plan", "reference",
+__all__ = ["conv2d", "conv2d_input", "conv2d_weight", "conv2d_bias", "conv_transpose2d", "conv_transpose2d_input",
+           "conv_transpose2d_weight", "nn", "plan", "Plan", "reference",
            "default_context", "default_queue", "ClconvError", "ConvGeometry", "conv_geometry",
            "normalize_padding", "output_size", "free_workspaces"]

@@ -3,12 +3,12 @@ from .algorithms.common import i32, iarg, idx_for
 from .programs import get_kernel, launch
 
 
-def fill_bias(queue, dtype, y, bias, N, K, P):
-    """y (N, K, P) = bias[k] everywhere (the GEMM then accumulates onto it)."""
+def fill_bias(queue, dtype, y, bias, N, K, P, add=False):
+    """y (N, K, P) = bias[k] everywhere (a GEMM then accumulates onto it), or += with ``add``."""
     idx = idx_for(dtype, y, bias)
-    knl = get_kernel(queue.context, "bias.cl", "fill_bias", dtype, IDX=idx)
+    knl = get_kernel(queue.context, "bias.cl", "add_bias" if add else "fill_bias", dtype, IDX=idx)
     launch(queue, knl, (P, N * K), (min(64, P), 1), y.buf, iarg(idx, y.off), bias.buf, iarg(idx, bias.off),
-           i32(N), i32(K), i32(P), what="forward bias")
+           i32(N), i32(K), i32(P), what="bias")
 
 
 def prefill_bias(queue, dtype, y, bias, g):

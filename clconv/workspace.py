@@ -5,6 +5,7 @@ can reuse that queue's buffer; a lock keeps two threads sharing a queue from
 interleaving their passes. The buffer grows to the largest request and is kept
 for the last few queues used (``free_workspaces`` drops them all).
 """
+import atexit
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -45,4 +46,11 @@ def workspace(queue, nbytes, what=""):
 def free_workspaces():
     """Release every cached workspace buffer (they are re-allocated on demand)."""
     with _lock:
+        for queue, _, _ in _entries.values():
+            queue.finish()
         _entries.clear()
+
+
+# Release the buffers while the OpenCL runtime is still up: left to interpreter
+# teardown, they can outlive it (seen as a crash at exit with PoCL).
+atexit.register(free_workspaces)

@@ -48,3 +48,14 @@ void bias_grad(__global const REAL* restrict dy, const IDX dy_off,
     }
     if (l == 0) db[db_off + k] = (REAL)part[0];
 }
+
+// y[b, k, p] += bias[k]: the bias of a transposed convolution, after its GEMMs.
+__kernel void add_bias(__global REAL* restrict y, const IDX y_off,
+                       __global const REAL* restrict bias, const IDX bias_off,
+                       const int B, const int K, const int P)
+{
+    const int p = get_global_id(0);
+    const int bk = get_global_id(1);   // b * K + k
+    if (p >= P || bk >= B * K) return;
+    y[y_off + (IDX)bk * P + p] += bias[bias_off + bk % K];
+}

@@ -1,0 +1,168 @@
+"""Modules that keep their parameters and gradients on the device, like Torch's nn.
+
+Each module holds ``weight``, ``bias`` (or None), ``grad_weight`` and
+``grad_bias`` as pyopencl arrays; ``backward`` adds into the gradients, so
+several backward calls sum until ``zero_grad()``.
+"""
+import math
+
+import numpy as np
+import pyopencl.array as cla
+
+from .device import check_dtype_supported, default_queue
+from .functional import conv2d, conv2d_bias, conv2d_input, conv2d_weight
+from .geometry import normalize_padding, pair
+from .transpose import conv_transpose2d, conv_transpose2d_input, conv_transpose2d_weight
+
+
+class _ConvBase:
+    _weight_shape = None   # set by subclasses
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, dtype, queue,
+                 seed):
+        for name, v in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups)):
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(f"in_channels ({in_channels}) and out_channels ({out_channels}) must be divisible by "
+                             f"groups ({groups})")
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.kernel_size = pair(kernel_size, "kernel_size")
+        self.stride, self.dilation = pair(stride, "stride"), pair(dilation, "dilation")
+        self.padding = padding
+        self.queue = queue or default_queue()
+        self.dtype = np.dtype(dtype)
+        check_dtype_supported(self.dtype, self.queue.device)
+        shape = self._weight_shape()
+        fan_in = shape[1] * self.kernel_size[0] * self.kernel_size[1]   # PyTorch: weight.size(1) * kh * kw
+        bound = 1 / math.sqrt(fan_in)   # kaiming_uniform(a=sqrt(5)) bound, as PyTorch's default
+        rng = np.random.default_rng(seed)
+        self.weight = cla.to_device(self.queue, rng.uniform(-bound, bound, shape).astype(self.dtype))
+        self.grad_weight = cla.zeros(self.queue, shape, self.dtype)
+        if bias:
+            self.bias = cla.to_device(self.queue, rng.uniform(-bound, bound, out_channels).astype(self.dtype))
+            self.grad_bias = cla.zeros(self.queue, out_channels, self.dtype)
+        else:
+            self.bias = self.grad_bias = None
+
+    def __call__(self, x):
+        return self.forward(x)
+
+    def _to_device(self, a):
+        return a if isinstance(a, cla.Array) else cla.to_device(self.queue, np.ascontiguousarray(a, self.dtype))
+
+    def _accumulate(self, grad_weight, grad_output):
+        self.grad_weight += grad_weight
+        if self.bias is not None:
+            self.grad_bias += conv2d_bias(grad_output, queue=self.queue)
+
+    def zero_grad(self):
+        """Set grad_weight and grad_bias to zero."""
+        self.grad_weight.fill(0)
+        if self.grad_bias is not None:
+            self.grad_bias.fill(0)
+
+    def parameters(self):
+        """[weight, bias] (bias only when the module has one)."""
+        return [p for p in (self.weight, self.bias) if p is not None]
+
+    def load_numpy(self, weight, bias=None):
+        """Copy NumPy weight (and bias) in, e.g. exported from a Caffe or PyTorch model."""
+        weight = np.asarray(weight)
+        if weight.shape != self.weight.shape:
+            raise ValueError(f"weight of size {list(weight.shape)} does not fit {self!r}: expected "
+                             f"{list(self.weight.shape)}")
+        if (bias is None) != (self.bias is None):
+            raise ValueError(f"{self!r} {'has' if self.bias is not None else 'has no'} bias")
+        if bias is not None and np.shape(bias) != self.bias.shape:
+            raise ValueError(f"bias of size {list(np.shape(bias))} does not fit {self!r}: expected "
+                             f"{list(self.bias.shape)}")
+        self.weight.set(np.ascontiguousarray(weight, self.dtype))
+        if bias is not None:
+            self.bias.set(np.ascontiguousarray(bias, self.dtype))
+
+    def state_dict(self):
+        """{"weight": ndarray, "bias": ndarray} (bias only when the module has one)."""
+        state = {"weight": self.weight.get()}
+        if self.bias is not None:
+            state["bias"] = self.bias.get()
+        return state
+
+    def _options(self):
+        return dict(stride=self.stride, dilation=self.dilation, groups=self.groups)
+
+    def __repr__(self):
+        extra = "".join(f", {k}={v}" for k, v in self._repr_options().items())
+        return (f"{type(self).__name__}({self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}{extra}, bias={self.bias is not None}, dtype={self.dtype})")
+
+
+class Conv2d(_ConvBase):
+    """2-D convolution: input (N, in_channels, H, W) -> (N, out_channels, OH, OW).
+
+    weight (out_channels, in_channels/groups, kh, kw) and bias (out_channels,) are
+    initialised as PyTorch does (uniform in +-1/sqrt(fan_in)); ``seed`` makes it repeatable.
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
+                 dtype=np.float32, queue=None, seed=None):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, dtype,
+                         queue, seed)
+        normalize_padding(padding, (1, 1), self.kernel_size, self.stride, self.dilation)   # validate the form
+
+    def _weight_shape(self):
+        return (self.out_channels, self.in_channels // self.groups) + self.kernel_size
+
+    def _repr_options(self):
+        shown = {"padding": self.padding != 0, "dilation": self.dilation != (1, 1), "groups": self.groups != 1}
+        return {k: getattr(self, k) for k, show in shown.items() if show}
+
+    def forward(self, x):
+        """output (N, out_channels, OH, OW) for x (N, in_channels, H, W) on the module's queue."""
+        return conv2d(self._to_device(x), self.weight, self.bias, padding=self.padding, queue=self.queue,
+                      **self._options())
+
+    def backward(self, x, grad_output):
+        """grad_input (N, in_channels, H, W); adds into grad_weight and grad_bias."""
+        x, dy = self._to_device(x), self._to_device(grad_output)
+        grad_input = conv2d_input(x.shape, self.weight, dy, padding=self.padding, queue=self.queue,
+                                  **self._options())
+        self._accumulate(conv2d_weight(x, self.weight.shape, dy, padding=self.padding, queue=self.queue,
+                                       **self._options()), dy)
+        return grad_input
+
+
+class ConvTranspose2d(_ConvBase):
+    """Transposed 2-D convolution: input (N, in_channels, H, W) -> (N, out_channels, Hout, Wout).
+
+    weight (in_channels, out_channels/groups, kh, kw), as PyTorch's ConvTranspose2d.
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
+                 bias=True, dilation=1, dtype=np.float32, queue=None, seed=None):
+        super().__init__(in_channels, out_channels, kernel_size, stride, pair(padding, "padding"), dilation, groups,
+                         bias, dtype, queue, seed)
+        self.output_padding = pair(output_padding, "output_padding")
+
+    def _weight_shape(self):
+        return (self.in_channels, self.out_channels // self.groups) + self.kernel_size
+
+    def _repr_options(self):
+        shown = {"padding": self.padding != (0, 0), "output_padding": self.output_padding != (0, 0),
+                 "dilation": self.dilation != (1, 1), "groups": self.groups != 1}
+        return {k: getattr(self, k) for k, show in shown.items() if show}
+
+    def _options(self):
+        return dict(stride=self.stride, padding=self.padding, output_padding=self.output_padding, groups=self.groups,
+                    dilation=self.dilation)
+
+    def forward(self, x):
+        """output (N, out_channels, Hout, Wout) for x (N, in_channels, H, W)."""
+        return conv_transpose2d(self._to_device(x), self.weight, self.bias, queue=self.queue, **self._options())
+
+    def backward(self, x, grad_output):
+        """grad_input (N, in_channels, H, W); adds into grad_weight and grad_bias."""
+        x, dy = self._to_device(x), self._to_device(grad_output)
+        grad_input = conv_transpose2d_input(x.shape, self.weight, dy, queue=self.queue, **self._options())
+        self._accumulate(conv_transpose2d_weight(x, self.weight.shape, dy, queue=self.queue, **self._options()), dy)
+        return grad_input
