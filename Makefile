@@ -23,7 +23,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: setup.cfg pyproject.toml | system
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[pocl,test]'
+	$(PY) -m pip install -q -e '.[pocl,test,plot]'
 	touch $@
 
 demo: setup

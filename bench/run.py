@@ -23,6 +23,7 @@ import numpy as np
 import pyclblast
 import pyopencl as cl
 import pyopencl.array as cla
+from tqdm import tqdm
 
 import clconv
 from clconv import reference
@@ -183,6 +184,7 @@ def main(argv=None):
     ap.add_argument("--no-peers", action="store_true", help="time clconv only")
     ap.add_argument("--algorithm", default="auto", help="force an algorithm (see clconv.plan)")
     ap.add_argument("--queues", default="single", choices=("single", "per-group"), help="GEMM queues per group")
+    ap.add_argument("--plot", help="also draw a PNG chart to this path (needs matplotlib)")
     args = ap.parse_args(argv)
 
     queue = clconv.default_queue()
@@ -193,18 +195,23 @@ def main(argv=None):
         ap.error(f"no workload named {args.workload}")
     print(f"device: {device.platform.name} / {device.name}; sizes: {size}", flush=True)
     results = []
-    for w in workloads:
-        print(f"{w['name']} ...", flush=True)
-        results.append(run_workload(w, size, queue, args.repeat, not args.no_peers,
-                                    lambda msg: print(msg, flush=True), args.algorithm, args.queues))
+    with tqdm(workloads, desc="benchmark", unit="workload", file=sys.stderr) as bar:
+        for w in bar:
+            bar.set_postfix_str(w["name"])
+            results.append(run_workload(w, size, queue, args.repeat, not args.no_peers,
+                                        lambda msg: tqdm.write(msg, file=sys.stdout), args.algorithm, args.queues))
     print(table(results))
     today = datetime.date.today().isoformat()
     path = Path(args.json) if args.json else \
         HERE / "results" / f"{re.sub(r'[^A-Za-z0-9]+', '-', device.name).strip('-').lower()}-{today}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"date": today, "algorithm": args.algorithm, "queues": args.queues, "device": device.name, "platform": device.platform.name,
-                                "driver": device.driver_version, "machine": platform.machine(),
-                                "python": sys.version.split()[0], "sizes": size, "clconv": clconv.__version__,
-                                "workloads": results}, indent=1))
+    record = {"date": today, "algorithm": args.algorithm, "queues": args.queues, "device": device.name,
+              "platform": device.platform.name, "driver": device.driver_version, "machine": platform.machine(),
+              "python": sys.version.split()[0], "sizes": size, "clconv": clconv.__version__, "workloads": results}
+    path.write_text(json.dumps(record, indent=1))
     print(f"wrote {path}")
+    if args.plot:
+        from .plot import plot
+        plot(record, args.plot)
+        print(f"wrote {args.plot}")
     return 0

@@ -24,7 +24,7 @@ def pick_device(spec=None):
     """Return ``(device, reason)``.
 
     ``spec`` (default: ``$CLCONV_DEVICE``) is a case-insensitive substring of the
-    platform or device name (``"nvidia"``, ``"pocl"``) or ``"P:D"`` indices.
+    platform or device name, vendor or version (``"nvidia"``, ``"pocl"``) or ``"P:D"`` indices.
     Without one: the first GPU, else the first PoCL CPU device, else the first device.
     """
     spec = os.environ.get("CLCONV_DEVICE", "") if spec is None else spec
@@ -41,7 +41,8 @@ def pick_device(spec=None):
                     return d, f"CLCONV_DEVICE={spec!r} (platform:device indices)"
         else:
             for pi, di, p, d in devices:
-                if spec.lower() in p.name.lower() or spec.lower() in d.name.lower():
+                names = (p.name, p.vendor, p.version, d.name, d.vendor)   # PoCL says "PoCL" only in its version
+                if any(spec.lower() in n.lower() for n in names):
                     return d, f"CLCONV_DEVICE={spec!r} matches {p.name} / {d.name}"
         raise RuntimeError(f"clconv: no OpenCL device matches CLCONV_DEVICE={spec!r}; devices: {listing}")
     for pi, di, p, d in devices:

@@ -4,6 +4,7 @@ A :class:`Plan` owns the shape arithmetic, the choice of algorithm for each
 pass, the workspace size and the argument checks. The functional API
 (:mod:`clconv.functional`) is a thin layer over a small cache of plans.
 """
+import os
 import threading
 from collections import OrderedDict
 
@@ -17,6 +18,7 @@ from .algorithms.pointwise import Pointwise
 from .algorithms.common import ref
 from .geometry import check_grad_output, conv_geometry
 from .workspace import workspace
+from . import tuning
 from .device import check_dtype_supported
 from .validate import (check_array, check_queue, check_out, check_same_dtype, check_type,
                        is_device_array, pick_queue)
@@ -40,7 +42,8 @@ class Plan:
     and answered as NumPy) and return the result; ``out=`` writes in place.
     """
 
-    def __init__(self, geometry, dtype, queue, *, algorithm="auto", queues="single", workspace_limit=None):
+    def __init__(self, geometry, dtype, queue, *, algorithm="auto", queues="single", workspace_limit=None,
+                 tuned=True):
         self.geometry, self.dtype, self.queue = geometry, np.dtype(dtype), queue
         if queues not in QUEUES:
             raise ValueError(f"queues must be one of {QUEUES}, got {queues!r}")
@@ -52,10 +55,26 @@ class Plan:
                              f"allocation {queue.device.max_mem_alloc_size}")
         if algorithm not in ("auto", *ALGORITHMS):
             raise ValueError(f"unknown algorithm {algorithm!r}; expected 'auto' or one of {sorted(ALGORITHMS)}")
-        self._choice = {p: self._choose(p, algorithm) for p in PASSES}
+        winners = self._tuned_winners() if algorithm == "auto" and tuned else {}
+        self._choice = {p: self._choose(p, algorithm, winners.get(p)) for p in PASSES}
 
-    def _choose(self, pass_name, algorithm):
+    def _tuned_winners(self):
+        """{pass: entry} from the tuning cache; with CLCONV_AUTOTUNE=1, missing passes are timed now."""
+        g, device = self.geometry, self.queue.device
+        stored = tuning.load()
+        winners = {p: stored.get(tuning.entry_key(device, self.dtype, g, p)) for p in PASSES}
+        missing = [p for p, entry in winners.items() if entry is None]
+        if missing and g.N and os.environ.get("CLCONV_AUTOTUNE") == "1":
+            winners.update(tuning.tune(g, self.dtype, self.queue, passes=missing))
+        return {p: entry for p, entry in winners.items() if entry is not None}
+
+    def _choose(self, pass_name, algorithm, tuned=None):
         g = self.geometry
+        if tuned and tuned.get("algorithm") in ALGORITHMS and ALGORITHMS[tuned["algorithm"]].applies(g)[0]:
+            others = ", ".join(f"{k} {v} ms" for k, v in sorted(tuned.get("timings", {}).items()))
+            return (ALGORITHMS[tuned["algorithm"]](g, self.dtype, self.queue.device, self.workspace_limit,
+                                                   per_group=tuned.get("queues") == "per-group"),
+                    f"fastest on this device in the tuning cache ({others or str(tuned.get('ms')) + ' ms'})")
         candidates = ALGORITHMS if algorithm == "auto" else {algorithm: ALGORITHMS[algorithm]}
         reasons = []
         for name, cls in candidates.items():
@@ -88,7 +107,8 @@ class Plan:
                  f"{list(g.output_shape)}, stride {g.stride}, padding {g.pads}, dilation {g.dilation}, "
                  f"groups {g.groups}, {self.dtype}, queues: {self.queues}"]
         for p, (algo, why) in self._choice.items():
-            lines.append(f"{p} [{algo.name}]: {algo.describe(p)}; chosen because {why}; "
+            queues = ", per-group queues" if getattr(algo, "per_group", False) and g.groups > 1 else ""
+            lines.append(f"{p} [{algo.name}]: {algo.describe(p)}{queues}; chosen because {why}; "
                          f"workspace {algo.workspace[p] * self.dtype.itemsize} bytes")
         return "\n".join(lines)
 

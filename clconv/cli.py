@@ -1,0 +1,115 @@
+"""python -m clconv {info, bench, tune, check}: the command line."""
+import argparse
+import os
+import sys
+
+import numpy as np
+import pyopencl as cl
+
+
+def cmd_info(args):
+    from .device import has_fp16, has_fp64, pick_device
+    for pi, platform in enumerate(cl.get_platforms()):
+        print(f"platform {pi}: {platform.name} ({platform.version})")
+        for di, d in enumerate(platform.get_devices()):
+            kind = cl.device_type.to_string(d.type)
+            print(f"  device {pi}:{di}: {d.name.strip()} [{kind}], driver {d.driver_version}")
+            print(f"    compute units {d.max_compute_units}, global memory {d.global_mem_size / 2**30:.1f} GiB, "
+                  f"max allocation {d.max_mem_alloc_size / 2**30:.2f} GiB, local memory {d.local_mem_size // 1024} KiB")
+            print(f"    fp64 (cl_khr_fp64): {'yes' if has_fp64(d) else 'no'}, "
+                  f"fp16 (cl_khr_fp16): {'yes' if has_fp16(d) else 'no'}")
+    device, why = pick_device()
+    print(f"default device: {device.name.strip()} on {device.platform.name} ({why})")
+    return 0
+
+
+def cmd_bench(args):
+    from .bench import run
+    return run.main(args.rest)   # its own options: python -m clconv bench --help
+
+
+def _workload_geometries(names, device):
+    from .bench.run import load_workloads
+    from .geometry import conv_geometry
+    size = "gpu" if device.type & cl.device_type.GPU else "cpu"
+    chosen = [w for w in load_workloads() if not names or w["name"] in names]
+    if names and len(chosen) != len(set(names)):
+        raise SystemExit(f"unknown workload in {names}; known: {[w['name'] for w in load_workloads()]}")
+    for w in chosen:
+        s = w[size]
+        yield w["name"], conv_geometry((s["N"], s["C"], s["H"], s["W"]), (s["K"], s["C"] // s["groups"], s["kh"],
+                                       s["kw"]), s["stride"], s["padding"], s["dilation"], s["groups"])
+
+
+def cmd_tune(args):
+    from tqdm import tqdm
+
+    from . import tuning
+    from .device import default_queue
+    queue = default_queue()
+    work = list(_workload_geometries(args.workload, queue.device))
+    steps = sum(len(tuning.candidates(g)) * len(tuning.PASSES) for _, g in work)
+    with tqdm(total=steps, desc="tuning", unit="run", file=sys.stderr) as bar:
+        for name, g in work:
+            results = tuning.tune(g, np.float32, queue, progress=bar.update)
+            for pass_name, r in results.items():
+                timings = ", ".join(f"{k} {v:.3f}" for k, v in sorted(r["timings"].items(), key=lambda kv: kv[1]))
+                tqdm.write(f"{name:16s} {pass_name:16s} -> {r['algorithm']}/{r['queues']} ({timings} ms)",
+                           file=sys.stdout)
+    print(f"stored in {tuning.cache_path()}")
+    return 0
+
+
+CHECKS = [  # (name, input, weight, options): every algorithm at least once
+    ("im2col", (2, 4, 9, 7), (6, 4, 3, 2), dict(stride=(2, 1), padding=((1, 0), (2, 1)))),
+    ("im2col per-group", (2, 4, 9, 7), (6, 2, 3, 3), dict(padding="same", groups=2, dilation=2)),
+    ("fc", (5, 6, 4, 3), (8, 3, 4, 3), dict(groups=2)),
+    ("1x1", (3, 6, 5, 7), (9, 2, 1, 1), dict(groups=3)),
+    ("direct", (2, 6, 11, 9), (12, 1, 3, 3), dict(stride=2, padding=1, groups=6)),
+]
+
+
+def cmd_check(args):
+    from . import conv2d, conv2d_bias, conv2d_input, conv2d_weight, reference
+    from .device import default_queue
+    queue = default_queue()
+    print(f"checking every pass against the NumPy reference on {queue.device.name.strip()}")
+    rng = np.random.default_rng(0)
+    failed = 0
+    for name, xs, ws, opts in CHECKS:
+        queues = "per-group" if "per-group" in name else "single"
+        x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+        b = rng.standard_normal(ws[0]).astype(np.float32)
+        y = conv2d(x, w, b, **opts, queues=queues)
+        dy = rng.standard_normal(y.shape).astype(np.float32)
+        for pass_name, got, want in [
+                ("forward", y, reference.conv2d(x, w, b, **opts)),
+                ("grad-input", conv2d_input(xs, w, dy, **opts, queues=queues), reference.conv2d_input(xs, w, dy, **opts)),
+                ("grad-weight", conv2d_weight(x, ws, dy, **opts, queues=queues),
+                 reference.conv2d_weight(x, ws, dy, **opts)),
+                ("grad-bias", conv2d_bias(dy), reference.conv2d_bias(dy))]:
+            err = float(np.abs(got - want).max() / np.abs(want).max())
+            ok = err <= 1e-4
+            failed += not ok
+            print(f"  {name:18s} {pass_name:12s} normalised max error {err:.1e}  {'ok' if ok else 'FAILED'}")
+    print("all passes match" if not failed else f"{failed} check(s) FAILED")
+    return 1 if failed else 0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m clconv", description="clconv: grouped conv2d on OpenCL")
+    ap.add_argument("--device", help="OpenCL device: a substring of the platform or device name, or P:D "
+                                     "(sets CLCONV_DEVICE)")
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="platforms, devices, memory, extensions, the default device and why")
+    sub.add_parser("bench", help="the benchmark (options: python -m clconv bench --help)", add_help=False)
+    tune = sub.add_parser("tune", help="time every algorithm for the workloads and store the winners")
+    tune.add_argument("--workload", action="append", help="workload name (repeatable; default: all)")
+    sub.add_parser("check", help="quick self-test of every pass against the NumPy reference")
+    args, rest = ap.parse_known_args(argv)
+    if args.command != "bench" and rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.rest = rest
+    if args.device:
+        os.environ["CLCONV_DEVICE"] = args.device
+    return {"info": cmd_info, "bench": cmd_bench, "tune": cmd_tune, "check": cmd_check}[args.command](args)

@@ -1,0 +1,96 @@
+"""The command line and the tuning cache, run as a user would: in subprocesses."""
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import clconv
+from clconv import tuning
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(args, env=None, timeout=600):
+    full_env = dict(os.environ, **(env or {}))
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, f"{args} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def test_info_names_devices_and_the_default(queue):
+    out = run(["-m", "clconv", "info"])
+    assert queue.device.name.strip() in out
+    assert "max allocation" in out and "fp64 (cl_khr_fp64): " in out and "fp16 (cl_khr_fp16): " in out
+    assert "default device: " + queue.device.name.strip() in out
+
+
+def test_check_runs_every_algorithm():
+    out = run(["-m", "clconv", "check"])
+    for name in ("im2col", "im2col per-group", "fc", "1x1", "direct"):
+        assert f"  {name} " in out
+    assert out.count(" ok") == 20 and "all passes match" in out
+
+
+def test_bench_writes_json_and_chart(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = run(["-m", "clconv", "bench", "--workload", "stem_7x7_s2", "--repeat", "3", "--no-peers",
+               "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "chart.png")])
+    result = json.loads((tmp_path / "r.json").read_text())
+    passes = result["workloads"][0]["passes"]
+    assert set(passes) == {"forward", "backward_input", "backward_weight"}
+    assert all(p["error"] <= 1e-4 and p["median_ms"] > 0 for p in passes.values())
+    assert "stem_7x7_s2" in out
+    png = (tmp_path / "chart.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20000
+
+
+def test_tuning_cache_round_trip_across_processes(tmp_path):
+    env = {"CLCONV_CACHE_DIR": str(tmp_path)}
+    out = run(["-m", "clconv", "tune", "--workload", "depthwise_s2"], env=env)
+    assert "depthwise_s2" in out and str(tmp_path) in out
+    entries = json.loads((tmp_path / "tuning.json").read_text())["entries"]
+    assert len(entries) == 3 and all(e["algorithm"] in ("direct", "im2col") for e in entries.values())
+    explain = run(["-c", "import clconv; from clconv.cli import _workload_geometries; q = clconv.default_queue(); "
+                         "name, g = next(_workload_geometries(['depthwise_s2'], q.device)); "
+                         "print(clconv.Plan(g, 'float32', q).explain())"], env=env)
+    assert explain.count("chosen because fastest on this device in the tuning cache") == 3
+
+
+def test_corrupt_or_foreign_cache_is_ignored_with_a_warning(tmp_path, monkeypatch, queue):
+    monkeypatch.setenv("CLCONV_CACHE_DIR", str(tmp_path))
+    for text in ("{not json", json.dumps({"version": 999, "entries": {}}), json.dumps([1, 2])):
+        (tmp_path / "tuning.json").write_text(text)
+        with pytest.warns(UserWarning, match="ignoring"):
+            p = clconv.plan((1, 2, 5, 5), (2, 2, 3, 3), queue=queue)
+        assert p.algorithms["forward"] == "im2col"
+    tuning.store({"k": {"algorithm": "im2col"}})    # a corrupt file is replaced on the next store
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tuning.load() == {"k": {"algorithm": "im2col"}}
+
+
+def test_concurrent_stores_keep_a_valid_file(tmp_path):
+    code = ("import sys; from clconv import tuning; "
+            "[tuning.store({f'{sys.argv[1]}-{i}': {'algorithm': 'im2col'}}) for i in range(40)]")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(n)], cwd=ROOT,
+                              env=dict(os.environ, CLCONV_CACHE_DIR=str(tmp_path))) for n in range(4)]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    entries = json.loads((tmp_path / "tuning.json").read_text())["entries"]
+    assert len(entries) == 160
+
+
+def test_autotune_times_on_first_use_and_stores(tmp_path, monkeypatch, queue):
+    monkeypatch.setenv("CLCONV_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CLCONV_AUTOTUNE", "1")
+    p = clconv.plan((2, 4, 9, 8), (8, 2, 3, 3), padding=1, groups=2, queue=queue)
+    assert p.explain().count("tuning cache") == 3
+    assert len(tuning.load()) == 3
+    x = np.ones((2, 4, 9, 8), np.float32)
+    w = np.ones((8, 2, 3, 3), np.float32)
+    np.testing.assert_allclose(p.forward(x, w), clconv.reference.conv2d(x, w, padding=1, groups=2), rtol=1e-5)
