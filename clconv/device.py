@@ -84,6 +84,11 @@ SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 def check_dtype_supported(dtype, device):
     """Raise TypeError unless this device can run ``dtype`` convolutions."""
     dtype = np.dtype(dtype)
+    if dtype == np.float16:
+        if not has_fp16(device):
+            raise TypeError(f"float16 needs the cl_khr_fp16 extension, which device {device.name!r} lacks")
+        raise TypeError(f"float16 is not implemented in clconv yet (device {device.name!r} has cl_khr_fp16); "
+                        "use float32")
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"clconv supports float32 and float64 arrays, got {dtype}")
     if dtype == np.float64 and not has_fp64(device):

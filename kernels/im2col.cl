@@ -44,6 +44,7 @@ __kernel void im2col(__global const REAL* restrict x, const IDX x_off,
 // Adjoint of im2col. One work-item per input pixel (b, c, y, x) gathers every
 // column entry that im2col read from it and OVERWRITES dx with the sum: no
 // atomics, no dependence on what dx held before, a fixed summation order.
+// 3-D range as im2col's: pixels of one image, channels, images.
 __kernel void col2im(__global const REAL* restrict col, const IDX col_off,
                      __global REAL* restrict dx, const IDX dx_off,
                      const int B, const int C, const int H, const int W,
@@ -51,28 +52,31 @@ __kernel void col2im(__global const REAL* restrict col, const IDX col_off,
                      const int SH, const int SW, const int PT, const int PL,
                      const int DH, const int DW)
 {
-    const IDX t = get_global_id(0);
-    if (t >= (IDX)B * C * H * W) return;
-    const int xx = t % W, y = (t / W) % H;
-    const int c = (t / ((IDX)W * H)) % C;
-    const int b = t / ((IDX)W * H * C);
-    const int P = OH * OW;
+    const int q = get_global_id(0), c = get_global_id(1), b = get_global_id(2);
+    if (q >= H * W || c >= C || b >= B) return;
+    const int y = q / W, xx = q - y * W;
+    const IDX ld = (IDX)B * OH * OW;
+    IDX src = col_off + (IDX)c * KH * KW * ld + (IDX)b * OH * OW;
     REAL acc = (REAL)0;
-    for (int i = 0; i < KH; ++i) {
-        const int ny = y + PT - i * DH;           // = oy * SH
-        if (ny < 0 || ny % SH) continue;
-        const int oy = ny / SH;
+    for (int i = 0; i < KH; ++i, src += KW * ld) {
+        int oy = y + PT - i * DH;                 // = oy * SH when tap i reads row y
+        if (oy < 0) continue;
+        if (SH > 1) {                             // uniform branch: no division when unstrided
+            if (oy % SH) continue;
+            oy /= SH;
+        }
         if (oy >= OH) continue;
         for (int j = 0; j < KW; ++j) {
-            const int nx = xx + PL - j * DW;      // = ox * SW
-            if (nx < 0 || nx % SW) continue;
-            const int ox = nx / SW;
-            if (ox >= OW) continue;
-            const IDX r = ((IDX)c * KH + i) * KW + j;
-            acc += col[col_off + r * (B * (IDX)P) + (IDX)b * P + oy * OW + ox];
+            int ox = xx + PL - j * DW;
+            if (ox < 0) continue;
+            if (SW > 1) {
+                if (ox % SW) continue;
+                ox /= SW;
+            }
+            if (ox < OW) acc += col[src + j * ld + oy * OW + ox];
         }
     }
-    dx[dx_off + t] = acc;
+    dx[dx_off + ((IDX)b * C + c) * H * W + q] = acc;
 }
 
 // (B, K, P) -> (K, B*P): grad_output in the column layout, so that grad-weight

@@ -89,6 +89,14 @@ def test_float64_without_fp64_is_refused(queue, monkeypatch):
         clconv.conv2d(np.ones(X), np.ones(W), groups=2)
 
 
+def test_float16_is_refused_naming_the_extension(queue):
+    with pytest.raises(TypeError, match="float16"):
+        clconv.conv2d(np.ones(X, np.float16), np.ones(W, np.float16), groups=2)
+    if "cl_khr_fp16" not in queue.device.extensions:
+        with pytest.raises(TypeError, match="cl_khr_fp16 extension, which device"):
+            clconv.conv2d(np.ones(X, np.float16), np.ones(W, np.float16), groups=2)
+
+
 def test_out_of_order_queue_is_refused(queue):
     props = cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
     if not queue.device.queue_properties & props:

@@ -111,7 +111,7 @@ class Im2col:
             self._to_columns(queue, idx, dy, n0, nb, ws, t)
             self._group_gemm(queue, Kd, ld, Kg, w.buf, ws, ws, (w.off, t, col), (Kg * Kd, Kg * ld, Kd * ld),
                              (Kd, ld, ld), a_transp=True, what="grad-input")
-            launch(queue, col2im, (nb * g.C * g.H * g.W,), (64,), ws, iarg(idx, col),
+            launch(queue, col2im, (g.H * g.W, g.C, nb), (64, 1, 1), ws, iarg(idx, col),
                    dx.buf, iarg(idx, dx.off + n0 * g.C * g.H * g.W), *self._geometry_args(nb), what="col2im")
 
     def backward_weight(self, queue, x, dy, dw, ws):
