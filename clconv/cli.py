@@ -1,5 +1,6 @@
 """python -m clconv {info, bench, tune, check}: the command line."""
 import argparse
+import importlib
 import os
 import sys
 
@@ -23,14 +24,21 @@ def cmd_info(args):
     return 0
 
 
+def bench_module(name):
+    """clconv.bench.<name> of an installed copy, else bench.<name> of the source tree."""
+    try:
+        return importlib.import_module(f"clconv.bench.{name}")
+    except ModuleNotFoundError:
+        return importlib.import_module(f"bench.{name}")
+
+
 def cmd_bench(args):
-    from .bench import run
-    return run.main(args.rest)   # its own options: python -m clconv bench --help
+    return bench_module("run").main(args.rest)   # its own options: python -m clconv bench --help
 
 
 def _workload_geometries(names, device):
-    from .bench.run import load_workloads
     from .geometry import conv_geometry
+    load_workloads = bench_module("run").load_workloads
     size = "gpu" if device.type & cl.device_type.GPU else "cpu"
     chosen = [w for w in load_workloads() if not names or w["name"] in names]
     if names and len(chosen) != len(set(names)):
