@@ -1,5 +1,5 @@
 """Host side of kernels/bias.cl: broadcasting the bias and the grad-bias reduction."""
-from .algorithms.common import i32, iarg, idx_for
+from .algorithms.common import idx_for
 from .programs import get_kernel, launch
 
 
@@ -7,8 +7,8 @@ def fill_bias(queue, dtype, y, bias, N, K, P, add=False):
     """y (N, K, P) = bias[k] everywhere (a GEMM then accumulates onto it), or += with ``add``."""
     idx = idx_for(dtype, y, bias)
     knl = get_kernel(queue.context, "bias.cl", "add_bias" if add else "fill_bias", dtype, IDX=idx)
-    launch(queue, knl, (P, N * K), (min(64, P), 1), y.buf, iarg(idx, y.off), bias.buf, iarg(idx, bias.off),
-           i32(N), i32(K), i32(P), what="bias")
+    launch(queue, knl, (P, N * K), (min(64, P), 1), y.buf, y.off, bias.buf, bias.off,
+           N, K, P, what="bias")
 
 
 def prefill_bias(queue, dtype, y, bias, g):
@@ -27,5 +27,5 @@ def bias_grad(queue, dtype, dy, db, N, K, P):
     idx = idx_for(dtype, dy, db)
     wg = 1 << (min(256, queue.device.max_work_group_size).bit_length() - 1)
     knl = get_kernel(queue.context, "bias.cl", "bias_grad", dtype, IDX=idx, WG=wg)
-    launch(queue, knl, (K * wg,), (wg,), dy.buf, iarg(idx, dy.off), db.buf, iarg(idx, db.off),
-           i32(N), i32(K), i32(P), what="grad-bias")
+    launch(queue, knl, (K * wg,), (wg,), dy.buf, dy.off, db.buf, db.off,
+           N, K, P, what="grad-bias")

@@ -19,12 +19,3 @@ def idx_for(dtype, *refs):
     itemsize = np.dtype(dtype).itemsize
     return index_type(*(r.buf.size // itemsize for r in refs if r is not None))
 
-
-def i32(value):
-    """A 32-bit int kernel argument."""
-    return np.int32(value)
-
-
-def iarg(idx, value):
-    """An index-typed kernel argument (``IDX`` is ``int`` or ``long``)."""
-    return np.int32(value) if idx == "int" else np.int64(value)

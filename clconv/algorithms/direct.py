@@ -9,7 +9,7 @@ an ordered sum), no atomics.
 import pyopencl as cl
 
 from ..programs import get_kernel, launch
-from .common import i32, iarg, idx_for
+from .common import idx_for
 
 MAX_TAPS = 64         # Cg * kh * kw above this: the private accumulators get too large
 MAX_FILTERS = 64      # Kg above this: a GEMM over the group's filters pays again
@@ -74,8 +74,7 @@ class Direct:
     def _geometry(self):
         g = self.g
         (pt, _), (pl, _) = g.pads
-        return tuple(map(i32, (g.N, g.C, g.H, g.W, g.K, g.groups, g.kh, g.kw, g.OH, g.OW) + g.stride + (pt, pl)
-                         + g.dilation))
+        return (g.N, g.C, g.H, g.W, g.K, g.groups, g.kh, g.kw, g.OH, g.OW) + g.stride + (pt, pl) + g.dilation
 
     def _kernel(self, queue, name, idx, tile=None):
         wg = 1 << (min(256, queue.device.max_work_group_size).bit_length() - 1)
@@ -90,8 +89,8 @@ class Direct:
         tx, ty = self.tiles["forward"][:2]
         knl, _ = self._kernel(queue, "direct_forward", idx, self.tiles["forward"])
         b = bias if bias is not None else w
-        launch(queue, knl, (g.OW, g.OH, g.N * g.K), (tx, ty, 1), x.buf, iarg(idx, x.off), w.buf, iarg(idx, w.off),
-               b.buf, iarg(idx, b.off), i32(bias is not None), y.buf, iarg(idx, y.off), *self._geometry(),
+        launch(queue, knl, (g.OW, g.OH, g.N * g.K), (tx, ty, 1), x.buf, x.off, w.buf, w.off,
+               b.buf, b.off, int(bias is not None), y.buf, y.off, *self._geometry(),
                what="forward (direct)")
 
     def backward_input(self, queue, w, dy, dx, ws):
@@ -99,15 +98,15 @@ class Direct:
         idx = idx_for(self.dtype, w, dy, dx)
         tx, ty = self.tiles["backward_input"][:2]
         knl, _ = self._kernel(queue, "direct_input", idx, self.tiles["backward_input"])
-        launch(queue, knl, (g.W, g.H, g.N * g.C), (tx, ty, 1), w.buf, iarg(idx, w.off), dy.buf, iarg(idx, dy.off),
-               dx.buf, iarg(idx, dx.off), *self._geometry(), what="grad-input (direct)")
+        launch(queue, knl, (g.W, g.H, g.N * g.C), (tx, ty, 1), w.buf, w.off, dy.buf, dy.off,
+               dx.buf, dx.off, *self._geometry(), what="grad-input (direct)")
 
     def backward_weight(self, queue, x, dy, dw, ws):
         g, S = self.g, self.slices
         idx = idx_for(self.dtype, x, dy, dw)
         partial, wg = self._kernel(queue, "direct_weight_partial", idx)
-        launch(queue, partial, (g.K * S * wg,), (wg,), x.buf, iarg(idx, x.off), dy.buf, iarg(idx, dy.off),
-               ws, i32(S), *self._geometry(), what="grad-weight (direct, partials)")
+        launch(queue, partial, (g.K * S * wg,), (wg,), x.buf, x.off, dy.buf, dy.off,
+               ws, S, *self._geometry(), what="grad-weight (direct, partials)")
         total, _ = self._kernel(queue, "direct_weight_sum", idx)
-        launch(queue, total, (g.K * self.taps,), (64,), ws, i32(S), dw.buf, iarg(idx, dw.off), i32(g.K),
+        launch(queue, total, (g.K * self.taps,), (64,), ws, S, dw.buf, dw.off, g.K,
                what="grad-weight (direct, sum)")

@@ -14,7 +14,7 @@ shared buffer.
 """
 from ..blas import grid_gemm
 from ..programs import INT32_MAX, get_kernel, launch
-from .common import Ref, i32, iarg, idx_for
+from .common import Ref, idx_for
 
 TILE = (64, 4)             # work-group shape of the 2-D layout kernels
 SPLIT_K_TARGET = 1 << 24   # aim for about this many partial-sum elements in grad-weight
@@ -62,7 +62,7 @@ class Im2col:
     def _geometry_args(self, B):
         g = self.g
         (pt, _), (pl, _) = g.pads
-        return tuple(map(i32, (B, g.C, g.H, g.W, g.kh, g.kw, g.OH, g.OW) + g.stride + (pt, pl) + g.dilation))
+        return (B, g.C, g.H, g.W, g.kh, g.kw, g.OH, g.OW) + g.stride + (pt, pl) + g.dilation
 
     def _kernel(self, queue, name, idx):
         return get_kernel(queue.context, "im2col.cl", name, self.dtype, IDX=idx)
@@ -70,14 +70,14 @@ class Im2col:
     def _im2col(self, queue, idx, x, n0, B, ws, col):
         g = self.g
         launch(queue, self._kernel(queue, "im2col", idx), (g.P, g.C, B), (64, 1, 1),
-               x.buf, iarg(idx, x.off + n0 * g.C * g.H * g.W), ws, iarg(idx, col),
+               x.buf, x.off + n0 * g.C * g.H * g.W, ws, col,
                *self._geometry_args(B), what="im2col")
 
     def _to_columns(self, queue, idx, dy, n0, B, ws, t):
         """dY of images n0 ... n0+B-1 (B, K, P) -> T (K, B*P)."""
         g = self.g
         launch(queue, self._kernel(queue, "nchw_to_cnhw", idx), (B * g.P, g.K), TILE,
-               dy.buf, iarg(idx, dy.off + n0 * g.K * g.P), ws, iarg(idx, t), i32(B), i32(g.K), i32(g.P),
+               dy.buf, dy.off + n0 * g.K * g.P, ws, t, B, g.K, g.P,
                what="grad_output layout")
 
     def _group_gemm(self, queue, m, n, k, a, b, c, offsets, strides, lds, **kw):
@@ -96,8 +96,8 @@ class Im2col:
             self._im2col(queue, idx, x, n0, nb, ws, col)
             self._group_gemm(queue, Kg, ld, Kd, w.buf, ws, ws, (w.off, col, t), (Kg * Kd, Kd * ld, Kg * ld),
                              (Kd, ld, ld), what="forward")
-            launch(queue, to_nchw, (ld, g.K), TILE, ws, iarg(idx, t), y.buf, iarg(idx, y.off + n0 * g.K * g.P),
-                   b.buf, iarg(idx, b.off), i32(bias is not None), i32(nb), i32(g.K), i32(g.P),
+            launch(queue, to_nchw, (ld, g.K), TILE, ws, t, y.buf, y.off + n0 * g.K * g.P,
+                   b.buf, b.off, int(bias is not None), nb, g.K, g.P,
                    what="output layout")
 
     def backward_input(self, queue, w, dy, dx, ws):
@@ -111,8 +111,8 @@ class Im2col:
             self._to_columns(queue, idx, dy, n0, nb, ws, t)
             self._group_gemm(queue, Kd, ld, Kg, w.buf, ws, ws, (w.off, t, col), (Kg * Kd, Kg * ld, Kd * ld),
                              (Kd, ld, ld), a_transp=True, what="grad-input")
-            launch(queue, col2im, (g.H * g.W, g.C, nb), (64, 1, 1), ws, iarg(idx, col),
-                   dx.buf, iarg(idx, dx.off + n0 * g.C * g.H * g.W), *self._geometry_args(nb), what="col2im")
+            launch(queue, col2im, (g.H * g.W, g.C, nb), (64, 1, 1), ws, col,
+                   dx.buf, dx.off + n0 * g.C * g.H * g.W, *self._geometry_args(nb), what="col2im")
 
     def backward_weight(self, queue, x, dy, dw, ws):
         g, B = self.g, self.chunk
@@ -135,8 +135,8 @@ class Im2col:
                       group_strides=(Kg * ld, Kd * ld, Kg * Kd), image_strides=(L, L, g.K * Kd),
                       lds=(ld, ld, Kd), b_transp=True, per_group=self.per_group, what="grad-weight (split-K)")
             n = g.K * Kd
-            launch(queue, reduce, (n,), (64,), ws, iarg(idx, part), i32(S), iarg(idx, n),
-                   dw.buf, iarg(idx, dw.off), i32(n0 > 0), what="grad-weight (sum of slices)")
+            launch(queue, reduce, (n,), (64,), ws, part, S, n,
+                   dw.buf, dw.off, n0 > 0, what="grad-weight (sum of slices)")
 
 
 def _largest_divisor_at_most(n, limit):
