@@ -77,16 +77,18 @@ def _carve(queue, arrays, offsets, fill=12345.0):
     return base, views
 
 
+@pytest.mark.parametrize("first_offset", [0, 13, 4099])
 @pytest.mark.parametrize("case", [c for c in CASES if c.name in {"g3_k3x2_s3x2_asym", "depthwise_x2_s2_same",
                                                                  "fc_mode", "k1x1_g2", "g1_k3x3_s1_p1"}], ids=repr)
-def test_views_at_odd_offsets_in_one_buffer(case, queue):
-    """All operands and the output in one buffer at odd offsets; sentinels between stay untouched."""
+def test_views_at_odd_offsets_in_one_buffer(case, first_offset, queue):
+    """All operands and outputs in one buffer, the first at ``first_offset``, each followed by at least
+    127 sentinels (and preceded by them, but for offset 0); after every pass the sentinels are unchanged."""
     x, w, b, dy = case.data()
     opts = case.options
     y_ref = reference.conv2d(x, w, b, **opts)
     shapes = [x, w, b, dy, np.zeros(y_ref.shape, np.float32), np.zeros(x.shape, np.float32),
               np.zeros(w.shape, np.float32), np.zeros(b.shape, np.float32)]
-    offsets, pos = [], 13
+    offsets, pos = [], first_offset
     for a in shapes:
         offsets.append(pos)
         pos += a.size + 127 + (pos % 7)
