@@ -11,7 +11,6 @@ Each peer returns {pass: callable} for the passes it can run, or None with a rea
 import ctypes
 import ctypes.util
 
-import numpy as np
 import pyopencl as cl
 
 from clconv import reference

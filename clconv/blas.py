@@ -17,7 +17,7 @@ class _Operand(cla.Array):
     ``base_data``. Building a full ``Array`` per operand costs ~16 us a GEMM call on
     the host; this costs under 1 us."""
 
-    def __init__(self, buf, dtype):  # noqa: the Array constructor is skipped on purpose
+    def __init__(self, buf, dtype):  # the Array constructor is skipped on purpose
         self.base_data, self.dtype, self.shape = buf, dtype, (1, 1)
 
 

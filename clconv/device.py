@@ -36,19 +36,19 @@ def pick_device(spec=None):
     if spec:
         if ":" in spec and all(part.strip().isdigit() for part in spec.split(":")):
             want = tuple(int(part) for part in spec.split(":"))
-            for pi, di, p, d in devices:
+            for pi, di, _, d in devices:
                 if (pi, di) == want:
                     return d, f"CLCONV_DEVICE={spec!r} (platform:device indices)"
         else:
-            for pi, di, p, d in devices:
+            for _, _, p, d in devices:
                 names = (p.name, p.vendor, p.version, d.name, d.vendor)   # PoCL says "PoCL" only in its version
                 if any(spec.lower() in n.lower() for n in names):
                     return d, f"CLCONV_DEVICE={spec!r} matches {p.name} / {d.name}"
         raise RuntimeError(f"clconv: no OpenCL device matches CLCONV_DEVICE={spec!r}; devices: {listing}")
-    for pi, di, p, d in devices:
+    for _, _, _, d in devices:
         if d.type & cl.device_type.GPU:
             return d, "first GPU"
-    for pi, di, p, d in devices:
+    for _, _, p, d in devices:
         if "portable computing language" in p.name.lower() or "pocl" in p.name.lower():
             return d, "no GPU; PoCL CPU device"
     return devices[0][3], "no GPU and no PoCL; first device"

@@ -46,10 +46,10 @@ def load(path=None):
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
-        warnings.warn(f"clconv: ignoring unreadable tuning cache {path}: {exc}")
+        warnings.warn(f"clconv: ignoring unreadable tuning cache {path}: {exc}", stacklevel=3)
         return {}
     if not isinstance(data, dict) or data.get("version") != VERSION or not isinstance(data.get("entries"), dict):
-        warnings.warn(f"clconv: ignoring tuning cache {path}: not a version-{VERSION} clconv cache")
+        warnings.warn(f"clconv: ignoring tuning cache {path}: not a version-{VERSION} clconv cache", stacklevel=3)
         return {}
     return data["entries"]
 
@@ -116,9 +116,9 @@ def tune(g, dtype, queue, passes=PASSES, save=True, progress=None):
         timings = {}
         for algorithm, queues in candidates(g):
             p = Plan(g, dtype, queue, algorithm=algorithm, queues=queues, tuned=False)
-            run = {"forward": lambda: p.forward(x, w, out=outs["forward"]),
-                   "backward_input": lambda: p.backward_input(w, dy, out=outs["backward_input"]),
-                   "backward_weight": lambda: p.backward_weight(x, dy, out=outs["backward_weight"])}[pass_name]
+            run = {"forward": lambda p=p: p.forward(x, w, out=outs["forward"]),
+                   "backward_input": lambda p=p: p.backward_input(w, dy, out=outs["backward_input"]),
+                   "backward_weight": lambda p=p: p.backward_weight(x, dy, out=outs["backward_weight"])}[pass_name]
             timings[f"{algorithm}/{queues}"] = _time(run, queue)
             if progress:
                 progress()

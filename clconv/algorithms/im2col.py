@@ -87,7 +87,7 @@ class Im2col:
     def forward(self, queue, x, w, bias, y, ws):
         g, B = self.g, self.chunk
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
-        G, Kg, Kd = g.groups, g.Kg, g.Kd
+        Kg, Kd = g.Kg, g.Kd
         to_nchw = self._kernel(queue, "cnhw_to_nchw", idx)
         b = bias if bias is not None else w
         for n0 in range(0, g.N, B):
@@ -103,7 +103,7 @@ class Im2col:
     def backward_input(self, queue, w, dy, dx, ws):
         g, B = self.g, self.chunk
         idx = idx_for(self.dtype, w, dy, dx, Ref(ws, 0))
-        G, Kg, Kd = g.groups, g.Kg, g.Kd
+        Kg, Kd = g.Kg, g.Kd
         col2im = self._kernel(queue, "col2im", idx)
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
