@@ -1,8 +1,9 @@
 """CLBlast GEMM through pyclblast, on raw buffers with explicit element offsets.
 
 pyclblast takes ``Array`` objects but only uses ``base_data`` and ignores
-``Array.offset``; we wrap each raw buffer in a 2-D dummy ``Array`` and always
-pass the element offsets ourselves.
+``Array.offset``; we wrap each raw buffer in a minimal 2-D ``Array`` and always
+pass the element offsets ourselves. CLBlast takes no wait list: everything is
+ordered by in-order queues (and markers/barriers between queues).
 """
 import pyclblast
 import pyopencl as cl
@@ -30,10 +31,11 @@ def gemm_strided_batched(queue, dtype, m, n, k, count, a, a_off, lda, a_stride, 
     ``c_stride`` must not be 0 (accumulating that way is not reliable in CLBlast).
     """
     assert count == 1 or c_stride > 0, "batched GEMM into one C would race"
+    c_stride = c_stride if count > 1 else m * ldc    # CLBlast rejects a zero stride even for one matrix
     try:
         event = pyclblast.gemmStridedBatched(
-            queue, m, n, k, count, _Operand(a, dtype), _Operand(b, dtype), _Operand(c, dtype), lda, ldb, ldc, a_stride, b_stride, c_stride if count > 1 else m * ldc,
-            alpha=alpha, beta=beta, a_transp=a_transp, b_transp=b_transp,
+            queue, m, n, k, count, _Operand(a, dtype), _Operand(b, dtype), _Operand(c, dtype), lda, ldb, ldc,
+            a_stride, b_stride, c_stride, alpha=alpha, beta=beta, a_transp=a_transp, b_transp=b_transp,
             a_offset=a_off, b_offset=b_off, c_offset=c_off)
     except RuntimeError as exc:
         raise ClconvError(f"clconv: {what}: CLBlast GEMM m={m} n={n} k={k} batch={count} "

@@ -11,17 +11,17 @@ from collections import OrderedDict
 import numpy as np
 import pyopencl.array as cla
 
+from . import tuning
+from .algorithms.common import ref
 from .algorithms.direct import Direct
 from .algorithms.fc import FullyConnected
 from .algorithms.im2col import Im2col
 from .algorithms.pointwise import Pointwise
-from .algorithms.common import ref
-from .geometry import check_grad_output, conv_geometry
-from .workspace import workspace
-from . import tuning
 from .device import check_dtype_supported
-from .validate import (check_array, check_queue, check_out, check_same_dtype, check_type,
-                       is_device_array, pick_queue)
+from .geometry import check_grad_output, conv_geometry
+from .validate import (check_array, check_out, check_queue, check_same_dtype, check_type, is_device_array,
+                       pick_queue)
+from .workspace import workspace
 
 # In order of preference: the first that applies is chosen by algorithm="auto".
 ALGORITHMS = {cls.name: cls for cls in (FullyConnected, Pointwise, Direct, Im2col)}
@@ -55,7 +55,8 @@ class Plan:
                              f"allocation {queue.device.max_mem_alloc_size}")
         if algorithm not in ("auto", *ALGORITHMS):
             raise ValueError(f"unknown algorithm {algorithm!r}; expected 'auto' or one of {sorted(ALGORITHMS)}")
-        winners = self._tuned_winners() if algorithm == "auto" and tuned else {}
+        # the tuning cache decides only what the caller left open (an explicit queues= choice stands)
+        winners = self._tuned_winners() if algorithm == "auto" and queues == "single" and tuned else {}
         self._choice = {p: self._choose(p, algorithm, winners.get(p)) for p in PASSES}
 
     def _tuned_winners(self):
