@@ -77,12 +77,17 @@ class Plan:
                                                    per_group=tuned.get("queues") == "per-group"),
                     f"fastest on this device in the tuning cache ({others or str(tuned.get('ms')) + ' ms'})")
         candidates = ALGORITHMS if algorithm == "auto" else {algorithm: ALGORITHMS[algorithm]}
-        reasons = []
+        reasons, passed_over = [], ""
         for name, cls in candidates.items():
             ok, why = cls.applies(g)
+            if ok and algorithm == "auto" and hasattr(cls, "preferred"):
+                preferred, why_not = cls.preferred(g, pass_name)
+                if not preferred:
+                    passed_over += f" (not {name}: {why_not})"
+                    continue
             if ok:
                 return cls(g, self.dtype, self.queue.device, self.workspace_limit,
-                           per_group=self.queues == "per-group"), why
+                           per_group=self.queues == "per-group"), why + passed_over
             reasons.append(f"{name}: {why}")
         raise ValueError(f"algorithm {algorithm!r} does not apply to input {list(g.input_shape)} with weight "
                          f"{list(g.weight_shape)}: {'; '.join(reasons)}")

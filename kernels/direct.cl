@@ -102,19 +102,25 @@ void direct_input(__global const REAL* restrict w, const IDX w_off,
     if (ix >= W || iy >= H) return;
     const int Cg = C / G, Kg = K / G;
     const int c = nc % C, n = nc / C, k0 = (c / Cg) * Kg, cw = c % Cg;
+    // Only taps t with (position + pad - t * D) a non-negative multiple of the stride read
+    // this pixel; undilated, they are t = (position + pad) % S, then every S-th.
+    const int i0 = DH == 1 ? (iy + PT) % SH : 0, di = DH == 1 ? SH : 1;
+    const int j0 = DW == 1 ? (ix + PL) % SW : 0, dj = DW == 1 ? SW : 1;
     REAL acc = (REAL)0;
     for (int m = 0; m < Kg; ++m) {
         const int k = k0 + m;
         const IDX db = dy_off + ((IDX)n * K + k) * OH * OW;
         const IDX wb = w_off + ((IDX)k * Cg + cw) * KH * KW;
-        for (int i = 0; i < KH; ++i) {
+        for (int i = i0; i < KH; i += di) {
             const int ny = iy + PT - i * DH;          // = oy * SH when tap i reads row iy
-            if (ny < 0 || ny % SH) continue;
+            if (ny < 0) break;                        // ny only falls as i grows
+            if (ny % SH) continue;
             const int oy = ny / SH;
             if (oy >= OH) continue;
-            for (int j = 0; j < KW; ++j) {
+            for (int j = j0; j < KW; j += dj) {
                 const int nx = ix + PL - j * DW;
-                if (nx < 0 || nx % SW) continue;
+                if (nx < 0) break;
+                if (nx % SW) continue;
                 const int ox = nx / SW;
                 if (ox < OW) acc += w[wb + i * KW + j] * dy[db + oy * OW + ox];
             }

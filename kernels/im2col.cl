@@ -56,24 +56,29 @@ __kernel void col2im(__global const REAL* restrict col, const IDX col_off,
     if (q >= H * W || c >= C || b >= B) return;
     const int y = q / W, xx = q - y * W;
     const IDX ld = (IDX)B * OH * OW;
-    IDX src = col_off + (IDX)c * KH * KW * ld + (IDX)b * OH * OW;
+    const IDX src = col_off + (IDX)c * KH * KW * ld + (IDX)b * OH * OW;
+    // Only taps t with (position + pad - t * D) a non-negative multiple of the stride read
+    // this pixel; undilated, they are t = (position + pad) % S, then every S-th.
+    const int i0 = DH == 1 ? (y + PT) % SH : 0, di = DH == 1 ? SH : 1;
+    const int j0 = DW == 1 ? (xx + PL) % SW : 0, dj = DW == 1 ? SW : 1;
     REAL acc = (REAL)0;
-    for (int i = 0; i < KH; ++i, src += KW * ld) {
+    for (int i = i0; i < KH; i += di) {
         int oy = y + PT - i * DH;                 // = oy * SH when tap i reads row y
-        if (oy < 0) continue;
+        if (oy < 0) break;                        // only falls as i grows
         if (SH > 1) {                             // uniform branch: no division when unstrided
             if (oy % SH) continue;
             oy /= SH;
         }
         if (oy >= OH) continue;
-        for (int j = 0; j < KW; ++j) {
+        const IDX row = src + (IDX)i * KW * ld;
+        for (int j = j0; j < KW; j += dj) {
             int ox = xx + PL - j * DW;
-            if (ox < 0) continue;
+            if (ox < 0) break;
             if (SW > 1) {
                 if (ox % SW) continue;
                 ox /= SW;
             }
-            if (ox < OW) acc += col[src + j * ld + oy * OW + ox];
+            if (ox < OW) acc += col[row + j * ld + oy * OW + ox];
         }
     }
     dx[dx_off + ((IDX)b * C + c) * H * W + q] = acc;

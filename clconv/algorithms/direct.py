@@ -52,6 +52,14 @@ class Direct:
         return True, (f"{kind} ({g.groups} groups of {g.Cg} channel(s) x {g.kh}x{g.kw} taps -> {g.Kg} filter(s)): "
                       "GEMMs this small do not pay, a direct memory-bound kernel does")
 
+    @staticmethod
+    def preferred(g, pass_name):
+        """Whether "auto" should pick this algorithm for ``pass_name`` (it applies either way)."""
+        if pass_name == "backward_input" and g.Cg > 1:
+            return False, ("grad-input of groups of several channels: im2col measured about 2x faster "
+                           "(ResNeXt 32x4d on an H200 and on PoCL)")
+        return True, ""
+
     def __init__(self, g, dtype, device, workspace_limit, per_group=False):
         self.g, self.dtype = g, dtype
         self.taps = g.Cg * g.kh * g.kw
