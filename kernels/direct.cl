@@ -25,8 +25,11 @@
 #ifndef TY
 #define TY 8
 #endif
+#ifndef RY             // output rows per work-item in the forward kernel
+#define RY 1
+#endif
 // Input patch a forward tile needs (set by the host from stride, dilation and kernel
-// size): PH = (TY-1)*SH + (KH-1)*DH + 1 rows, PW likewise.
+// size): PH = (TY*RY-1)*SH + (KH-1)*DH + 1 rows, PW = (TX-1)*SW + (KW-1)*DW + 1.
 #ifndef PH
 #define PH 10
 #endif
@@ -53,13 +56,16 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
     __local REAL patch[PH][PW];
     const int lid = get_local_id(1) * TX + get_local_id(0);
 #endif
+    // The tile is TX x (TY * RY) outputs: each work-item computes RY rows, TY apart,
+    // so neighbouring work-items still write neighbouring outputs.
     const int lx = get_local_id(0), ly = get_local_id(1);
-    const int ox = get_group_id(0) * TX + lx, oy = get_group_id(1) * TY + ly;
+    const int ox = get_group_id(0) * TX + lx, oy0 = get_group_id(1) * TY * RY + ly;
     const int nk = get_group_id(2);
     const int Cg = C / G, Kg = K / G;
     const int k = nk % K, n = nk / K, c0 = (k / Kg) * Cg;
-    const int y0 = get_group_id(1) * TY * SH - PT, x0 = get_group_id(0) * TX * SW - PL;
-    REAL acc = has_bias ? bias[bias_off + k] : (REAL)0;
+    const int y0 = get_group_id(1) * TY * RY * SH - PT, x0 = get_group_id(0) * TX * SW - PL;
+    REAL acc[RY];
+    for (int r = 0; r < RY; ++r) acc[r] = has_bias ? bias[bias_off + k] : (REAL)0;
     for (int c = 0; c < Cg; ++c) {
         const IDX xb = x_off + ((IDX)n * C + c0 + c) * H * W;
         const IDX wb = w_off + ((IDX)k * Cg + c) * KH * KW;
@@ -71,21 +77,28 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int i = 0; i < KH; ++i)
-            for (int j = 0; j < KW; ++j)
-                acc += w[wb + i * KW + j] * patch[ly * SH + i * DH][lx * SW + j * DW];
+            for (int j = 0; j < KW; ++j) {
+                const REAL wv = w[wb + i * KW + j];
+                for (int r = 0; r < RY; ++r)
+                    acc[r] += wv * patch[(ly + r * TY) * SH + i * DH][lx * SW + j * DW];
+            }
         barrier(CLK_LOCAL_MEM_FENCE);
 #else
-        for (int i = 0; i < KH; ++i) {
-            const int iy = y0 + ly * SH + i * DH;
-            if (iy < 0 || iy >= H) continue;
-            for (int j = 0; j < KW; ++j) {
-                const int ix = x0 + lx * SW + j * DW;
-                if (ix >= 0 && ix < W) acc += w[wb + i * KW + j] * x[xb + iy * W + ix];
+        for (int r = 0; r < RY; ++r)
+            for (int i = 0; i < KH; ++i) {
+                const int iy = y0 + (ly + r * TY) * SH + i * DH;
+                if (iy < 0 || iy >= H) continue;
+                for (int j = 0; j < KW; ++j) {
+                    const int ix = x0 + lx * SW + j * DW;
+                    if (ix >= 0 && ix < W) acc[r] += w[wb + i * KW + j] * x[xb + iy * W + ix];
+                }
             }
-        }
 #endif
     }
-    if (ox < OW && oy < OH) y[y_off + (IDX)nk * OH * OW + oy * OW + ox] = acc;
+    for (int r = 0; r < RY; ++r) {
+        const int oy = oy0 + r * TY;
+        if (ox < OW && oy < OH) y[y_off + (IDX)nk * OH * OW + oy * OW + ox] = acc[r];
+    }
 }
 
 // dx[n, c, iy, ix] = sum over the Kg filters k of c's group and the taps that read

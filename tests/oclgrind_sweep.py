@@ -39,6 +39,8 @@ SWEEP = [
     ("1x1", (2, 6, 3, 5), (4, 3, 1, 1), dict(groups=2), "1x1", "single", None),
     ("direct_depthwise", (2, 3, 7, 6), (6, 1, 3, 3), dict(stride=2, padding=1, groups=3), "direct", "single",
      None),
+    ("direct_two_rows_per_item", (1, 2, 18, 10), (4, 1, 3, 3), dict(padding=1, groups=2), "direct", "single",
+     None),
     ("direct_small_groups", (1, 4, 6, 7), (4, 2, 2, 3), dict(padding=(1, 0), dilation=(2, 1), groups=2), "direct",
      "single", None),
 ]

@@ -27,10 +27,16 @@ def _tile(width, height):
 
 
 def _patches(g):
-    """{pass: (TX, TY, PH, PW)}: work-group tiles, and the forward's staged input patch."""
+    """{pass: (TX, TY, PH, PW, RY)}: work-group tiles, the forward's staged input patch and
+    its output rows per work-item (the most of 4, 2, 1 whose patch fits MAX_PATCH)."""
     (sh, sw), (dh, dw) = g.stride, g.dilation
     tx, ty = _tile(g.OW, g.OH)
-    fwd = (tx, ty, (ty - 1) * sh + (g.kh - 1) * dh + 1, (tx - 1) * sw + (g.kw - 1) * dw + 1)
+    for ry in (4, 2, 1):
+        if ry == 1 or (ty * ry <= _pow2_at_least(g.OH)
+                       and ((ty * ry - 1) * sh + (g.kh - 1) * dh + 1) * ((tx - 1) * sw + (g.kw - 1) * dw + 1)
+                       <= MAX_PATCH):
+            break
+    fwd = (tx, ty, (ty * ry - 1) * sh + (g.kh - 1) * dh + 1, (tx - 1) * sw + (g.kw - 1) * dw + 1, ry)
     return {"forward": fwd, "backward_input": _tile(g.W, g.H) + fwd[2:]}
 
 
@@ -45,7 +51,8 @@ class Direct:
         if taps > MAX_TAPS or g.Kg > MAX_FILTERS:
             return False, (f"needs at most {MAX_TAPS} taps (Cg*kh*kw = {taps}) and {MAX_FILTERS} filters per group "
                            f"(Kg = {g.Kg})")
-        patch = _patches(g)["forward"][2] * _patches(g)["forward"][3]
+        _, _, ph, pw, _ = _patches(g)["forward"]
+        patch = ph * pw
         if patch > MAX_PATCH:
             return False, f"the input patch of a tile ({patch} elements) does not fit in local memory"
         kind = "depthwise" if g.Cg == 1 else "small groups"
@@ -75,8 +82,9 @@ class Direct:
         if pass_name == "backward_weight":
             return (f"direct grouped grad-weight, {g.K} x {self.slices} partial sums of {self.taps} taps, "
                     "then an ordered sum")
-        tx, ty, ph, pw = self.tiles[pass_name]
-        staged = f" staging a {ph}x{pw} input patch in local memory on GPUs" if pass_name == "forward" else ""
+        tx, ty, ph, pw, ry = self.tiles[pass_name]
+        staged = (f" of {ry} row(s) per work-item, staging a {ph}x{pw} input patch in local memory on GPUs"
+                  if pass_name == "forward" else "")
         return f"direct grouped kernel, {self.taps} taps per output, {tx}x{ty} tiles{staged}, no GEMM, no workspace"
 
     def _geometry(self):
@@ -86,18 +94,18 @@ class Direct:
 
     def _kernel(self, queue, name, idx, tile=None):
         wg = 1 << (min(256, queue.device.max_work_group_size).bit_length() - 1)
-        tx, ty, ph, pw = tile or self.tiles["forward"]
+        tx, ty, ph, pw, ry = tile or self.tiles["forward"]
         stage = int(bool(queue.device.type & cl.device_type.GPU))   # on CPUs caches stage better than barriers
         return get_kernel(queue.context, "direct.cl", name, self.dtype, IDX=idx, TAPS=self.taps, WG=wg,
-                          TX=tx, TY=ty, PH=ph, PW=pw, STAGE=stage), wg
+                          TX=tx, TY=ty, PH=ph, PW=pw, RY=ry, STAGE=stage), wg
 
     def forward(self, queue, x, w, bias, y, ws):
         g = self.g
         idx = idx_for(self.dtype, x, w, y, bias)
-        tx, ty = self.tiles["forward"][:2]
+        tx, ty, _, _, ry = self.tiles["forward"]
         knl, _ = self._kernel(queue, "direct_forward", idx, self.tiles["forward"])
         b = bias if bias is not None else w
-        launch(queue, knl, (g.OW, g.OH, g.N * g.K), (tx, ty, 1), x.buf, x.off, w.buf, w.off,
+        launch(queue, knl, (g.OW, -(-g.OH // (ty * ry)) * ty, g.N * g.K), (tx, ty, 1), x.buf, x.off, w.buf, w.off,
                b.buf, b.off, int(bias is not None), y.buf, y.off, *self._geometry(),
                what="forward (direct)")
 
