@@ -1,14 +1,14 @@
 """Host side of kernels/bias.cl: broadcasting the bias and the grad-bias reduction."""
 from .algorithms.common import idx_for
-from .programs import get_kernel, launch
+from .programs import get_kernel, launch, reduction_work_group
 
 
 def fill_bias(queue, dtype, y, bias, N, K, P, add=False):
     """y (N, K, P) = bias[k] everywhere (a GEMM then accumulates onto it), or += with ``add``."""
     idx = idx_for(dtype, y, bias)
-    knl = get_kernel(queue.context, "bias.cl", "add_bias" if add else "fill_bias", dtype, IDX=idx)
+    knl = get_kernel(queue.context, "bias.cl", "fill_bias", dtype, IDX=idx)
     launch(queue, knl, (P, N * K), (min(64, P), 1), y.buf, y.off, bias.buf, bias.off,
-           N, K, P, what="bias")
+           N, K, P, int(add), what="bias")
 
 
 def prefill_bias(queue, dtype, y, bias, g):
@@ -25,7 +25,7 @@ def prefill_bias(queue, dtype, y, bias, g):
 def bias_grad(queue, dtype, dy, db, N, K, P):
     """db (K,) = dy (N, K, P) summed over N and P, one work-group per channel."""
     idx = idx_for(dtype, dy, db)
-    wg = 1 << (min(256, queue.device.max_work_group_size).bit_length() - 1)
+    wg = reduction_work_group(queue.device)
     knl = get_kernel(queue.context, "bias.cl", "bias_grad", dtype, IDX=idx, WG=wg)
     launch(queue, knl, (K * wg,), (wg,), dy.buf, dy.off, db.buf, db.off,
            N, K, P, what="grad-bias")

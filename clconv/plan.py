@@ -113,7 +113,7 @@ class Plan:
                  f"{list(g.output_shape)}, stride {g.stride}, padding {g.pads}, dilation {g.dilation}, "
                  f"groups {g.groups}, {self.dtype}, queues: {self.queues}"]
         for p, (algo, why) in self._choice.items():
-            queues = ", per-group queues" if getattr(algo, "per_group", False) and g.groups > 1 else ""
+            queues = ", per-group queues" if algo.per_group and g.groups > 1 else ""
             lines.append(f"{p} [{algo.name}]: {algo.describe(p)}{queues}; chosen because {why}; "
                          f"workspace {algo.workspace[p] * self.dtype.itemsize} bytes")
         return "\n".join(lines)

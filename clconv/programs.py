@@ -74,6 +74,11 @@ def _scalar_arg_dtypes(kernel):
     return dtypes
 
 
+def reduction_work_group(device, limit=256):
+    """Work-group size of our reduction kernels: the largest power of two <= limit the device allows."""
+    return 1 << (min(limit, device.max_work_group_size).bit_length() - 1)
+
+
 def get_kernel(context, filename, name, dtype, **defines):
     """The kernel ``name`` of ``kernels/filename`` built for ``dtype`` and ``defines``."""
     return _build(context, filename, np.dtype(dtype), tuple(sorted(defines.items())))[name]

@@ -10,7 +10,6 @@ import threading
 from collections import OrderedDict
 from contextlib import contextmanager
 
-import numpy as np
 import pyopencl as cl
 
 from .programs import ClconvError
@@ -35,9 +34,6 @@ def workspace(queue, nbytes, what=""):
             entry[1] = None
             try:
                 entry[1] = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE, nbytes)
-                # once per allocation: CLBlast's edge tiles may load (and discard) elements
-                # past a matrix; keep even those defined
-                cl.enqueue_fill_buffer(queue, entry[1], np.zeros(1, np.uint32), 0, nbytes)
             except cl.Error as exc:
                 raise ClconvError(f"clconv: {what}: allocating {nbytes} bytes of workspace failed: {exc}") from exc
         yield entry[1]

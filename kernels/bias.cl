@@ -12,15 +12,17 @@
 #define WG 256
 #endif
 
-// y[b, k, p] = bias[k] for a chunk of B images; the GEMM then adds onto it (beta = 1).
+// y[b, k, p] = bias[k] (a GEMM then adds onto it with beta = 1), or with ``add``
+// y[b, k, p] += bias[k] (a transposed convolution's bias, after its GEMMs).
 __kernel void fill_bias(__global REAL* restrict y, const IDX y_off,
                         __global const REAL* restrict bias, const IDX bias_off,
-                        const int B, const int K, const int P)
+                        const int B, const int K, const int P, const int add)
 {
     const int p = get_global_id(0);
     const int bk = get_global_id(1);   // b * K + k
     if (p >= P || bk >= B * K) return;
-    y[y_off + (IDX)bk * P + p] = bias[bias_off + bk % K];
+    const IDX i = y_off + (IDX)bk * P + p;
+    y[i] = (add ? y[i] : (REAL)0) + bias[bias_off + bk % K];
 }
 
 // db[k] = sum over images n and pixels p of dy[n, k, p]. One work-group per k;
@@ -49,13 +51,3 @@ void bias_grad(__global const REAL* restrict dy, const IDX dy_off,
     if (l == 0) db[db_off + k] = (REAL)part[0];
 }
 
-// y[b, k, p] += bias[k]: the bias of a transposed convolution, after its GEMMs.
-__kernel void add_bias(__global REAL* restrict y, const IDX y_off,
-                       __global const REAL* restrict bias, const IDX bias_off,
-                       const int B, const int K, const int P)
-{
-    const int p = get_global_id(0);
-    const int bk = get_global_id(1);   // b * K + k
-    if (p >= P || bk >= B * K) return;
-    y[y_off + (IDX)bk * P + p] += bias[bias_off + bk % K];
-}

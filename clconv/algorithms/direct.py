@@ -8,7 +8,7 @@ an ordered sum), no atomics.
 """
 import pyopencl as cl
 
-from ..programs import get_kernel, launch
+from ..programs import get_kernel, launch, reduction_work_group
 from .common import idx_for
 
 MAX_TAPS = 64         # Cg * kh * kw above this: the private accumulators get too large
@@ -71,6 +71,7 @@ class Direct:
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False):
         self.g, self.dtype = g, dtype
+        self.per_group = False   # no GEMMs, so no per-group queues
         self.taps = g.Cg * g.kh * g.kw
         self.staged = bool(device.type & cl.device_type.GPU)   # on CPUs caches stage better than barriers
         self.tiles = _patches(g, self.staged)
@@ -96,7 +97,7 @@ class Direct:
         return (g.N, g.C, g.H, g.W, g.K, g.groups, g.kh, g.kw, g.OH, g.OW) + g.stride + (pt, pl) + g.dilation
 
     def _kernel(self, queue, name, idx, tile=None):
-        wg = 1 << (min(256, queue.device.max_work_group_size).bit_length() - 1)
+        wg = reduction_work_group(queue.device)
         tx, ty, ph, pw, ry = tile or self.tiles["forward"]
         return get_kernel(queue.context, "direct.cl", name, self.dtype, IDX=idx, TAPS=self.taps, WG=wg,
                           TX=tx, TY=ty, PH=ph, PW=pw, RY=ry, STAGE=int(self.staged)), wg
