@@ -37,6 +37,10 @@
 #define PW 34
 #endif
 
+#ifndef FLIP           // 1: direct_forward computes grad-input of a stride-1 convolution instead (see there)
+#define FLIP 0
+#endif
+
 #ifndef STAGE          // 1: stage each tile's patch in local memory (GPUs); 0: read global memory
 #define STAGE 1        //    directly, with no barriers (CPU devices, where caches do the staging)
 #endif
@@ -46,6 +50,18 @@
 // Work-group: a TX x TY output tile of plane (n, k) = group id 2; for each input
 // channel of the group, the patch under the tile is staged in local memory once
 // and read by every tap.
+// FLIP: for stride 1, grad-input is this same sum over dy with each group's weight
+// transposed (its Kg filters become the channels) and rotated by 180 degrees; the
+// host passes the transposed geometry (x = dy, y = dx, pads (KH-1)*DH - PT, ...),
+// so only the weight index changes. The filter w is then (C, Kg-as-Cg, KH, KW)
+// read as w[c0 + c, k % Kg, KH-1-i, KW-1-j] of the original (K_orig, Cg_orig, ...).
+#if FLIP
+#define WBASE(k, c) (((IDX)c0 + (c)) * Kg + (k) % Kg) * KH * KW
+#define TAP(i, j) ((KH - 1 - (i)) * KW + KW - 1 - (j))
+#else
+#define WBASE(k, c) ((IDX)(k) * Cg + (c)) * KH * KW
+#define TAP(i, j) ((i) * KW + (j))
+#endif
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void direct_forward(__global const REAL* restrict x, const IDX x_off,
                     __global const REAL* restrict w, const IDX w_off,
@@ -68,7 +84,7 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
     for (int r = 0; r < RY; ++r) acc[r] = has_bias ? bias[bias_off + k] : (REAL)0;
     for (int c = 0; c < Cg; ++c) {
         const IDX xb = x_off + ((IDX)n * C + c0 + c) * H * W;
-        const IDX wb = w_off + ((IDX)k * Cg + c) * KH * KW;
+        const IDX wb = w_off + WBASE(k, c);
 #if STAGE
         for (int e = lid; e < PH * PW; e += TX * TY) {
             const int py = e / PW, px = e - py * PW;
@@ -78,7 +94,7 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int i = 0; i < KH; ++i)
             for (int j = 0; j < KW; ++j) {
-                const REAL wv = w[wb + i * KW + j];
+                const REAL wv = w[wb + TAP(i, j)];
                 for (int r = 0; r < RY; ++r)
                     acc[r] += wv * patch[(ly + r * TY) * SH + i * DH][lx * SW + j * DW];
             }
@@ -90,7 +106,7 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
                 if (iy < 0 || iy >= H) continue;
                 for (int j = 0; j < KW; ++j) {
                     const int ix = x0 + lx * SW + j * DW;
-                    if (ix >= 0 && ix < W) acc[r] += w[wb + i * KW + j] * x[xb + iy * W + ix];
+                    if (ix >= 0 && ix < W) acc[r] += w[wb + TAP(i, j)] * x[xb + iy * W + ix];
                 }
             }
 #endif

@@ -56,4 +56,6 @@ CASES = [
     Case("g3_same_s3", 3, 6, 10, 11, 6, 3, 3, stride=3, padding="same", groups=3),
     Case("g2_d2_s2_p1", 1, 4, 12, 9, 4, 3, 3, stride=2, padding=1, dilation=2, groups=2),
     Case("g2_k5x5_alexnet_like", 3, 4, 9, 8, 6, 5, 5, padding=2, groups=2),
+    # padding beyond the dilated kernel: the stride-1 grad-input's flipped padding goes negative
+    Case("depthwise_x2_k3x2_overpad", 2, 3, 5, 7, 6, 3, 2, padding=((3, 1), (0, 2)), groups=3),
 ]

@@ -41,6 +41,8 @@ SWEEP = [
      None),
     ("direct_two_rows_per_item", (1, 2, 18, 10), (4, 1, 3, 3), dict(padding=1, groups=2), "direct", "single",
      None),
+    ("direct_overpad", (1, 3, 5, 7), (6, 1, 3, 2), dict(padding=((3, 1), (0, 2)), groups=3), "direct", "single",
+     None),
     ("direct_small_groups", (1, 4, 6, 7), (4, 2, 2, 3), dict(padding=(1, 0), dilation=(2, 1), groups=2), "direct",
      "single", None),
 ]

@@ -8,6 +8,7 @@ an ordered sum), no atomics.
 """
 import pyopencl as cl
 
+from ..geometry import ConvGeometry
 from ..programs import get_kernel, launch, reduction_work_group
 from .common import idx_for
 
@@ -42,6 +43,22 @@ def _patches(g, staged=True):
     return {"forward": fwd, "backward_input": _tile(g.W, g.H) + fwd[2:]}
 
 
+def _transposed(g):
+    """The stride-1 convolution whose forward is ``g``'s grad-input: dy (N, K, OH, OW) in,
+    dx (N, C, H, W) out, each group's filters as its channels, padding (kh-1)*dh - pad
+    (negative pads just shift the window: the kernel bounds-checks every read)."""
+    (pt, pb), (pl, pr) = g.pads
+    (dh, dw) = g.dilation
+    flipped = ((dh * (g.kh - 1) - pt, dh * (g.kh - 1) - pb), (dw * (g.kw - 1) - pl, dw * (g.kw - 1) - pr))
+    return ConvGeometry(g.N, g.K, g.OH, g.OW, g.C, g.kh, g.kw, g.groups, (1, 1), g.dilation, flipped, g.H, g.W)
+
+
+def _patch_sizes(g):
+    """(PH, PW) of the forward kernel's patch for every launch over ``g`` (one row per work-item)."""
+    geometries = (g, _transposed(g)) if g.stride == (1, 1) else (g,)
+    return [_patches(t, staged=False)["forward"][2:4] for t in geometries]
+
+
 class Direct:
     name = "direct"
 
@@ -53,8 +70,7 @@ class Direct:
         if taps > MAX_TAPS or g.Kg > MAX_FILTERS:
             return False, (f"needs at most {MAX_TAPS} taps (Cg*kh*kw = {taps}) and {MAX_FILTERS} filters per group "
                            f"(Kg = {g.Kg})")
-        _, _, ph, pw, _ = _patches(g, staged=False)["forward"]
-        patch = ph * pw
+        patch = max(ph * pw for ph, pw in _patch_sizes(g))
         if patch > MAX_PATCH:
             return False, f"the input patch of a tile ({patch} elements) does not fit in local memory"
         kind = "depthwise" if g.Cg == 1 else "small groups"
@@ -64,9 +80,9 @@ class Direct:
     @staticmethod
     def preferred(g, pass_name):
         """Whether "auto" should pick this algorithm for ``pass_name`` (it applies either way)."""
-        if pass_name == "backward_input" and g.Cg > 1:
-            return False, ("grad-input of groups of several channels: im2col measured about 2x faster "
-                           "(ResNeXt 32x4d on an H200 and on PoCL)")
+        if pass_name == "backward_input" and g.Cg > 1 and g.stride != (1, 1):
+            return False, ("strided grad-input of groups of several channels: im2col measured about 2x "
+                           "faster (ResNeXt-like groups on an H200 and on PoCL)")
         return True, ""
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False):
@@ -75,6 +91,12 @@ class Direct:
         self.taps = g.Cg * g.kh * g.kw
         self.staged = bool(device.type & cl.device_type.GPU)   # on CPUs caches stage better than barriers
         self.tiles = _patches(g, self.staged)
+        # stride 1: grad-input is a forward pass over dy (rotated, transposed weights), so it
+        # gets the forward's staged patch and rows per work-item (depthwise grad-input 5x
+        # faster on an H200); strided grad-input keeps its own kernel, which skips off-grid taps
+        self.transposed = _transposed(g) if g.stride == (1, 1) else None
+        if self.transposed:
+            self.tiles["backward_input"] = _patches(self.transposed, self.staged)["forward"]
         # enough work-groups in stage 1 to fill the device (about 4 per compute unit),
         # each slice keeping at least 1024 positions; fixed per device, so deterministic
         fill = -(-4 * device.max_compute_units // g.K)
@@ -87,32 +109,42 @@ class Direct:
             return (f"direct grouped grad-weight, {g.K} x {self.slices} partial sums of {self.taps} taps, "
                     "then an ordered sum")
         tx, ty, ph, pw, ry = self.tiles[pass_name]
-        staged = (f" of {ry} row(s) per work-item, staging a {ph}x{pw} input patch in local memory"
-                  if pass_name == "forward" and self.staged else "")
-        return f"direct grouped kernel, {self.taps} taps per output, {tx}x{ty} tiles{staged}, no GEMM, no workspace"
+        as_forward = pass_name == "forward" or self.transposed
+        staged = (f" of {ry} row(s) per work-item, staging a {ph}x{pw} patch in local memory"
+                  if as_forward and self.staged else "")
+        flipped = (" (the forward kernel over grad_output with rotated, transposed weights)"
+                   if pass_name == "backward_input" and self.transposed else "")
+        taps = self.g.Kg * self.g.kh * self.g.kw if flipped else self.taps
+        return (f"direct grouped kernel{flipped}, {taps} taps per output, {tx}x{ty} tiles{staged}, "
+                "no GEMM, no workspace")
 
-    def _geometry(self):
-        g = self.g
+    def _geometry(self, g=None):
+        g = g or self.g
         (pt, _), (pl, _) = g.pads
         return (g.N, g.C, g.H, g.W, g.K, g.groups, g.kh, g.kw, g.OH, g.OW) + g.stride + (pt, pl) + g.dilation
 
-    def _kernel(self, queue, name, idx, tile=None):
+    def _kernel(self, queue, name, idx, tile=None, flip=False):
         wg = reduction_work_group(queue.device)
         tx, ty, ph, pw, ry = tile or self.tiles["forward"]
         return get_kernel(queue.context, "direct.cl", name, self.dtype, IDX=idx, TAPS=self.taps, WG=wg,
-                          TX=tx, TY=ty, PH=ph, PW=pw, RY=ry, STAGE=int(self.staged)), wg
+                          TX=tx, TY=ty, PH=ph, PW=pw, RY=ry, STAGE=int(self.staged), FLIP=int(flip)), wg
 
-    def forward(self, queue, x, w, bias, y, ws):
-        g = self.g
-        idx = idx_for(self.dtype, x, w, y, bias)
-        tx, ty, _, _, ry = self.tiles["forward"]
-        knl, _ = self._kernel(queue, "direct_forward", idx, self.tiles["forward"])
+    def _forward(self, queue, g, tile, x, w, bias, y, what):
+        """direct_forward over geometry ``g``; the transposed geometry flips the weights."""
+        flip = g is self.transposed
+        tx, ty, _, _, ry = tile
+        knl, _ = self._kernel(queue, "direct_forward", idx_for(self.dtype, x, w, y, bias), tile, flip)
         b = bias if bias is not None else w
         launch(queue, knl, (g.OW, -(-g.OH // (ty * ry)) * ty, g.N * g.K), (tx, ty, 1), x.buf, x.off, w.buf, w.off,
-               b.buf, b.off, int(bias is not None), y.buf, y.off, *self._geometry(),
-               what="forward (direct)")
+               b.buf, b.off, int(bias is not None), y.buf, y.off, *self._geometry(g), what=what)
+
+    def forward(self, queue, x, w, bias, y, ws):
+        self._forward(queue, self.g, self.tiles["forward"], x, w, bias, y, "forward (direct)")
 
     def backward_input(self, queue, w, dy, dx, ws):
+        if self.transposed:
+            return self._forward(queue, self.transposed, self.tiles["backward_input"], dy, w, None, dx,
+                                 "grad-input (direct, as a forward pass)")
         g = self.g
         idx = idx_for(self.dtype, w, dy, dx)
         tx, ty = self.tiles["backward_input"][:2]
