@@ -18,7 +18,8 @@ def cmd_info(args):
             print(f"    compute units {d.max_compute_units}, global memory {d.global_mem_size / 2**30:.1f} GiB, "
                   f"max allocation {d.max_mem_alloc_size / 2**30:.2f} GiB, local memory {d.local_mem_size // 1024} KiB")
             print(f"    fp64 (cl_khr_fp64): {'yes' if has_fp64(d) else 'no'}, "
-                  f"fp16 (cl_khr_fp16): {'yes' if has_fp16(d) else 'no'}")
+                  f"fp16 (cl_khr_fp16): {'yes' if has_fp16(d) else 'no'} "
+                  "(float16 arrays run either way: stored as half, computed in float32)")
     device, why = pick_device()
     print(f"default device: {device.name.strip()} on {device.platform.name} ({why})")
     return 0
@@ -81,23 +82,24 @@ def cmd_check(args):
     from . import conv2d, conv2d_bias, conv2d_input, conv2d_weight, reference
     from .device import default_queue
     queue = default_queue()
-    print(f"checking every pass against the NumPy reference on {queue.device.name.strip()}")
+    dtype = np.dtype(args.dtype)
+    print(f"checking every pass in {dtype} against the NumPy reference on {queue.device.name.strip()}")
     rng = np.random.default_rng(0)
     failed = 0
     for name, xs, ws, opts in CHECKS:
         queues = "per-group" if "per-group" in name else "single"
-        x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
-        b = rng.standard_normal(ws[0]).astype(np.float32)
+        x, w = rng.standard_normal(xs).astype(dtype), rng.standard_normal(ws).astype(dtype)
+        b = rng.standard_normal(ws[0]).astype(dtype)
         y = conv2d(x, w, b, **opts, queues=queues)
-        dy = rng.standard_normal(y.shape).astype(np.float32)
+        dy = rng.standard_normal(y.shape).astype(dtype)
         for pass_name, got, want in [
                 ("forward", y, reference.conv2d(x, w, b, **opts)),
                 ("grad-input", conv2d_input(xs, w, dy, **opts, queues=queues), reference.conv2d_input(xs, w, dy, **opts)),
                 ("grad-weight", conv2d_weight(x, ws, dy, **opts, queues=queues),
                  reference.conv2d_weight(x, ws, dy, **opts)),
                 ("grad-bias", conv2d_bias(dy), reference.conv2d_bias(dy))]:
-            err = float(np.abs(got - want).max() / np.abs(want).max())
-            ok = err <= 1e-4
+            err = float(reference.normalised_error(got, want))
+            ok = err <= reference.TOLERANCE[dtype]
             failed += not ok
             print(f"  {name:18s} {pass_name:12s} normalised max error {err:.1e}  {'ok' if ok else 'FAILED'}")
     print("all passes match" if not failed else f"{failed} check(s) FAILED")
@@ -113,7 +115,8 @@ def main(argv=None):
     sub.add_parser("bench", help="the benchmark (options: python -m clconv bench --help)", add_help=False)
     tune = sub.add_parser("tune", help="time every algorithm for the workloads and store the winners")
     tune.add_argument("--workload", action="append", help="workload name (repeatable; default: all)")
-    sub.add_parser("check", help="quick self-test of every pass against the NumPy reference")
+    check = sub.add_parser("check", help="quick self-test of every pass against the NumPy reference")
+    check.add_argument("--dtype", choices=["float32", "float16", "float64"], default="float32")
     args, rest = ap.parse_known_args(argv)
     if args.command != "bench" and rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")

@@ -4,6 +4,7 @@ Arrays are ``pyopencl.array.Array`` (results come back on the same queue) or
 NumPy arrays (copied to the device; results come back as NumPy).
 """
 from . import bias as _bias
+from . import storage
 from .algorithms.common import ref
 from .geometry import conv_geometry
 from .plan import cached_plan, finish, prepare
@@ -70,5 +71,5 @@ def conv2d_bias(grad_output, *, out=None, queue=None):
     if N * OH * OW:
         _bias.bias_grad(queue, grad_output.dtype, ref(dev["grad_output"]), ref(dev["out"]), N, K, OH * OW)
     else:
-        dev["out"].fill(0, queue=queue)
+        storage.zero(queue, dev["out"])
     return finish(dev, out, numpy_mode)

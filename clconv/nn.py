@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pyopencl.array as cla
 
+from . import storage
 from .device import check_dtype_supported, default_queue
 from .functional import conv2d, conv2d_bias, conv2d_input, conv2d_weight
 from .geometry import normalize_padding, pair
@@ -38,10 +39,10 @@ class _ConvBase:
         bound = 1 / math.sqrt(fan_in)   # kaiming_uniform(a=sqrt(5)) bound, as PyTorch's default
         rng = np.random.default_rng(seed)
         self.weight = cla.to_device(self.queue, rng.uniform(-bound, bound, shape).astype(self.dtype))
-        self.grad_weight = cla.zeros(self.queue, shape, self.dtype)
+        self.grad_weight = cla.to_device(self.queue, np.zeros(shape, self.dtype))
         if bias:
             self.bias = cla.to_device(self.queue, rng.uniform(-bound, bound, out_channels).astype(self.dtype))
-            self.grad_bias = cla.zeros(self.queue, out_channels, self.dtype)
+            self.grad_bias = cla.to_device(self.queue, np.zeros(out_channels, self.dtype))
         else:
             self.bias = self.grad_bias = None
 
@@ -52,15 +53,15 @@ class _ConvBase:
         return a if isinstance(a, cla.Array) else cla.to_device(self.queue, np.ascontiguousarray(a, self.dtype))
 
     def _accumulate(self, grad_weight, grad_output):
-        self.grad_weight += grad_weight
+        storage.accumulate(self.queue, self.grad_weight, grad_weight)
         if self.bias is not None:
-            self.grad_bias += conv2d_bias(grad_output, queue=self.queue)
+            storage.accumulate(self.queue, self.grad_bias, conv2d_bias(grad_output, queue=self.queue))
 
     def zero_grad(self):
         """Set grad_weight and grad_bias to zero."""
-        self.grad_weight.fill(0)
+        storage.zero(self.queue, self.grad_weight)
         if self.grad_bias is not None:
-            self.grad_bias.fill(0)
+            storage.zero(self.queue, self.grad_bias)
 
     def parameters(self):
         """[weight, bias] (bias only when the module has one)."""

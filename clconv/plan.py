@@ -11,8 +11,8 @@ from collections import OrderedDict
 import numpy as np
 import pyopencl.array as cla
 
-from . import tuning
-from .algorithms.common import ref
+from . import storage, tuning
+from .algorithms.common import Ref, ref
 from .algorithms.direct import Direct
 from .algorithms.fc import FullyConnected
 from .algorithms.im2col import Im2col
@@ -45,6 +45,7 @@ class Plan:
     def __init__(self, geometry, dtype, queue, *, algorithm="auto", queues="single", workspace_limit=None,
                  tuned=True):
         self.geometry, self.dtype, self.queue = geometry, np.dtype(dtype), queue
+        self.compute_dtype = storage.compute_dtype(dtype)   # float32 for float16 arrays
         if queues not in QUEUES:
             raise ValueError(f"queues must be one of {QUEUES}, got {queues!r}")
         self.queues = queues
@@ -73,7 +74,7 @@ class Plan:
         g = self.geometry
         if tuned and tuned.get("algorithm") in ALGORITHMS and ALGORITHMS[tuned["algorithm"]].applies(g)[0]:
             others = ", ".join(f"{k} {v} ms" for k, v in sorted(tuned.get("timings", {}).items()))
-            return (ALGORITHMS[tuned["algorithm"]](g, self.dtype, self.queue.device, self.workspace_limit,
+            return (ALGORITHMS[tuned["algorithm"]](g, self.compute_dtype, self.queue.device, self.workspace_limit,
                                                    per_group=tuned.get("queues") == "per-group"),
                     f"fastest on this device in the tuning cache ({others or str(tuned.get('ms')) + ' ms'})")
         candidates = ALGORITHMS if algorithm == "auto" else {algorithm: ALGORITHMS[algorithm]}
@@ -86,7 +87,7 @@ class Plan:
                     passed_over += f" (not {name}: {why_not})"
                     continue
             if ok:
-                return cls(g, self.dtype, self.queue.device, self.workspace_limit,
+                return cls(g, self.compute_dtype, self.queue.device, self.workspace_limit,
                            per_group=self.queues == "per-group"), why + passed_over
             reasons.append(f"{name}: {why}")
         raise ValueError(f"algorithm {algorithm!r} does not apply to input {list(g.input_shape)} with weight "
@@ -101,31 +102,61 @@ class Plan:
         """The algorithm chosen for each pass: {"forward": "im2col", ...}."""
         return {p: algo.name for p, (algo, _) in self._choice.items()}
 
+    def _sizes(self, pass_name):
+        """Element counts of a pass's arrays, in argument order (the result last)."""
+        g = self.geometry
+        x, w, y = (int(np.prod(s)) for s in (g.input_shape, g.weight_shape, g.output_shape))
+        return {"forward": (x, w, g.K, y), "backward_input": (w, y, x), "backward_weight": (x, y, w)}[pass_name]
+
+    def _workspace_elements(self, pass_name):
+        """The pass's workspace in compute-dtype elements: the algorithm's own, then for
+        float16 the float32 copies of its arrays."""
+        own = self._choice[pass_name][0].workspace[pass_name]
+        return own if self.dtype == self.compute_dtype else own + sum(self._sizes(pass_name))
+
     @property
     def workspace_bytes(self):
         """Largest workspace any pass allocates, in bytes."""
-        return max(algo.workspace[p] for p, (algo, _) in self._choice.items()) * self.dtype.itemsize
+        return max(self._workspace_elements(p) for p in PASSES) * self.compute_dtype.itemsize
 
     def explain(self):
         """A short account of the algorithm chosen for each pass and why."""
         g = self.geometry
+        half = (" (stored as float16, computed in float32 on float32 copies in the workspace)"
+                if self.dtype != self.compute_dtype else "")
         lines = [f"conv2d input {list(g.input_shape)} weight {list(g.weight_shape)} -> output "
                  f"{list(g.output_shape)}, stride {g.stride}, padding {g.pads}, dilation {g.dilation}, "
-                 f"groups {g.groups}, {self.dtype}, queues: {self.queues}"]
+                 f"groups {g.groups}, {self.dtype}{half}, queues: {self.queues}"]
         for p, (algo, why) in self._choice.items():
             queues = ", per-group queues" if algo.per_group and g.groups > 1 else ""
             lines.append(f"{p} [{algo.name}]: {algo.describe(p)}{queues}; chosen because {why}; "
-                         f"workspace {algo.workspace[p] * self.dtype.itemsize} bytes")
+                         f"workspace {self._workspace_elements(p) * self.compute_dtype.itemsize} bytes")
         return "\n".join(lines)
 
     def _run(self, pass_name, queue, *refs):
-        """Enqueue ``pass_name`` of the chosen algorithm with this queue's workspace."""
+        """Enqueue ``pass_name`` of the chosen algorithm with this queue's workspace.
+
+        ``refs``: the pass's arrays in argument order, the result last (None: no bias).
+        float16 arrays are converted to float32 copies after the algorithm's own workspace,
+        the algorithm runs on those, and its result is rounded back into the last array.
+        """
         algo = self._choice[pass_name][0]
-        nbytes = algo.workspace[pass_name] * self.dtype.itemsize
         g = self.geometry
         what = f"{pass_name} of input {list(g.input_shape)} with weight {list(g.weight_shape)} [{algo.name}]"
+        nbytes = self._workspace_elements(pass_name) * self.compute_dtype.itemsize
         with workspace(queue, nbytes, what) as ws:
-            getattr(algo, pass_name)(queue, *refs, ws)
+            if self.dtype == self.compute_dtype:
+                getattr(algo, pass_name)(queue, *refs, ws)
+                return
+            copies, at = [], algo.workspace[pass_name]
+            for r, n in zip(refs, self._sizes(pass_name)):
+                copies.append(None if r is None else Ref(ws, at))
+                at += 0 if r is None else n
+            for r, c, n in zip(refs[:-1], copies, self._sizes(pass_name)):
+                if r is not None:
+                    storage.to_real(queue, self.dtype, r, c, n, what)
+            getattr(algo, pass_name)(queue, *copies, ws)
+            storage.to_store(queue, self.dtype, copies[-1], refs[-1], self._sizes(pass_name)[-1], what)
 
     # -- the passes ---------------------------------------------------------------
 
@@ -161,7 +192,7 @@ class Plan:
         if g.N:
             self._run("backward_weight", queue, ref(dev["input"]), ref(dev["grad_output"]), ref(dev["out"]))
         else:
-            dev["out"].fill(0, queue=queue)
+            storage.zero(queue, dev["out"])
         return finish(dev, out, numpy_mode)
 
 

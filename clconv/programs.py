@@ -26,7 +26,13 @@ def kernel_dir():
     raise ClconvError(f"clconv: kernel sources not found next to {here}")
 
 
-_C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+# dtype -> (arithmetic type REAL, storage type STORE). float16 is stored as half and
+# computed in float: core OpenCL's vload_half/vstore_half need no cl_khr_fp16.
+_C_TYPES = {np.dtype(np.float32): ("float", "float"), np.dtype(np.float64): ("double", "double"),
+            np.dtype(np.float16): ("float", "half")}
+# Kernel files that read and write through LOAD/SAVE and so accept float16 storage;
+# the others take REAL buffers and are only built for float32 and float64.
+_STORAGE_AWARE = {"bias.cl", "convert.cl"}
 INT32_MAX = 2**31 - 1
 
 
@@ -38,7 +44,14 @@ def index_type(*element_counts):
 @context_dependent_memoize
 def _build(context, filename, dtype, defines):
     path = kernel_dir() / filename
-    header = [f"#define REAL {_C_TYPES[dtype]}"]
+    real, store = _C_TYPES[dtype]
+    if store == "half" and filename not in _STORAGE_AWARE:
+        raise ClconvError(f"clconv: {filename} has no float16 storage (only {sorted(_STORAGE_AWARE)} do)")
+    header = [f"#define REAL {real}", f"#define STORE {store}"]
+    if store == "half":
+        header += ["#define LOAD(p, i) vload_half((i), (p))", "#define SAVE(p, i, v) vstore_half_rte((v), (i), (p))"]
+    else:
+        header += ["#define LOAD(p, i) ((p)[i])", "#define SAVE(p, i, v) ((p)[i] = (v))"]
     if dtype == np.float64:
         header.insert(0, "#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
     header += [f"#define {name} {value}" for name, value in defines]

@@ -8,6 +8,19 @@ import numpy as np
 
 from .geometry import check_grad_output, conv_geometry
 
+# How close a device result must be to this reference, per dtype: the normalised max
+# error max|actual - expected| / max|expected|. float16 results are float32 sums rounded
+# once to half (unit roundoff 2**-11 = 4.9e-4); a module's accumulated gradient is rounded
+# three times, hence 4 roundoffs. Used by the tests and by ``python -m clconv check``.
+TOLERANCE = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}
+
+
+def normalised_error(actual, expected):
+    """max|actual - expected| / max|expected| in float64 (0 for empty arrays)."""
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    scale = max(np.abs(expected).max(initial=0.0), 1e-30)
+    return np.abs(actual - expected).max(initial=0.0) / scale
+
 
 def _windows(x, g):
     """(N, C, H, W) -> (N, C, kh, kw, OH, OW): the input pixel under each kernel tap."""

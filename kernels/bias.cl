@@ -2,6 +2,11 @@
 #ifndef REAL
 #define REAL float
 #endif
+#ifndef STORE          // element type in memory: REAL, or half (float16 storage, REAL = float)
+#define STORE REAL
+#define LOAD(p, i) ((p)[i])
+#define SAVE(p, i, v) ((p)[i] = (v))
+#endif
 #ifndef ACC            // accumulation type of the reduction
 #define ACC REAL
 #endif
@@ -14,23 +19,23 @@
 
 // y[b, k, p] = bias[k] (a GEMM then adds onto it with beta = 1), or with ``add``
 // y[b, k, p] += bias[k] (a transposed convolution's bias, after its GEMMs).
-__kernel void fill_bias(__global REAL* restrict y, const IDX y_off,
-                        __global const REAL* restrict bias, const IDX bias_off,
+__kernel void fill_bias(__global STORE* restrict y, const IDX y_off,
+                        __global const STORE* restrict bias, const IDX bias_off,
                         const int B, const int K, const int P, const int add)
 {
     const int p = get_global_id(0);
     const int bk = get_global_id(1);   // b * K + k
     if (p >= P || bk >= B * K) return;
     const IDX i = y_off + (IDX)bk * P + p;
-    y[i] = (add ? y[i] : (REAL)0) + bias[bias_off + bk % K];
+    SAVE(y, i, (add ? LOAD(y, i) : (REAL)0) + LOAD(bias, bias_off + bk % K));
 }
 
 // db[k] = sum over images n and pixels p of dy[n, k, p]. One work-group per k;
 // each work-item sums a fixed strided subset, then a tree in local memory:
 // a fixed order, so the result is the same on every run.
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void bias_grad(__global const REAL* restrict dy, const IDX dy_off,
-               __global REAL* restrict db, const IDX db_off,
+void bias_grad(__global const STORE* restrict dy, const IDX dy_off,
+               __global STORE* restrict db, const IDX db_off,
                const int N, const int K, const int P)
 {
     __local ACC part[WG];
@@ -40,7 +45,7 @@ void bias_grad(__global const REAL* restrict dy, const IDX dy_off,
     ACC acc = 0;
     for (IDX t = l; t < total; t += WG) {
         const IDX n = t / P, p = t - n * P;
-        acc += (ACC)dy[dy_off + (n * K + k) * P + p];
+        acc += (ACC)LOAD(dy, dy_off + (n * K + k) * P + p);
     }
     part[l] = acc;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -48,6 +53,6 @@ void bias_grad(__global const REAL* restrict dy, const IDX dy_off,
         if (l < s) part[l] += part[l + s];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    if (l == 0) db[db_off + k] = (REAL)part[0];
+    if (l == 0) SAVE(db, db_off + k, (REAL)part[0]);
 }
 

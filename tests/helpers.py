@@ -1,17 +1,16 @@
 """Shared test tools: the one tolerance table, the case list, comparisons."""
 import numpy as np
 
-# Normalised max error, max|actual - expected| / max|expected|, against the float64 reference.
-TOLERANCE = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}
+from clconv.reference import TOLERANCE, normalised_error
 
 
 def assert_close(actual, expected, dtype, what=""):
+    """The normalised max error against the float64 reference is within TOLERANCE[dtype]."""
     actual = np.asarray(actual, np.float64)
     expected = np.asarray(expected, np.float64)
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
     assert np.all(np.isfinite(actual)), f"{what}: non-finite values in the result"
-    scale = max(np.abs(expected).max(initial=0.0), 1e-30)
-    err = np.abs(actual - expected).max(initial=0.0) / scale
+    err = normalised_error(actual, expected)
     assert err <= TOLERANCE[np.dtype(dtype)], f"{what}: normalised max error {err:.3g} > {TOLERANCE[np.dtype(dtype)]}"
 
 

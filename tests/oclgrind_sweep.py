@@ -43,6 +43,8 @@ SWEEP = [
      None),
     ("direct_overpad", (1, 3, 5, 7), (6, 1, 3, 2), dict(padding=((3, 1), (0, 2)), groups=3), "direct", "single",
      None),
+    ("im2col_float16", (2, 4, 5, 6), (6, 2, 3, 2), dict(padding=1, groups=2, dtype=np.float16), "im2col",
+     "single", None),
     ("direct_small_groups", (1, 4, 6, 7), (4, 2, 2, 3), dict(padding=(1, 0), dilation=(2, 1), groups=2), "direct",
      "single", None),
 ]
@@ -83,22 +85,25 @@ def main():
     failures = 0
     rng = np.random.default_rng(0)
     for name, xs, ws, opts, algorithm, queues, limit in SWEEP:
-        x = rng.standard_normal(xs).astype(np.float32)
-        w = rng.standard_normal(ws).astype(np.float32)
-        b = rng.standard_normal(ws[0]).astype(np.float32)
-        p = clconv.plan(xs, ws, **opts, queue=queue, algorithm=algorithm, queues=queues, workspace_limit=limit)
+        opts = dict(opts)
+        dtype = np.dtype(opts.pop("dtype", np.float32))
+        x = rng.standard_normal(xs).astype(dtype)
+        w = rng.standard_normal(ws).astype(dtype)
+        b = rng.standard_normal(ws[0]).astype(dtype)
+        p = clconv.plan(xs, ws, **opts, dtype=dtype, queue=queue, algorithm=algorithm, queues=queues,
+                        workspace_limit=limit)
         g = p.geometry
-        y = p.forward(x, w, b, out=np.zeros(g.output_shape, np.float32))
-        dy = rng.standard_normal(y.shape).astype(np.float32)
+        y = p.forward(x, w, b, out=np.zeros(g.output_shape, dtype))
+        dy = rng.standard_normal(y.shape).astype(dtype)
         results = {"forward": (y, reference.conv2d(x, w, b, **opts)),
-                   "grad-input": (p.backward_input(w, dy, out=np.zeros(xs, np.float32)),
+                   "grad-input": (p.backward_input(w, dy, out=np.zeros(xs, dtype)),
                                   reference.conv2d_input(xs, w, dy, **opts)),
-                   "grad-weight": (p.backward_weight(x, dy, out=np.zeros(ws, np.float32)),
+                   "grad-weight": (p.backward_weight(x, dy, out=np.zeros(ws, dtype)),
                                    reference.conv2d_weight(x, ws, dy, **opts)),
                    "grad-bias": (clconv.conv2d_bias(dy), reference.conv2d_bias(dy))}
         for pass_name, (got, want) in results.items():
-            err = np.abs(got - want).max() / np.abs(want).max()
-            ok = err <= 1e-4
+            err = reference.normalised_error(got, want)
+            ok = err <= reference.TOLERANCE[dtype]
             failures += not ok
             print(f"{name:26s} {pass_name:12s} {p.algorithms.get(pass_name.replace('grad-', 'backward_'), ''):7s} "
                   f"error {err:.1e} {'ok' if ok else 'MISMATCH'}", flush=True)

@@ -30,8 +30,10 @@ def test_info_names_devices_and_the_default(queue):
     assert "default device: " + queue.device.name.strip() in out
 
 
-def test_check_runs_every_algorithm():
-    out = run(["-m", "clconv", "check"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_check_runs_every_algorithm(dtype):
+    out = run(["-m", "clconv", "check", "--dtype", dtype])
+    assert f"every pass in {dtype}" in out
     for name in ("im2col", "im2col per-group", "fc", "1x1", "direct"):
         assert f"  {name} " in out
     assert out.count(" ok") == 20 and "all passes match" in out

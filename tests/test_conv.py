@@ -51,6 +51,45 @@ def test_float64(case, queue):
     _all_passes(case, np.float64, _numpy_run)
 
 
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_float16(case, queue):
+    """float16 storage runs on every device (no cl_khr_fp16 needed): half in, half out."""
+    def run(fn, *args, **kw):
+        result = fn(*args, **kw)
+        assert result.dtype == np.float16
+        return result
+    _all_passes(case, np.float16, run)
+
+
+@pytest.mark.parametrize("algorithm,case", [("im2col", "fc_mode_g2"), ("direct", "fc_mode_g2"), ("fc", "fc_mode_g2"),
+                                            ("1x1", "k1x1_g2")])
+def test_float16_every_algorithm(algorithm, case, queue):
+    case = next(c for c in CASES if c.name == case)
+    x, w, b, dy = case.data(np.float16)
+    opts = case.options
+    p = clconv.plan(x.shape, w.shape, **opts, dtype=np.float16, queue=queue, algorithm=algorithm)
+    assert "stored as float16, computed in float32" in p.explain()
+    assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float16, "forward")
+    assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), np.float16, "grad-input")
+    assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **opts), np.float16,
+                 "grad-weight")
+
+
+def test_float16_sums_in_float32(queue):
+    """3000 products of 1 x 0.33325 (1/3 in half): summed in half, each addition past 512
+    rounds 0.33 to 0.5 (error > 10 %); summed in float32 and rounded once, 999.75 -> 1000."""
+    x = np.ones((1, 3000, 1, 1), np.float16)
+    w = np.full((2, 3000, 1, 1), 1 / 3, np.float16)
+    for algorithm in ("1x1", "im2col", "fc"):
+        y = clconv.conv2d(x, w, algorithm=algorithm)
+        expected = reference.conv2d(x, w)
+        assert abs(float(expected[0, 0, 0, 0]) - 999.755859375) < 1e-9
+        np.testing.assert_array_equal(y, np.float16(expected))
+    dw = clconv.conv2d_weight(np.full((3000, 1, 1, 1), 1 / 3, np.float16), (1, 1, 1, 1),
+                              np.ones((3000, 1, 1, 1), np.float16))
+    np.testing.assert_array_equal(dw, np.float16(999.755859375))
+
+
 @pytest.mark.parametrize("case", [c for c in CASES if c.options["groups"] > 1], ids=repr)
 def test_grouped_equals_concatenated_groups(case):
     x, w, b, dy = case.data()
@@ -67,8 +106,7 @@ def _carve(queue, arrays, offsets, fill=12345.0):
     """Place each array inside one shared buffer at the given element offsets, sentinels around."""
     dtype = arrays[0].dtype
     size = max(o + a.size for o, a in zip(offsets, arrays)) + 131
-    base = cla.empty(queue, size, dtype)
-    base.fill(fill)
+    base = cla.to_device(queue, np.full(size, fill, dtype))
     views = []
     for o, a in zip(offsets, arrays):
         v = base[o:o + a.size].reshape(a.shape)
@@ -77,17 +115,18 @@ def _carve(queue, arrays, offsets, fill=12345.0):
     return base, views
 
 
-@pytest.mark.parametrize("first_offset", [0, 13, 4099])
+@pytest.mark.parametrize("first_offset,dtype", [(0, np.float32), (13, np.float32), (4099, np.float32),
+                                                (13, np.float16)], ids=["0", "13", "4099", "13-float16"])
 @pytest.mark.parametrize("case", [c for c in CASES if c.name in {"g3_k3x2_s3x2_asym", "depthwise_x2_s2_same",
                                                                  "fc_mode", "k1x1_g2", "g1_k3x3_s1_p1"}], ids=repr)
-def test_views_at_odd_offsets_in_one_buffer(case, first_offset, queue):
+def test_views_at_odd_offsets_in_one_buffer(case, first_offset, dtype, queue):
     """All operands and outputs in one buffer, the first at ``first_offset``, each followed by at least
     127 sentinels (and preceded by them, but for offset 0); after every pass the sentinels are unchanged."""
-    x, w, b, dy = case.data()
+    x, w, b, dy = case.data(dtype)
     opts = case.options
     y_ref = reference.conv2d(x, w, b, **opts)
-    shapes = [x, w, b, dy, np.zeros(y_ref.shape, np.float32), np.zeros(x.shape, np.float32),
-              np.zeros(w.shape, np.float32), np.zeros(b.shape, np.float32)]
+    shapes = [x, w, b, dy, np.zeros(y_ref.shape, dtype), np.zeros(x.shape, dtype),
+              np.zeros(w.shape, dtype), np.zeros(b.shape, dtype)]
     offsets, pos = [], first_offset
     for a in shapes:
         offsets.append(pos)
@@ -98,10 +137,10 @@ def test_views_at_odd_offsets_in_one_buffer(case, first_offset, queue):
     assert clconv.conv2d_input(x.shape, vw, vdy, out=vdx, **opts) is vdx
     assert clconv.conv2d_weight(vx, w.shape, vdy, out=vdw, **opts) is vdw
     assert clconv.conv2d_bias(vdy, out=vdb) is vdb
-    assert_close(vy.get(), y_ref, np.float32, "forward")
-    assert_close(vdx.get(), reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "grad-input")
-    assert_close(vdw.get(), reference.conv2d_weight(x, w.shape, dy, **opts), np.float32, "grad-weight")
-    assert_close(vdb.get(), reference.conv2d_bias(dy), np.float32, "grad-bias")
+    assert_close(vy.get(), y_ref, dtype, "forward")
+    assert_close(vdx.get(), reference.conv2d_input(x.shape, w, dy, **opts), dtype, "grad-input")
+    assert_close(vdw.get(), reference.conv2d_weight(x, w.shape, dy, **opts), dtype, "grad-weight")
+    assert_close(vdb.get(), reference.conv2d_bias(dy), dtype, "grad-bias")
     after = base.get()
     written = np.zeros(after.size, bool)
     for o, a in zip(offsets[4:], shapes[4:]):

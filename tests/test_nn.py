@@ -24,22 +24,23 @@ TRANSPOSED = [  # (input shape, weight shape, stride, padding, output_padding, g
 ]
 
 
-@pytest.mark.parametrize("xs,ws,stride,padding,output_padding,groups,dilation", TRANSPOSED,
-                         ids=["s2_op1", "g3_s2x3", "d2x1", "depthwise_s3"])
-def test_conv_transpose2d_and_its_gradients(xs, ws, stride, padding, output_padding, groups, dilation):
+@pytest.mark.parametrize("xs,ws,stride,padding,output_padding,groups,dilation,dtype",
+                         [t + (np.float32,) for t in TRANSPOSED] + [TRANSPOSED[1] + (np.float16,)],
+                         ids=["s2_op1", "g3_s2x3", "d2x1", "depthwise_s3", "g3_s2x3_float16"])
+def test_conv_transpose2d_and_its_gradients(xs, ws, stride, padding, output_padding, groups, dilation, dtype):
     rng = np.random.default_rng(1)
-    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
-    b = rng.standard_normal(ws[1] * groups).astype(np.float32)
+    x, w = rng.standard_normal(xs).astype(dtype), rng.standard_normal(ws).astype(dtype)
+    b = rng.standard_normal(ws[1] * groups).astype(dtype)
     opts = dict(stride=stride, padding=padding, output_padding=output_padding, groups=groups, dilation=dilation)
     want = transposed_reference(x, w, b, **opts)
-    assert_close(clconv.conv_transpose2d(x, w, b, **opts), want, np.float32, "conv_transpose2d")
-    dy = rng.standard_normal(want.shape).astype(np.float32)
+    assert_close(clconv.conv_transpose2d(x, w, b, **opts), want, dtype, "conv_transpose2d")
+    dy = rng.standard_normal(want.shape).astype(dtype)
     conv = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
     # its input gradient is the forward convolution, its weight gradient the conv's grad-weight with roles swapped
-    assert_close(clconv.conv_transpose2d_input(xs, w, dy, **opts), reference.conv2d(dy, w, **conv), np.float32,
+    assert_close(clconv.conv_transpose2d_input(xs, w, dy, **opts), reference.conv2d(dy, w, **conv), dtype,
                  "grad-input")
     assert_close(clconv.conv_transpose2d_weight(x, ws, dy, **opts), reference.conv2d_weight(dy, ws, x, **conv),
-                 np.float32, "grad-weight")
+                 dtype, "grad-weight")
     # and the adjoint identity <T(x), dy> = <x, T^*(dy)> holds
     np.testing.assert_allclose(np.vdot(want - b.reshape(1, -1, 1, 1), dy),
                                np.vdot(x, reference.conv2d(dy, w, **conv)), rtol=1e-9)
@@ -51,25 +52,27 @@ def test_conv_transpose2d_rejects_bad_output_padding():
                                 output_padding=2)
 
 
-@pytest.mark.parametrize("groups,padding", [(1, 1), (2, "same"), (4, ((1, 0), (2, 1)))])
-def test_conv2d_module_forward_backward_accumulates(groups, padding, queue):
-    m = clconv.nn.Conv2d(4, 8, (3, 2), stride=(1, 2), padding=padding, groups=groups, seed=3)
+@pytest.mark.parametrize("groups,padding,dtype", [(1, 1, np.float32), (2, "same", np.float32),
+                                                  (4, ((1, 0), (2, 1)), np.float32), (2, "same", np.float16)],
+                         ids=["g1", "g2_same", "g4_asym", "g2_same_float16"])
+def test_conv2d_module_forward_backward_accumulates(groups, padding, dtype, queue):
+    m = clconv.nn.Conv2d(4, 8, (3, 2), stride=(1, 2), padding=padding, groups=groups, seed=3, dtype=dtype)
     w, b = m.weight.get(), m.bias.get()
-    assert np.abs(w).max() <= 1 / np.sqrt(4 // groups * 6) and w.std() > 0
+    assert w.dtype == dtype and np.abs(w).max() <= 1 / np.sqrt(4 // groups * 6) and w.std() > 0
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((3, 4, 9, 7)).astype(np.float32)
+    x = rng.standard_normal((3, 4, 9, 7)).astype(dtype)
     opts = dict(stride=(1, 2), padding=padding, groups=groups)
     y = m(x)
     assert isinstance(y, cla.Array)
-    assert_close(y.get(), reference.conv2d(x, w, b, **opts), np.float32, "forward")
-    dy1 = rng.standard_normal(y.shape).astype(np.float32)
-    dy2 = rng.standard_normal(y.shape).astype(np.float32)
+    assert_close(y.get(), reference.conv2d(x, w, b, **opts), dtype, "forward")
+    dy1 = rng.standard_normal(y.shape).astype(dtype)
+    dy2 = rng.standard_normal(y.shape).astype(dtype)
     gx = m.backward(x, dy1)
-    assert_close(gx.get(), reference.conv2d_input(x.shape, w, dy1, **opts), np.float32, "grad-input")
+    assert_close(gx.get(), reference.conv2d_input(x.shape, w, dy1, **opts), dtype, "grad-input")
     m.backward(cla.to_device(queue, x), cla.to_device(queue, dy2))   # a second call adds
     assert_close(m.grad_weight.get(), reference.conv2d_weight(x, w.shape, dy1, **opts)
-                 + reference.conv2d_weight(x, w.shape, dy2, **opts), np.float32, "grad-weight sum")
-    assert_close(m.grad_bias.get(), reference.conv2d_bias(dy1) + reference.conv2d_bias(dy2), np.float32, "grad-bias")
+                 + reference.conv2d_weight(x, w.shape, dy2, **opts), dtype, "grad-weight sum")
+    assert_close(m.grad_bias.get(), reference.conv2d_bias(dy1) + reference.conv2d_bias(dy2), dtype, "grad-bias")
     m.zero_grad()
     assert not m.grad_weight.get().any() and not m.grad_bias.get().any()
 

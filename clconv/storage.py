@@ -1,0 +1,47 @@
+"""float16 storage: arrays kept as half, every algorithm run in float32 on float copies.
+
+Host side of kernels/convert.cl. The copies live in the pass's workspace after
+the algorithm's own; :func:`accumulate` and :func:`zero` serve every dtype.
+"""
+import numpy as np
+import pyopencl as cl
+
+from .algorithms.common import idx_for, ref
+from .programs import get_kernel, launch
+
+HALF = np.dtype(np.float16)
+
+
+def compute_dtype(dtype):
+    """The dtype the algorithms run in for arrays of ``dtype``: float32 for float16."""
+    return np.dtype(np.float32) if np.dtype(dtype) == HALF else np.dtype(dtype)
+
+
+def _launch(queue, name, dtype, dst, src, n, what):
+    knl = get_kernel(queue.context, "convert.cl", name, dtype, IDX=idx_for(np.float16, dst, src))
+    launch(queue, knl, (n,), (min(256, n),), src.buf, src.off, dst.buf, dst.off, n, what=what)
+
+
+def to_real(queue, dtype, src, dst, n, what=""):
+    """dst (float, Ref) = src (``dtype`` storage, Ref), n elements."""
+    _launch(queue, "to_real", dtype, dst, src, n, what)
+
+
+def to_store(queue, dtype, src, dst, n, what=""):
+    """dst (``dtype`` storage, Ref) = src (float, Ref) rounded to nearest even, n elements."""
+    _launch(queue, "to_store", dtype, dst, src, n, what)
+
+
+def accumulate(queue, dst, src):
+    """dst += src for two device arrays of one shape and dtype, added in float for float16."""
+    n = dst.size
+    if n:
+        d, s = ref(dst), ref(src)
+        knl = get_kernel(queue.context, "convert.cl", "accumulate", dst.dtype, IDX=idx_for(dst.dtype, d, s))
+        launch(queue, knl, (n,), (min(256, n),), d.buf, d.off, s.buf, s.off, n, what="gradient accumulation")
+
+
+def zero(queue, array):
+    """Set a device array to 0 (all bits clear), whatever its dtype."""
+    if array.nbytes:
+        cl.enqueue_fill_buffer(queue, array.base_data, np.zeros(1, np.uint8), array.offset, array.nbytes)
