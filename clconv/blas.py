@@ -10,6 +10,7 @@ import pyopencl as cl
 import pyopencl.array as cla
 from pyopencl.tools import context_dependent_memoize
 
+from .gemm_params import apply_tuned
 from .programs import ClconvError, record
 
 
@@ -32,6 +33,7 @@ def gemm_strided_batched(queue, dtype, m, n, k, count, a, a_off, lda, a_stride, 
     """
     assert count == 1 or c_stride > 0, "batched GEMM into one C would race"
     c_stride = c_stride if count > 1 else m * ldc    # CLBlast rejects a zero stride even for one matrix
+    apply_tuned(queue.device, dtype)
     try:
         event = pyclblast.gemmStridedBatched(
             queue, m, n, k, count, _Operand(a, dtype), _Operand(b, dtype), _Operand(c, dtype), lda, ldb, ldc,

@@ -1,4 +1,4 @@
-"""python -m clconv {info, bench, tune, check}: the command line."""
+"""python -m clconv {info, bench, tune, tune-gemm, check}: the command line."""
 import argparse
 import importlib
 import os
@@ -69,6 +69,27 @@ def cmd_tune(args):
     return 0
 
 
+def cmd_tune_gemm(args):
+    from tqdm import tqdm
+
+    from . import gemm_params, tuning
+    from .device import default_queue
+    queue = default_queue()
+    geometries = [g for _, g in _workload_geometries(args.workload, queue.device)]
+    steps = sum(len(gemm_params.CANDIDATES[k]) for k in gemm_params.PARAMETERS)
+    with tqdm(total=steps, desc="tuning CLBlast GEMM", unit="set", file=sys.stderr) as bar:
+        def progress(name, result):
+            bar.update()
+            shown = result if isinstance(result, str) else f"time ratio to CLBlast's own {result:.3f}"
+            tqdm.write(f"{name:16s} {shown}", file=sys.stdout)
+        entry = tuning.tune_gemm(geometries, queue, progress=progress)
+    print(f"{len(entry['default_ms'])} GEMM passes of {len(geometries)} workload(s): geometric mean time ratio "
+          f"of the tuned parameters to CLBlast's own {entry['score']}")
+    kept = ", ".join(entry["overrides"]) or "none (no gain of 3 % or more)"
+    print(f"stored overrides: {kept}; in {tuning.cache_path()}")
+    return 0
+
+
 CHECKS = [  # (name, input, weight, options): every algorithm at least once
     ("im2col", (2, 4, 9, 7), (6, 4, 3, 2), dict(stride=(2, 1), padding=((1, 0), (2, 1)))),
     ("im2col per-group", (2, 4, 9, 7), (6, 2, 3, 3), dict(padding="same", groups=2, dilation=2)),
@@ -115,6 +136,9 @@ def main(argv=None):
     sub.add_parser("bench", help="the benchmark (options: python -m clconv bench --help)", add_help=False)
     tune = sub.add_parser("tune", help="time every algorithm for the workloads and store the winners")
     tune.add_argument("--workload", action="append", help="workload name (repeatable; default: all)")
+    tune_gemm = sub.add_parser("tune-gemm", help="search CLBlast GEMM parameters on the workloads' GEMM passes "
+                                                 "and store the fastest (run it on its own)")
+    tune_gemm.add_argument("--workload", action="append", help="workload name (repeatable; default: all)")
     check = sub.add_parser("check", help="quick self-test of every pass against the NumPy reference")
     check.add_argument("--dtype", choices=["float32", "float16", "float64"], default="float32")
     args, rest = ap.parse_known_args(argv)
@@ -123,4 +147,5 @@ def main(argv=None):
     args.rest = rest
     if args.device:
         os.environ["CLCONV_DEVICE"] = args.device
-    return {"info": cmd_info, "bench": cmd_bench, "tune": cmd_tune, "check": cmd_check}[args.command](args)
+    return {"info": cmd_info, "bench": cmd_bench, "tune": cmd_tune, "tune-gemm": cmd_tune_gemm,
+            "check": cmd_check}[args.command](args)

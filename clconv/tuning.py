@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pyopencl.array as cla
 
+from .programs import ClconvError
+
 VERSION = 1
 PASSES = ("forward", "backward_input", "backward_weight")
 
@@ -36,6 +38,11 @@ def entry_key(device, dtype, g, pass_name):
     return "|".join(str(v) for v in (device.name.strip(), device.driver_version, np.dtype(dtype).name,
                                      list(g.input_shape), list(g.weight_shape), list(g.stride),
                                      [list(p) for p in g.pads], list(g.dilation), g.groups, pass_name))
+
+
+def gemm_key(device, dtype):
+    """Key of the tuned CLBlast GEMM parameters: gemm | device | driver | dtype."""
+    return "|".join(("gemm", device.name.strip(), device.driver_version, np.dtype(dtype).name))
 
 
 def load(path=None):
@@ -131,3 +138,89 @@ def tune(g, dtype, queue, passes=PASSES, save=True, progress=None):
     if save:
         store(new)
     return results
+
+
+def tune_gemm(geometries, queue, dtype=np.float32, repeat=3, batch=10, save=True, progress=None):
+    """Search CLBlast GEMM parameters on the GEMM passes of ``geometries``; store the winners.
+
+    One kernel at a time (tiled Xgemm, then XgemmDirect): each candidate runs every pass
+    the planner runs with GEMMs, its results are compared with those of CLBlast's own
+    parameters, and it scores the geometric mean of its per-pass time ratios to them (so
+    a small pass counts as much as a large one). The best correct set of each kernel
+    stays applied; the final combination is timed once more and stored only if it scores
+    below 0.97. CLBlast cannot return to its own parameters within a process, so run
+    this in a process of its own (``python -m clconv tune-gemm``); a set that faults the
+    device loses the context and ends the search with nothing stored.
+    Returns the entry {"overrides", "score", "default_ms", "ms", "scores", ...}
+    (overrides {}: no gain).
+    """
+    from . import gemm_params
+    from .plan import Plan
+    from .reference import TOLERANCE, normalised_error
+    rng = np.random.default_rng(0)
+    runs = []
+    for g in geometries:
+        p = Plan(g, dtype, queue, tuned=False)
+        x, w, dy = (cla.to_device(queue, rng.standard_normal(s).astype(dtype))
+                    for s in (g.input_shape, g.weight_shape, g.output_shape))
+        y, dx, dw = (cla.empty(queue, s, dtype) for s in (g.output_shape, g.input_shape, g.weight_shape))
+        fns = {"forward": lambda p=p, x=x, w=w, y=y: p.forward(x, w, out=y),
+               "backward_input": lambda p=p, w=w, dy=dy, dx=dx: p.backward_input(w, dy, out=dx),
+               "backward_weight": lambda p=p, x=x, dy=dy, dw=dw: p.backward_weight(x, dy, out=dw)}
+        runs += [fns[name] for name, algo in p.algorithms.items() if algo != "direct"]
+
+    def measure():
+        """Per-pass ms (best of ``repeat`` batches) and each pass's result."""
+        times, outs = [], []
+        for fn in runs:
+            outs.append(fn().get())                       # warm-up: builds; the result to check
+            best = float("inf")
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                for _ in range(batch):
+                    fn()
+                queue.finish()
+                best = min(best, (time.perf_counter() - t0) / batch)
+            times.append(best * 1e3)
+        return times, outs
+
+    measure()                    # once to warm up (builds, workspaces, clocks), so the baseline is fair
+    default, expected = measure()
+
+    def trial():
+        """The applied parameters' score, per-pass ms, or None for wrong results or a failure."""
+        try:
+            times, outs = measure()
+        except (ClconvError, RuntimeError):     # a set this device cannot build or run
+            return None, None
+        if any(normalised_error(o, e) > TOLERANCE[np.dtype(dtype)] for o, e in zip(outs, expected)):
+            return None, None
+        return float(np.exp(np.mean(np.log(np.array(times) / default)))), times
+
+    applied, scores = {}, {}
+    for kernel in gemm_params.PARAMETERS:
+        best = None
+        for i, params in enumerate(gemm_params.candidates(kernel)):
+            name = f"{kernel}#{i}"
+            if not gemm_params.valid(kernel, params, queue.device, np.dtype(dtype).itemsize):
+                scores[name] = "invalid"
+            else:
+                gemm_params.override(queue.device, dtype, kernel, params)
+                score, _ = trial()
+                scores[name] = "failed or wrong results" if score is None else round(score, 4)
+                if score is not None and (best is None or score < best[0]):
+                    best = (score, params)
+            if progress:
+                progress(name, scores[name])
+        if best is not None:
+            gemm_params.override(queue.device, dtype, kernel, best[1])
+            applied[kernel] = best[1]
+    score, times = trial()
+    gain = score is not None and score < 0.97
+    scores["final"] = None if score is None else round(score, 4)
+    entry = {"overrides": applied if gain else {}, "score": scores["final"],
+             "default_ms": [round(t, 4) for t in default], "ms": [round(t, 4) for t in times or []],
+             "scores": scores, "date": datetime.date.today().isoformat()}
+    if save:
+        store({gemm_key(queue.device, dtype): entry})
+    return entry

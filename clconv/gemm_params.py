@@ -1,0 +1,108 @@
+"""CLBlast GEMM parameters: candidate sets, their validity rules, and applying tuned ones.
+
+CLBlast picks its GEMM kernels' tile sizes from a database keyed by device; for a
+device it does not know (an H200, say) it falls back to a vendor default.
+``python -m clconv tune-gemm`` times the candidates below on the convolution
+workloads and stores the fastest in the tuning cache (:mod:`clconv.tuning`);
+every process then applies them (``pyclblast.override_parameters``) before its
+first GEMM on that device. CLBlast does not check a set's consistency (a bad
+one silently gives wrong results), hence :func:`valid` and the result check in
+the search.
+"""
+import threading
+
+import numpy as np
+import pyclblast
+
+# Kernel -> its parameter names, and candidate sets in that order. The starting points are
+# CLBlast's own tuned sets for recent NVIDIA GPUs (its database, generic NVIDIA, Ampere,
+# Ada), plus a 128x128 tile for large GEMMs.
+PARAMETERS = {
+    "Xgemm": ("GEMMK", "KREG", "KWG", "KWI", "MDIMA", "MDIMC", "MWG", "NDIMB", "NDIMC", "NWG", "SA", "SB",
+              "STRM", "STRN", "VWM", "VWN"),
+    "XgemmDirect": ("KWID", "MDIMAD", "MDIMCD", "NDIMBD", "NDIMCD", "PADA", "PADB", "VWMD", "VWND", "WGD"),
+}
+# Not searched: "GemmRoutine" XGEMM_MIN_INDIRECT_SIZE, the size where CLBlast switches
+# between the two kernels. Lowering it to 256 made a tiled kernel fault on an H200
+# (OUT_OF_RESOURCES), which loses the whole context.
+CANDIDATES = {
+    "Xgemm": [
+        (0, 1, 32, 2, 16, 16, 64, 16, 16, 64, 1, 1, 0, 0, 4, 4),
+        (0, 1, 32, 2, 8, 8, 32, 16, 16, 64, 1, 1, 0, 0, 4, 4),
+        (0, 1, 32, 2, 16, 16, 64, 8, 8, 64, 1, 1, 0, 0, 4, 4),
+        (0, 1, 32, 2, 32, 32, 128, 8, 8, 64, 0, 1, 1, 1, 4, 4),
+        (0, 1, 32, 2, 8, 8, 64, 32, 16, 128, 1, 1, 1, 1, 2, 2),
+        (0, 1, 32, 2, 8, 32, 128, 16, 8, 128, 1, 1, 1, 1, 2, 2),
+        (0, 1, 32, 2, 32, 16, 128, 8, 8, 64, 0, 0, 0, 0, 4, 8),
+        (0, 1, 16, 2, 8, 8, 32, 8, 16, 128, 1, 0, 1, 1, 4, 8),
+        (0, 1, 32, 2, 16, 16, 128, 16, 16, 128, 1, 1, 0, 0, 4, 4),
+    ],
+    "XgemmDirect": [
+        (2, 8, 8, 16, 16, 1, 1, 4, 2, 32),
+        (8, 8, 16, 32, 16, 1, 1, 2, 1, 32),
+        (2, 16, 16, 16, 16, 1, 1, 1, 2, 32),
+        (2, 8, 8, 8, 8, 1, 1, 1, 1, 32),
+        (2, 8, 8, 8, 8, 1, 1, 1, 1, 16),
+        (8, 16, 8, 16, 8, 1, 0, 2, 2, 32),
+    ],
+}
+PRECISION = {np.dtype(np.float32): 32, np.dtype(np.float64): 64}
+
+
+def candidates(kernel):
+    """The candidate sets of ``kernel`` as {name: value} dicts."""
+    return [dict(zip(PARAMETERS[kernel], values)) for values in CANDIDATES[kernel]]
+
+
+def valid(kernel, p, device, itemsize=4):
+    """Whether set ``p`` obeys the kernel's divisibility rules and fits the device."""
+    if kernel == "Xgemm":
+        mdim, ndim = p["MDIMC"] * p["VWM"], p["NDIMC"] * p["VWN"]
+        ok = (p["KWG"] % p["KWI"] == 0 and p["MWG"] % mdim == 0 and p["NWG"] % ndim == 0
+              and p["MWG"] % (p["MDIMA"] * p["VWM"]) == 0 and p["NWG"] % (p["NDIMB"] * p["VWN"]) == 0)
+        if p["GEMMK"] == 0:
+            threads = p["MDIMC"] * p["NDIMC"]
+            ok = ok and threads % p["MDIMA"] == 0 and threads % p["NDIMB"] == 0 \
+                and p["KWG"] % (threads // p["MDIMA"]) == 0 and p["KWG"] % (threads // p["NDIMB"]) == 0
+        else:
+            ok = ok and p["KREG"] % p["VWN"] == 0
+        local = itemsize * (p["SA"] * p["KWG"] * p["MWG"] + p["SB"] * p["KWG"] * p["NWG"])
+        return ok and local <= device.local_mem_size and p["MDIMC"] * p["NDIMC"] <= device.max_work_group_size
+    if kernel == "XgemmDirect":
+        wgd, threads = p["WGD"], p["MDIMCD"] * p["NDIMCD"]
+        ok = (wgd % p["KWID"] == 0 and wgd % (p["MDIMCD"] * p["VWMD"]) == 0 and wgd % (p["NDIMCD"] * p["VWND"]) == 0
+              and wgd % (p["MDIMAD"] * p["VWMD"]) == 0 and wgd % (p["NDIMBD"] * p["VWND"]) == 0
+              and threads % p["MDIMAD"] == 0 and threads % p["NDIMBD"] == 0
+              and wgd % (threads // p["MDIMAD"]) == 0 and wgd % (threads // p["NDIMBD"]) == 0)
+        local = itemsize * (wgd * (wgd + p["PADA"]) + wgd * (wgd + p["PADB"]))
+        return ok and local <= device.local_mem_size and threads <= device.max_work_group_size
+    return False
+
+
+def override(device, dtype, kernel, params):
+    """Make CLBlast use ``params`` for ``kernel`` on ``device`` (process-wide, from now on)."""
+    pyclblast.override_parameters(device, kernel, PRECISION[np.dtype(dtype)], {k: int(v) for k, v in params.items()})
+
+
+_lock = threading.Lock()
+_applied = {}   # (device.int_ptr, dtype) -> {kernel: params} applied in this process
+
+
+def apply_tuned(device, dtype):
+    """Before the first GEMM of ``dtype`` on ``device``: apply the stored tuned sets, once.
+
+    Returns what is applied ({} when nothing was tuned for this device and driver).
+    """
+    key = (device.int_ptr, np.dtype(dtype))
+    with _lock:
+        if key not in _applied:
+            from . import tuning
+            entry = tuning.load().get(tuning.gemm_key(device, dtype)) or {}
+            stored = entry.get("overrides", {}) if isinstance(entry, dict) else {}
+            applied = {kernel: params for kernel, params in stored.items()
+                       if kernel in PARAMETERS and isinstance(params, dict)
+                       and set(params) == set(PARAMETERS[kernel]) and valid(kernel, params, device)}
+            for kernel, params in applied.items():
+                override(device, dtype, kernel, params)
+            _applied[key] = applied
+        return _applied[key]

@@ -1,0 +1,56 @@
+"""Tuned CLBlast GEMM parameters: the validity rules, and applying stored sets in a new process."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from clconv import gemm_params, tuning
+
+ROOT = Path(__file__).resolve().parent.parent
+DEVICE = SimpleNamespace(local_mem_size=48 * 1024, max_work_group_size=1024)
+
+
+@pytest.mark.parametrize("kernel", sorted(gemm_params.PARAMETERS))
+def test_every_candidate_obeys_the_rules(kernel):
+    for params in gemm_params.candidates(kernel):
+        assert set(params) == set(gemm_params.PARAMETERS[kernel])
+        assert gemm_params.valid(kernel, params, DEVICE), params
+
+
+@pytest.mark.parametrize("kernel,change", [
+    ("Xgemm", {"MWG": 48}),                       # 48 % (MDIMC * VWM = 64) != 0: CLBlast would compute garbage
+    ("Xgemm", {"KWG": 16, "KWI": 3}),             # KWG % KWI != 0
+    ("Xgemm", {"MWG": 128, "NWG": 128, "KWG": 64}),   # 64 KiB of local memory
+    ("XgemmDirect", {"WGD": 24}),                 # 24 % (MDIMCD * VWMD = 32) != 0
+], ids=["xgemm_tile", "xgemm_kwi", "xgemm_local_memory", "direct_tile"])
+def test_broken_sets_are_refused(kernel, change):
+    params = dict(gemm_params.candidates(kernel)[0], **change)
+    assert not gemm_params.valid(kernel, params, DEVICE)
+
+
+def test_stored_sets_are_applied_in_a_new_process(tmp_path, queue):
+    """A stored set for CLBlast's direct kernel (the one small GEMMs use) is applied before the
+    first GEMM and results still match the reference; an inconsistent stored set is skipped."""
+    direct = gemm_params.candidates("XgemmDirect")[3]
+    broken = dict(gemm_params.candidates("Xgemm")[0], MWG=48)
+    key = tuning.gemm_key(queue.device, "float32")
+    (tmp_path / "tuning.json").write_text(json.dumps({"version": tuning.VERSION, "entries": {key: {
+        "overrides": {"XgemmDirect": direct, "Xgemm": broken}}}}))
+    code = """
+import numpy as np, clconv
+from clconv import gemm_params, reference
+x = np.random.default_rng(0).standard_normal((2, 6, 9, 7)).astype(np.float32)
+w = np.random.default_rng(1).standard_normal((5, 6, 3, 2)).astype(np.float32)
+y = clconv.conv2d(x, w, padding=1, algorithm="im2col")
+print(reference.normalised_error(y, reference.conv2d(x, w, padding=1)))
+print(sorted(gemm_params.apply_tuned(clconv.default_queue().device, np.float32)))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "CLCONV_CACHE_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    err, applied = proc.stdout.splitlines()
+    assert float(err) <= 1e-4
+    assert applied == "['XgemmDirect']"
