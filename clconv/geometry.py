@@ -123,11 +123,27 @@ def _shape(s):
     return list(s)
 
 
+_MEMO_SIZE = 1024
+_memo = {}    # repr(arguments) -> ConvGeometry: each functional call validates its arguments
+
+
 def conv_geometry(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1):
     """Validate a convolution's sizes and options; return a :class:`ConvGeometry`.
 
     Raises ``ValueError``/``TypeError`` naming the shapes and what was expected.
+    Valid arguments are remembered: checking them again cost ~30 us a call.
     """
+    args = (input_shape, weight_shape, stride, padding, dilation, groups)
+    key = repr(args)            # tells apart what the checks tell apart: 1, 1.0, True, [1], (1,)
+    g = _memo.get(key)
+    if g is None:
+        g = _conv_geometry(*args)
+        if len(_memo) < _MEMO_SIZE:
+            _memo[key] = g
+    return g
+
+
+def _conv_geometry(input_shape, weight_shape, stride, padding, dilation, groups):
     input_shape, weight_shape = tuple(input_shape), tuple(weight_shape)
     if len(weight_shape) != 4:
         raise ValueError(f"weight must be 4-D (K, C/groups, kh, kw), got weight of size {_shape(weight_shape)}")
