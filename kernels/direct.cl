@@ -1,6 +1,6 @@
-// Direct grouped convolution for groups with few taps: Cg input channels per group
-// (Cg == 1 is depthwise, with any channel multiplier Kg = K / groups), weight
-// (K, Cg, KH, KW). Memory-bound, so no GEMM: each output (or input-gradient)
+// Direct grouped convolution for groups with few taps: CG input channels per group
+// (CG == 1 is depthwise, with any channel multiplier KG = K / groups), weight
+// (K, CG, KH, KW). Memory-bound, so no GEMM: each output (or input-gradient)
 // element is a short dot product over its group's channels and the kernel taps.
 #ifndef REAL
 #define REAL float
@@ -8,16 +8,49 @@
 #ifndef IDX            // index type: int when every buffer has < 2^31 elements, else long
 #define IDX long
 #endif
-#ifndef TAPS           // Cg * KH * KW, the grad-weight accumulators per filter
+#ifndef TAPS           // CG * KH * KW, the grad-weight accumulators per filter (a constant)
 #define TAPS 9
 #endif
 #ifndef WG             // work-group size of direct_weight_partial, a power of two
 #define WG 256
 #endif
 
-#define GEOMETRY const int N, const int C, const int H, const int W, const int K, const int G, \
-                 const int KH, const int KW, const int OH, const int OW, const int SH, const int SW, \
-                 const int PT, const int PL, const int DH, const int DW
+// Every size is an argument; the filter's shape, stride, dilation, padding and channels
+// per group can also be compile-time constants set by the host (KH, ...), so index
+// arithmetic by them folds (no division by a variable) and the tap loops unroll.
+#define GEOMETRY const int N, const int C, const int H, const int W, const int K, const int OH, const int OW, \
+                 const int kh, const int kw, const int sh, const int sw, const int dh, const int dw, \
+                 const int pt, const int pl, const int cg, const int kg
+#ifndef KH             // filter rows and columns
+#define KH kh
+#endif
+#ifndef KW
+#define KW kw
+#endif
+#ifndef SH             // stride
+#define SH sh
+#endif
+#ifndef SW
+#define SW sw
+#endif
+#ifndef DH             // dilation
+#define DH dh
+#endif
+#ifndef DW
+#define DW dw
+#endif
+#ifndef PT             // padding at the top and left
+#define PT pt
+#endif
+#ifndef PL
+#define PL pl
+#endif
+#ifndef CG             // input channels per group
+#define CG cg
+#endif
+#ifndef KG             // filters per group
+#define KG kg
+#endif
 
 #ifndef TX             // output tile of one work-group: TX x TY pixels of one (n, k) plane
 #define TX 32
@@ -45,21 +78,21 @@
 #define STAGE 1        //    directly, with no barriers (CPU devices, where caches do the staging)
 #endif
 
-// y[n, k, oy, ox] = bias[k] + sum over c < Cg, i, j of
-//                   w[k, c, i, j] * x[n, (k / Kg) * Cg + c, oy*SH - PT + i*DH, ox*SW - PL + j*DW]
+// y[n, k, oy, ox] = bias[k] + sum over c < CG, i, j of
+//                   w[k, c, i, j] * x[n, (k / KG) * CG + c, oy*SH - PT + i*DH, ox*SW - PL + j*DW]
 // Work-group: a TX x TY output tile of plane (n, k) = group id 2; for each input
 // channel of the group, the patch under the tile is staged in local memory once
 // and read by every tap.
 // FLIP: for stride 1, grad-input is this same sum over dy with each group's weight
-// transposed (its Kg filters become the channels) and rotated by 180 degrees; the
+// transposed (its KG filters become the channels) and rotated by 180 degrees; the
 // host passes the transposed geometry (x = dy, y = dx, pads (KH-1)*DH - PT, ...),
-// so only the weight index changes. The filter w is then (C, Kg-as-Cg, KH, KW)
-// read as w[c0 + c, k % Kg, KH-1-i, KW-1-j] of the original (K_orig, Cg_orig, ...).
+// so only the weight index changes. The filter w is then (C, KG-as-CG, KH, KW)
+// read as w[c0 + c, k % KG, KH-1-i, KW-1-j] of the original (K_orig, Cg_orig, ...).
 #if FLIP
-#define WBASE(k, c) (((IDX)c0 + (c)) * Kg + (k) % Kg) * KH * KW
+#define WBASE(k, c) (((IDX)c0 + (c)) * KG + (k) % KG) * KH * KW
 #define TAP(i, j) ((KH - 1 - (i)) * KW + KW - 1 - (j))
 #else
-#define WBASE(k, c) ((IDX)(k) * Cg + (c)) * KH * KW
+#define WBASE(k, c) ((IDX)(k) * CG + (c)) * KH * KW
 #define TAP(i, j) ((i) * KW + (j))
 #endif
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
@@ -77,12 +110,11 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
     const int lx = get_local_id(0), ly = get_local_id(1);
     const int ox = get_group_id(0) * TX + lx, oy0 = get_group_id(1) * TY * RY + ly;
     const int nk = get_group_id(2);
-    const int Cg = C / G, Kg = K / G;
-    const int k = nk % K, n = nk / K, c0 = (k / Kg) * Cg;
+    const int k = nk % K, n = nk / K, c0 = (k / KG) * CG;
     const int y0 = get_group_id(1) * TY * RY * SH - PT, x0 = get_group_id(0) * TX * SW - PL;
     REAL acc[RY];
     for (int r = 0; r < RY; ++r) acc[r] = has_bias ? bias[bias_off + k] : (REAL)0;
-    for (int c = 0; c < Cg; ++c) {
+    for (int c = 0; c < CG; ++c) {
         const IDX xb = x_off + ((IDX)n * C + c0 + c) * H * W;
         const IDX wb = w_off + WBASE(k, c);
 #if STAGE
@@ -117,8 +149,8 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
     }
 }
 
-// dx[n, c, iy, ix] = sum over the Kg filters k of c's group and the taps that read
-// (iy, ix) of w[k, c % Cg, i, j] * dy[n, k, oy, ox]. Overwrites dx; fixed order.
+// dx[n, c, iy, ix] = sum over the KG filters k of c's group and the taps that read
+// (iy, ix) of w[k, c % CG, i, j] * dy[n, k, oy, ox]. Overwrites dx; fixed order.
 // Work-group: a TX x TY tile of plane (n, c) = group id 2. Only a fraction of the
 // taps meets the output grid when strided, so dy is read from global memory
 // directly (staging it measured slower on an H200).
@@ -129,17 +161,16 @@ void direct_input(__global const REAL* restrict w, const IDX w_off,
 {
     const int ix = get_global_id(0), iy = get_global_id(1), nc = get_global_id(2);
     if (ix >= W || iy >= H) return;
-    const int Cg = C / G, Kg = K / G;
-    const int c = nc % C, n = nc / C, k0 = (c / Cg) * Kg, cw = c % Cg;
+    const int c = nc % C, n = nc / C, k0 = (c / CG) * KG, cw = c % CG;
     // Only taps t with (position + pad - t * D) a non-negative multiple of the stride read
     // this pixel; undilated, they are t = (position + pad) % S, then every S-th.
     const int i0 = DH == 1 ? (iy + PT) % SH : 0, di = DH == 1 ? SH : 1;
     const int j0 = DW == 1 ? (ix + PL) % SW : 0, dj = DW == 1 ? SW : 1;
     REAL acc = (REAL)0;
-    for (int m = 0; m < Kg; ++m) {
+    for (int m = 0; m < KG; ++m) {
         const int k = k0 + m;
         const IDX db = dy_off + ((IDX)n * K + k) * OH * OW;
-        const IDX wb = w_off + ((IDX)k * Cg + cw) * KH * KW;
+        const IDX wb = w_off + ((IDX)k * CG + cw) * KH * KW;
         for (int i = i0; i < KH; i += di) {
             const int ny = iy + PT - i * DH;          // = oy * SH when tap i reads row iy
             if (ny < 0) break;                        // ny only falls as i grows
@@ -168,9 +199,8 @@ void direct_weight_partial(__global const REAL* restrict x, const IDX x_off,
                            __global REAL* restrict part, const int S, GEOMETRY)
 {
     __local REAL red[WG];
-    const int Cg = C / G, Kg = K / G;
     const int k = get_group_id(0) / S, s = get_group_id(0) % S, l = get_local_id(0);
-    const int c0 = (k / Kg) * Cg, P = OH * OW;
+    const int c0 = (k / KG) * CG, P = OH * OW;
     const IDX total = (IDX)N * P;
     const IDX per = (total + S - 1) / S;
     const IDX begin = per * s;
@@ -181,7 +211,7 @@ void direct_weight_partial(__global const REAL* restrict x, const IDX x_off,
         const int n = t / P, p = t - (IDX)n * P;
         const int oy = p / OW, ox = p - oy * OW;
         const REAL g = dy[dy_off + ((IDX)n * K + k) * P + p];
-        for (int c = 0; c < Cg; ++c) {
+        for (int c = 0; c < CG; ++c) {
             const IDX xb = x_off + ((IDX)n * C + c0 + c) * H * W;
             for (int i = 0; i < KH; ++i) {
                 const int iy = oy * SH - PT + i * DH;
