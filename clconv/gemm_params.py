@@ -10,6 +10,7 @@ one silently gives wrong results), hence :func:`valid` and the result check in
 the search.
 """
 import threading
+import warnings
 
 import numpy as np
 import pyclblast
@@ -55,7 +56,11 @@ def candidates(kernel):
 
 
 def valid(kernel, p, device, itemsize=4):
-    """Whether set ``p`` obeys the kernel's divisibility rules and fits the device."""
+    """Whether set ``p`` (all of the kernel's parameters, positive ints) obeys the kernel's
+    divisibility rules and fits the device."""
+    if kernel not in PARAMETERS or not isinstance(p, dict) or set(p) != set(PARAMETERS[kernel]) \
+            or not all(type(v) is int and v > 0 or (v == 0 and k in ZERO_OK) for k, v in p.items()):
+        return False
     if kernel == "Xgemm":
         mdim, ndim = p["MDIMC"] * p["VWM"], p["NDIMC"] * p["VWN"]
         ok = (p["KWG"] % p["KWI"] == 0 and p["MWG"] % mdim == 0 and p["NWG"] % ndim == 0
@@ -79,6 +84,9 @@ def valid(kernel, p, device, itemsize=4):
     return False
 
 
+ZERO_OK = {"GEMMK", "SA", "SB", "STRM", "STRN", "PADA", "PADB"}   # flags and paddings may be 0
+
+
 def override(device, dtype, kernel, params):
     """Make CLBlast use ``params`` for ``kernel`` on ``device`` (process-wide, from now on)."""
     pyclblast.override_parameters(device, kernel, PRECISION[np.dtype(dtype)], {k: int(v) for k, v in params.items()})
@@ -96,13 +104,30 @@ def apply_tuned(device, dtype):
     key = (device.int_ptr, np.dtype(dtype))
     with _lock:
         if key not in _applied:
+            _applied[key] = {}
             from . import tuning
-            entry = tuning.load().get(tuning.gemm_key(device, dtype)) or {}
-            stored = entry.get("overrides", {}) if isinstance(entry, dict) else {}
-            applied = {kernel: params for kernel, params in stored.items()
-                       if kernel in PARAMETERS and isinstance(params, dict)
-                       and set(params) == set(PARAMETERS[kernel]) and valid(kernel, params, device)}
-            for kernel, params in applied.items():
-                override(device, dtype, kernel, params)
-            _applied[key] = applied
+            entry = tuning.load().get(tuning.gemm_key(device, dtype))
+            stored = entry.get("overrides") if isinstance(entry, dict) else None
+            for kernel, params in (stored if isinstance(stored, dict) else {}).items():
+                if not valid(kernel, params, device, np.dtype(dtype).itemsize):
+                    warnings.warn(f"clconv: ignoring stored CLBlast parameters for {kernel}: {params}", stacklevel=2)
+                    continue
+                try:
+                    override(device, dtype, kernel, params)
+                except RuntimeError as exc:       # e.g. a parameter this CLBlast does not know
+                    warnings.warn(f"clconv: CLBlast refused the stored parameters for {kernel}: {exc}",
+                                  stacklevel=2)
+                    continue
+                _applied[key][kernel] = params
         return _applied[key]
+
+
+def ignore_tuned(device, dtype):
+    """From now on apply no stored sets for ``dtype`` on ``device`` in this process (for tuning).
+
+    Returns the sets this process had already applied ({} if none).
+    """
+    with _lock:
+        before = _applied.get((device.int_ptr, np.dtype(dtype)), {})
+        _applied.setdefault((device.int_ptr, np.dtype(dtype)), {})
+        return before

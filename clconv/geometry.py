@@ -134,13 +134,21 @@ def conv_geometry(input_shape, weight_shape, stride=1, padding=0, dilation=1, gr
     Valid arguments are remembered: checking them again cost ~30 us a call.
     """
     args = (input_shape, weight_shape, stride, padding, dilation, groups)
-    key = repr(args)            # tells apart what the checks tell apart: 1, 1.0, True, [1], (1,)
+    # only plain ints, strings and tuples/lists of them are remembered, keyed by repr (which
+    # tells apart what the checks do: 1, True, [1], (1,)); anything else is checked every time
+    key = repr(args) if _plain(args) else None
     g = _memo.get(key)
     if g is None:
         g = _conv_geometry(*args)
-        if len(_memo) < _MEMO_SIZE:
+        if key is not None and len(_memo) < _MEMO_SIZE:
             _memo[key] = g
     return g
+
+
+def _plain(value):
+    if isinstance(value, (tuple, list)):
+        return all(_plain(v) for v in value)
+    return type(value) in (int, str)
 
 
 def _conv_geometry(input_shape, weight_shape, stride, padding, dilation, groups):

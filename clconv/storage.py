@@ -7,7 +7,7 @@ import numpy as np
 import pyopencl as cl
 
 from .algorithms.common import idx_for, ref
-from .programs import get_kernel, launch
+from .programs import ClconvError, get_kernel, launch
 
 HALF = np.dtype(np.float16)
 
@@ -19,7 +19,7 @@ def compute_dtype(dtype):
 
 def _launch(queue, name, dtype, dst, src, n, what):
     knl = get_kernel(queue.context, "convert.cl", name, dtype, IDX=idx_for(np.float16, dst, src))
-    launch(queue, knl, (n,), (min(256, n),), src.buf, src.off, dst.buf, dst.off, n, what=what)
+    launch(queue, knl, (n,), None, src.buf, src.off, dst.buf, dst.off, n, what=what)
 
 
 def to_real(queue, dtype, src, dst, n, what=""):
@@ -34,14 +34,19 @@ def to_store(queue, dtype, src, dst, n, what=""):
 
 def accumulate(queue, dst, src):
     """dst += src for two device arrays of one shape and dtype, added in float for float16."""
+    if dst.shape != src.shape or dst.dtype != src.dtype:
+        raise ValueError(f"cannot add {src.dtype} {list(src.shape)} into {dst.dtype} {list(dst.shape)}")
     n = dst.size
     if n:
         d, s = ref(dst), ref(src)
         knl = get_kernel(queue.context, "convert.cl", "accumulate", dst.dtype, IDX=idx_for(dst.dtype, d, s))
-        launch(queue, knl, (n,), (min(256, n),), d.buf, d.off, s.buf, s.off, n, what="gradient accumulation")
+        launch(queue, knl, (n,), None, d.buf, d.off, s.buf, s.off, n, what="gradient accumulation")
 
 
 def zero(queue, array):
     """Set a device array to 0 (all bits clear), whatever its dtype."""
     if array.nbytes:
-        cl.enqueue_fill_buffer(queue, array.base_data, np.zeros(1, np.uint8), array.offset, array.nbytes)
+        try:
+            cl.enqueue_fill_buffer(queue, array.base_data, np.zeros(1, np.uint8), array.offset, array.nbytes)
+        except cl.Error as exc:
+            raise ClconvError(f"clconv: zeroing {array.nbytes} bytes failed: {exc}") from exc

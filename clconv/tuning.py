@@ -157,6 +157,8 @@ def tune_gemm(geometries, queue, dtype=np.float32, repeat=3, batch=10, save=True
     from . import gemm_params
     from .plan import Plan
     from .reference import TOLERANCE, normalised_error
+    if gemm_params.ignore_tuned(queue.device, dtype):    # the baseline must be CLBlast's own parameters
+        raise RuntimeError("this process already applied stored CLBlast parameters; tune in a process of its own")
     rng = np.random.default_rng(0)
     runs = []
     for g in geometries:
@@ -221,6 +223,6 @@ def tune_gemm(geometries, queue, dtype=np.float32, repeat=3, batch=10, save=True
     entry = {"overrides": applied if gain else {}, "score": scores["final"],
              "default_ms": [round(t, 4) for t in default], "ms": [round(t, 4) for t in times or []],
              "scores": scores, "date": datetime.date.today().isoformat()}
-    if save:
+    if save and score is not None:
         store({gemm_key(queue.device, dtype): entry})
     return entry

@@ -54,3 +54,10 @@ print(sorted(gemm_params.apply_tuned(clconv.default_queue().device, np.float32))
     err, applied = proc.stdout.splitlines()
     assert float(err) <= 1e-4
     assert applied == "['XgemmDirect']"
+
+
+@pytest.mark.parametrize("params", [{"WGD": 32}, {**dict(zip(gemm_params.PARAMETERS["XgemmDirect"], [0] * 10))},
+                                    {**gemm_params.candidates("XgemmDirect")[0], "WGD": "32"}],
+                         ids=["missing_names", "zeros", "string_value"])
+def test_malformed_stored_sets_are_refused(params):
+    assert not gemm_params.valid("XgemmDirect", params, DEVICE)

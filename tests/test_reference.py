@@ -67,3 +67,16 @@ def test_padding_forms():
     assert normalize_padding((1, 3), (5, 5), (3, 3), (1, 1), (1, 1)) == ((1, 1), (3, 3))
     assert normalize_padding(((0, 2), (1, 0)), (5, 5), (3, 3), (1, 1), (1, 1)) == ((0, 2), (1, 0))
     assert normalize_padding("valid", (5, 5), (3, 3), (1, 1), (1, 1)) == ((0, 0), (0, 0))
+
+
+def test_remembered_geometries_never_answer_other_arguments():
+    """Validated geometries are remembered; look-alike arguments must not share an answer."""
+    w = (4, 3, 3, 3)
+    assert conv_geometry(map(int, (1, 3, 8, 8)), w).input_shape == (1, 3, 8, 8)
+    assert conv_geometry(map(int, (2, 3, 16, 16)), w).input_shape == (2, 3, 16, 16)   # same repr shape
+    assert conv_geometry((1, 3, 8, 8), w, stride=1).stride == (1, 1)
+    with pytest.raises(TypeError):
+        conv_geometry((1, 3, 8, 8), w, stride=True)      # True == 1, but is refused
+    with pytest.raises(TypeError):
+        conv_geometry((1, 3, 8, 8), w, stride=1.0)
+    assert conv_geometry((1, 3, 8, 8), w, padding=[[1, 0], [0, 1]]).pads == ((1, 0), (0, 1))
