@@ -11,7 +11,7 @@ def plot(result, path):
     import matplotlib.pyplot as plt
 
     rows = [(w["name"], p, d) for w in result["workloads"] for p, d in w["passes"].items()]
-    labels = [f"{name}\n{p.replace('backward_', 'd').replace('forward', 'fwd')}" for name, p, _ in rows]
+    labels = [f"{name} {p.replace('backward_', 'd').replace('forward', 'fwd')}" for name, p, _ in rows]
     peers = sorted({peer for _, _, d in rows for peer in d["peers"]})
     series = [("clconv", [d["median_ms"] for _, _, d in rows])]
     series += [(peer, [d["peers"].get(peer, {}).get("median_ms", math.nan) for _, _, d in rows]) for peer in peers]
@@ -23,7 +23,7 @@ def plot(result, path):
     top.set_yscale("log")
     top.set_ylabel("median time per call (ms, log scale)")
     top.set_title(f"clconv vs peers on {result['device']} ({result['sizes']} sizes, {result['date']})")
-    top.set_xticks(range(len(rows)), labels, fontsize=7)
+    top.set_xticks(range(len(rows)), labels, fontsize=7, rotation=60, ha="right", rotation_mode="anchor")
     top.legend(fontsize=8, ncol=len(series))
 
     gflops = [d["gflops"] for _, _, d in rows]
@@ -34,7 +34,7 @@ def plot(result, path):
         bottom.axhline(max(gemm), color="tab:red", linestyle="--",
                        label=f"best CLBlast SGEMM rate in this run ({max(gemm):.0f} GFLOP/s)")
     bottom.set_ylabel("achieved GFLOP/s")
-    bottom.set_xticks(range(len(rows)), labels, fontsize=7)
+    bottom.set_xticks(range(len(rows)), labels, fontsize=7, rotation=60, ha="right", rotation_mode="anchor")
     bottom.legend(fontsize=8)
     fig.savefig(path, dpi=110)
     plt.close(fig)
