@@ -102,6 +102,9 @@ def apply_tuned(device, dtype):
     Returns what is applied ({} when nothing was tuned for this device and driver).
     """
     key = (device.int_ptr, np.dtype(dtype))
+    applied = _applied.get(key)          # every GEMM call asks: no lock once decided
+    if applied is not None:
+        return applied
     with _lock:
         if key not in _applied:
             _applied[key] = {}

@@ -148,15 +148,15 @@ class Plan:
             if self.dtype == self.compute_dtype:
                 getattr(algo, pass_name)(queue, *refs, ws)
                 return
-            copies, at = [], algo.workspace[pass_name]
-            for r, n in zip(refs, self._sizes(pass_name)):
+            sizes, copies, at = self._sizes(pass_name), [], algo.workspace[pass_name]
+            for r, n in zip(refs, sizes):
                 copies.append(None if r is None else Ref(ws, at))
                 at += 0 if r is None else n
-            for r, c, n in zip(refs[:-1], copies, self._sizes(pass_name)):
+            for r, c, n in zip(refs[:-1], copies, sizes):
                 if r is not None:
                     storage.to_real(queue, self.dtype, r, c, n, what)
             getattr(algo, pass_name)(queue, *copies, ws)
-            storage.to_store(queue, self.dtype, copies[-1], refs[-1], self._sizes(pass_name)[-1], what)
+            storage.to_store(queue, self.dtype, copies[-1], refs[-1], sizes[-1], what)
 
     # -- the passes ---------------------------------------------------------------
 

@@ -97,15 +97,17 @@ def candidates(g):
     return found
 
 
-def _time(fn, queue, repeat=5):
+def _time(fn, queue, repeat=5, batch=1):
+    """ms per call of ``fn``: the best of ``repeat`` batches of ``batch`` calls, after a warm-up."""
     fn()
     queue.finish()                       # warm-up: kernel builds
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
-        fn()
+        for _ in range(batch):
+            fn()
         queue.finish()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, (time.perf_counter() - t0) / batch)
     return best * 1e3
 
 
@@ -177,18 +179,8 @@ def tune_gemm(geometries, queue, dtype=np.float32, repeat=3, batch=10, save=True
 
     def measure():
         """Per-pass ms (best of ``repeat`` batches) and each pass's result."""
-        times, outs = [], []
-        for fn in runs:
-            outs.append(fn().get())                       # warm-up: builds; the result to check
-            best = float("inf")
-            for _ in range(repeat):
-                t0 = time.perf_counter()
-                for _ in range(batch):
-                    fn()
-                queue.finish()
-                best = min(best, (time.perf_counter() - t0) / batch)
-            times.append(best * 1e3)
-        return times, outs
+        times = [_time(fn, queue, repeat, batch) for fn in runs]
+        return times, [fn().get() for fn in runs]
 
     measure()                    # once to warm up (builds, workspaces, clocks), so the baseline is fair
     default, expected = measure()

@@ -97,6 +97,7 @@ class Direct:
         self.transposed = _transposed(g) if g.stride == (1, 1) else None
         if self.transposed:
             self.tiles["backward_input"] = _patches(self.transposed, self.staged)["forward"]
+        self.specs = {id(t): self._specs(t) for t in (g, self.transposed) if t}   # per launch geometry
         # enough work-groups in stage 1 to fill the device (about 4 per compute unit),
         # each slice keeping at least 1024 positions; fixed per device, so deterministic
         fill = -(-4 * device.max_compute_units // g.K)
@@ -119,16 +120,17 @@ class Direct:
                 "no GEMM, no workspace")
 
     @staticmethod
-    def _filter(g):
-        """Filter shape, stride, dilation, top/left padding, channels and filters per group."""
+    def _specs(g):
+        """(GEOMETRY arguments, the filter's #defines) of launches over geometry ``g``: filter
+        shape, stride, dilation, top/left padding, channels and filters per group."""
         (pt, _), (pl, _) = g.pads
-        return dict(KH=g.kh, KW=g.kw, SH=g.stride[0], SW=g.stride[1], DH=g.dilation[0], DW=g.dilation[1],
+        filt = dict(KH=g.kh, KW=g.kw, SH=g.stride[0], SW=g.stride[1], DH=g.dilation[0], DW=g.dilation[1],
                     PT=pt, PL=pl, CG=g.Cg, KG=g.Kg)
+        return (g.N, g.C, g.H, g.W, g.K, g.OH, g.OW) + tuple(filt.values()), {k: f"({v})" for k, v in filt.items()}
 
     def _sizes(self, g=None):
         """The kernels' GEOMETRY arguments."""
-        g = g or self.g
-        return (g.N, g.C, g.H, g.W, g.K, g.OH, g.OW) + tuple(self._filter(g).values())
+        return self.specs[id(g or self.g)][0]
 
     def _kernel(self, queue, name, idx, tile=None, g=None):
         """``name`` built for geometry ``g`` (the transposed one flips the weights). The filter's
@@ -137,8 +139,7 @@ class Direct:
         g = g or self.g
         wg = reduction_work_group(queue.device)
         tx, ty, ph, pw, ry = tile or self.tiles["forward"]
-        constants = {} if name == "direct_weight_partial" and not self.staged else {
-            k: f"({v})" for k, v in self._filter(g).items()}
+        constants = {} if name == "direct_weight_partial" and not self.staged else self.specs[id(g)][1]
         return get_kernel(queue.context, "direct.cl", name, self.dtype, IDX=idx, TAPS=self.taps, WG=wg, TX=tx,
                           TY=ty, PH=ph, PW=pw, RY=ry, STAGE=int(self.staged), FLIP=int(g is self.transposed),
                           **constants), wg
