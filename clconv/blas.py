@@ -23,6 +23,27 @@ class _Operand(cla.Array):
         self.base_data, self.dtype, self.shape = buf, dtype, (1, 1)
 
 
+def _in_place(m, n, k, count, lds, offsets, strides, a_transp, b_transp, gemmk):
+    """The operands ("A", "B", "C") whose offset or batch stride CLBlast's strided-batched GEMM
+    may ignore.
+
+    Its tiled (indirect) kernel reads an operand in place, with no padded copy, when its sizes
+    happen to be multiples of the kernel's tiles and nothing needs transposing; it then
+    assumes offset 0 and matrices packed back to back, whatever was passed (CLBlast 1.5.3 and
+    its current source: the non-batched GEMM checks the offset, this one does not). Tile sizes
+    are CLBlast's choice, so every operand that could be read in place and is not at offset 0
+    with a packed stride counts. Row-major, the default kernel (GEMMK 0) reads only an
+    untransposed B in place; GEMMK 1 kernels can also read A and write C in place.
+    """
+    # (first, second) dimension of each operand as CLBlast's row-major path stores it
+    dims = {"A": (m, k) if a_transp else (k, m), "B": (k, n) if b_transp else (n, k), "C": (n, m)}
+    candidates = set() if b_transp else {"B"}
+    if gemmk == 1:
+        candidates |= {"C"} | ({"A"} if not a_transp else set())
+    return [x for x, ld, off, stride in zip("ABC", lds, offsets, strides)
+            if x in candidates and ld == dims[x][0] and (off or (count > 1 and stride != dims[x][0] * dims[x][1]))]
+
+
 def gemm_strided_batched(queue, dtype, m, n, k, count, a, a_off, lda, a_stride, b, b_off, ldb, b_stride,
                          c, c_off, ldc, c_stride, *, alpha=1.0, beta=0.0, a_transp=False, b_transp=False,
                          what=""):
@@ -30,16 +51,42 @@ def gemm_strided_batched(queue, dtype, m, n, k, count, a, a_off, lda, a_stride, 
 
     A[i] starts at element ``a_off + i * a_stride`` of buffer ``a`` (same for B, C).
     ``c_stride`` must not be 0 (accumulating that way is not reliable in CLBlast).
+    Operands CLBlast could read at the wrong place (see :func:`_in_place`) get a sub-buffer
+    starting at their offset when the device's alignment allows, else the GEMMs run one by
+    one through CLBlast's non-batched routine, which honours offsets.
     """
     assert count == 1 or c_stride > 0, "batched GEMM into one C would race"
     c_stride = c_stride if count > 1 else m * ldc    # CLBlast rejects a zero stride even for one matrix
-    apply_tuned(queue.device, dtype)
+    gemmk = apply_tuned(queue.device, dtype).get("Xgemm", {}).get("GEMMK", 0)
+    ops = {"A": [a, a_off, a_stride], "B": [b, b_off, b_stride], "C": [c, c_off, c_stride]}
+    risky = _in_place(m, n, k, count, (lda, ldb, ldc), (a_off, b_off, c_off), (a_stride, b_stride, c_stride),
+                      a_transp, b_transp, gemmk)
+    align = queue.device.mem_base_addr_align // 8
+    packed = {"A": m * k, "B": k * n, "C": m * n}
+    if risky and count > 1 and all(ops[x][1] * dtype.itemsize % align == 0 and ops[x][2] == packed[x]
+                                   for x in risky):
+        try:   # a view starting at each such operand: offset 0, and its stride is already packed
+            views = {x: ops[x][0].get_sub_region(ops[x][1] * dtype.itemsize,
+                                                 ops[x][0].size - ops[x][1] * dtype.itemsize) for x in risky}
+        except cl.Error:   # e.g. the buffer is itself a sub-buffer
+            views = {}
+        for x, view in views.items():
+            ops[x][:2] = view, 0
+        risky = [x for x in risky if x not in views]
+    (a, a_off, a_stride), (b, b_off, b_stride), (c, c_off, c_stride) = ops.values()
     try:
-        event = pyclblast.gemmStridedBatched(
-            queue, m, n, k, count, _Operand(a, dtype), _Operand(b, dtype), _Operand(c, dtype), lda, ldb, ldc,
-            a_stride, b_stride, c_stride, alpha=alpha, beta=beta, a_transp=a_transp, b_transp=b_transp,
-            a_offset=a_off, b_offset=b_off, c_offset=c_off)
-    except RuntimeError as exc:
+        if not risky:
+            event = pyclblast.gemmStridedBatched(
+                queue, m, n, k, count, _Operand(a, dtype), _Operand(b, dtype), _Operand(c, dtype), lda, ldb, ldc,
+                a_stride, b_stride, c_stride, alpha=alpha, beta=beta, a_transp=a_transp, b_transp=b_transp,
+                a_offset=a_off, b_offset=b_off, c_offset=c_off)
+        else:
+            for i in range(count):
+                event = pyclblast.gemm(
+                    queue, m, n, k, _Operand(a, dtype), _Operand(b, dtype), _Operand(c, dtype), lda, ldb, ldc,
+                    alpha=alpha, beta=beta, a_transp=a_transp, b_transp=b_transp, a_offset=a_off + i * a_stride,
+                    b_offset=b_off + i * b_stride, c_offset=c_off + i * c_stride)
+    except (RuntimeError, cl.Error) as exc:
         raise ClconvError(f"clconv: {what}: CLBlast GEMM m={m} n={n} k={k} batch={count} "
                           f"(lda={lda}, ldb={ldb}, ldc={ldc}) failed: {exc}") from exc
     record("gemm", event)

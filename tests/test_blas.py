@@ -1,0 +1,39 @@
+"""The CLBlast GEMM wrapper computes the right product wherever its operands sit in a buffer.
+
+CLBlast's strided-batched GEMM ignores the offset and batch stride of an operand it reads in
+place (clconv.blas._in_place); these sizes are multiples of its tiles, where that happens.
+"""
+import numpy as np
+import pyopencl as cl
+import pytest
+
+from clconv.blas import gemm_strided_batched
+from helpers import assert_close
+
+M, N, K, COUNT = 512, 1024, 512, 2
+
+
+@pytest.mark.parametrize("b_offset,b_gap,count", [
+    (0, 0, COUNT),      # packed at the start of the buffer: the plain strided-batched call
+    (64, 0, COUNT),     # aligned offset: a sub-buffer starting at B
+    (3, 0, COUNT),      # unaligned offset: one GEMM per matrix
+    (0, 32, COUNT),     # a gap between the matrices: one GEMM per matrix
+    (64, 0, 1),         # a single matrix: the non-batched GEMM
+], ids=["packed", "aligned_offset", "odd_offset", "padded_stride", "single"])
+def test_gemm_at_any_offset_and_stride(b_offset, b_gap, count, queue):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((count, M, K), np.float32)
+    b = rng.standard_normal((count, K, N), np.float32)
+    b_stride = K * N + b_gap
+    a_off = b_offset + count * b_stride          # B first, then A, then C, in one buffer
+    c_off = a_off + a.size
+    buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE, 4 * (c_off + count * M * N))
+    for i in range(count):
+        cl.enqueue_copy(queue, buf, b[i], dst_offset=4 * (b_offset + i * b_stride))
+    cl.enqueue_copy(queue, buf, a, dst_offset=4 * a_off)
+    gemm_strided_batched(queue, np.dtype(np.float32), M, N, K, count, buf, a_off, K, M * K, buf, b_offset, N,
+                         b_stride, buf, c_off, N, M * N, what="test")
+    c = np.empty((count, M, N), np.float32)
+    cl.enqueue_copy(queue, c, buf, src_offset=4 * c_off)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    assert_close(c, want, np.float32, "GEMM")
