@@ -24,7 +24,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     input (N, C, H, W), weight (K, C/groups, kh, kw), bias (K,) or None
     -> output (N, K, OH, OW). ``padding``: int, (ph, pw), ((top, bottom), (left, right)),
     'valid' or 'same'. ``stride``, ``dilation``: int or (h, w).
-    ``algorithm``: "auto", "fc", "1x1", "direct" or "im2col"; ``queues``: "single" or
+    ``algorithm``: "auto", "fc", "1x1", "direct", "winograd" or "im2col"; ``queues``: "single" or
     "per-group" (see :func:`clconv.plan`).
     """
     check_type("input", input)

@@ -114,6 +114,18 @@ class ConvGeometry:
         """Output pixels per image: OH * OW."""
         return self.OH * self.OW
 
+    def transposed(self):
+        """The stride-1 convolution whose forward pass is this one's grad-input (stride 1 only):
+        grad_output (N, K, OH, OW) in, grad_input (N, C, H, W) out, each group's filters as its
+        channels, weights rotated 180 degrees, padding (k-1)*dilation - pad per side (negative
+        pads shift the window; every kernel bounds-checks its reads)."""
+        assert self.stride == (1, 1), "only a stride-1 grad-input is a convolution of grad_output"
+        (pt, pb), (pl, pr) = self.pads
+        dh, dw = self.dilation
+        eh, ew = dh * (self.kh - 1), dw * (self.kw - 1)
+        return ConvGeometry(self.N, self.K, self.OH, self.OW, self.C, self.kh, self.kw, self.groups, (1, 1),
+                            self.dilation, ((eh - pt, eh - pb), (ew - pl, ew - pr)), self.H, self.W)
+
     def flops(self):
         """Multiply-adds x 2 of one pass (the same for forward, grad-input, grad-weight)."""
         return 2 * self.N * self.K * self.P * self.Kd

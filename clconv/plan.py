@@ -17,6 +17,7 @@ from .algorithms.direct import Direct
 from .algorithms.fc import FullyConnected
 from .algorithms.im2col import Im2col
 from .algorithms.pointwise import Pointwise
+from .algorithms.winograd import Winograd
 from .device import check_dtype_supported
 from .geometry import check_grad_output, conv_geometry
 from .validate import (check_array, check_out, check_queue, check_same_dtype, check_type, is_device_array,
@@ -24,7 +25,7 @@ from .validate import (check_array, check_out, check_queue, check_same_dtype, ch
 from .workspace import workspace
 
 # In order of preference: the first that applies is chosen by algorithm="auto".
-ALGORITHMS = {cls.name: cls for cls in (FullyConnected, Pointwise, Direct, Im2col)}
+ALGORITHMS = {cls.name: cls for cls in (FullyConnected, Pointwise, Direct, Winograd, Im2col)}
 QUEUES = ("single", "per-group")
 PASSES = ("forward", "backward_input", "backward_weight")
 
@@ -87,8 +88,14 @@ class Plan:
                     passed_over += f" (not {name}: {why_not})"
                     continue
             if ok:
-                return cls(g, self.compute_dtype, self.queue.device, self.workspace_limit,
-                           per_group=self.queues == "per-group"), why + passed_over
+                try:
+                    return cls(g, self.compute_dtype, self.queue.device, self.workspace_limit,
+                               per_group=self.queues == "per-group"), why + passed_over
+                except ValueError as exc:   # e.g. the workspace limit: "auto" tries the next one
+                    if algorithm != "auto":
+                        raise
+                    why = str(exc)
+                    passed_over += f" (not {name}: {why})"
             reasons.append(f"{name}: {why}")
         raise ValueError(f"algorithm {algorithm!r} does not apply to input {list(g.input_shape)} with weight "
                          f"{list(g.weight_shape)}: {'; '.join(reasons)}")
@@ -251,7 +258,7 @@ def plan(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, *
          queue=None, algorithm="auto", queues="single", workspace_limit=None):
     """Build a reusable :class:`Plan` for input (N, C, H, W) and weight (K, C/groups, kh, kw).
 
-    ``algorithm``: "auto" or one of "fc", "1x1", "direct", "im2col" (ValueError if
+    ``algorithm``: "auto" or one of "fc", "1x1", "direct", "winograd", "im2col" (ValueError if
     it does not apply). ``queues``: "single" or "per-group" (each group's GEMMs on
     their own in-order queue). ``workspace_limit``: bytes of workspace per pass.
     """

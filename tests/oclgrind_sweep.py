@@ -47,6 +47,10 @@ SWEEP = [
      "single", None),
     ("direct_small_groups", (1, 4, 6, 7), (4, 2, 2, 3), dict(padding=(1, 0), dilation=(2, 1), groups=2), "direct",
      "single", None),
+    ("winograd_dilated_overpad", (2, 4, 7, 9), (4, 2, 3, 3), dict(padding=((5, 1), (0, 3)), dilation=2, groups=2),
+     "winograd", "per-group", None),
+    # one image per chunk: 36 * (3*2 filter pairs + 4 tiles * (2+3) channels) floats
+    ("winograd_chunked", (3, 2, 6, 5), (3, 2, 3, 3), dict(padding=1), "winograd", "single", 36 * 26 * 4),
 ]
 
 

@@ -16,6 +16,9 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
     Case("depthwise_big_batch", 5, 4, 23, 29, 4, 3, 3, stride=2, padding=1, groups=4),
     Case("split_k_g2", 4, 4, 17, 19, 6, 3, 3, padding=1, groups=2),
     Case("split_k_1x1_g1", 6, 5, 13, 11, 7, 1, 1),
+    # Winograd: partial tiles on every edge, dilation phases, padding past the dilated filter
+    Case("winograd_g2_d2_overpad", 2, 6, 13, 11, 4, 3, 3, padding=((5, 1), (0, 3)), dilation=2, groups=2),
+    Case("winograd_wide_d1x2", 3, 32, 10, 15, 20, 3, 3, padding=(1, 2), dilation=(1, 2)),
 ]
 
 
@@ -50,9 +53,10 @@ def test_forced_algorithm_that_does_not_apply_is_refused(case, algorithm, queue)
 
 @pytest.mark.parametrize("case,expected", [
     ("fc_mode", "fc"), ("fc_mode_g2", "fc"), ("k1x1_g2", "1x1"), ("depthwise_x2_s2_same", "direct"),
-    ("g1_k3x3_s1_p1", "im2col"), ("k1x1_s2", "im2col"), ("fc_mode_padded", "im2col")])
+    ("g1_k3x3_s1_p1", "im2col"), ("k1x1_s2", "im2col"), ("fc_mode_padded", "im2col"),
+    ("winograd_wide_d1x2", "winograd")])
 def test_auto_choice(case, expected, queue):
-    case = next(c for c in CASES if c.name == case)
+    case = next(c for c in CASES + EXTRA if c.name == case)
     p = clconv.plan(case.input_shape, case.weight_shape, **case.options, queue=queue)
     assert set(p.algorithms.values()) == {expected}
 
@@ -65,7 +69,9 @@ def test_explain_fc_mode_names_the_gemm(queue):
 
 
 @pytest.mark.parametrize("case,algorithm", [(c, a) for c in CASES + EXTRA if c.options["groups"] > 1
-                                            for a in ("im2col", "auto")], ids=repr)
+                                            for a in ("im2col", "auto", "winograd")
+                                            if a != "winograd" or c.weight_shape[2:] == (3, 3) and
+                                            c.options["stride"] == 1], ids=repr)
 def test_per_group_queues_are_bit_identical(case, algorithm, queue):
     x, w, b, dy = case.data()
     opts = case.options
@@ -102,3 +108,35 @@ def test_split_k_grad_weight_with_chunks(images_per_chunk, queue):
     assert p._choice["backward_weight"][0].chunk == images_per_chunk
     assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **case.options), np.float32,
                  "grad-weight")
+
+
+def test_winograd_chunks_and_workspace_fallback(queue):
+    case = next(c for c in EXTRA if c.name == "winograd_wide_d1x2")
+    x, w, b, dy = case.data()
+    opts = case.options
+    full = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="winograd")
+    algo = full._choice["forward"][0]
+    assert algo.chunk == {"forward": 3, "backward_input": 3, "backward_weight": 3}
+    one = clconv.plan((1,) + x.shape[1:], w.shape, **opts, queue=queue, algorithm="winograd")
+    limit = one.workspace_bytes   # one image per chunk
+    p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="winograd", workspace_limit=limit)
+    assert p.explain().count("3 chunk(s) of 1 image(s)") == 3
+    assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float32, "forward")
+    assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "grad-input")
+    assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **opts), np.float32,
+                 "grad-weight")
+    with pytest.raises(ValueError, match="Winograd workspace bytes, above the limit"):
+        clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="winograd", workspace_limit=limit - 4)
+
+
+def test_auto_passes_over_winograd_above_the_workspace_limit(queue):
+    # many filters, few pixels: Winograd's 36 x 64 x 16 transformed filters need more than im2col
+    x = np.random.default_rng(0).standard_normal((1, 16, 8, 8)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((64, 16, 3, 3)).astype(np.float32)
+    assert clconv.plan(x.shape, w.shape, padding=1, queue=queue).algorithms["forward"] == "winograd"
+    p = clconv.plan(x.shape, w.shape, padding=1, queue=queue, workspace_limit=80000)
+    assert set(p.algorithms.values()) == {"im2col"}
+    assert "(not winograd: one image of input [1, 16, 8, 8]" in p.explain()
+    assert_close(p.forward(x, w), reference.conv2d(x, w, padding=1), np.float32, "forward")
+    with pytest.raises(ValueError, match="winograd: one image .* im2col: one image"):
+        clconv.plan(x.shape, w.shape, padding=1, queue=queue, workspace_limit=4000)

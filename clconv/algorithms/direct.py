@@ -8,7 +8,6 @@ an ordered sum), no atomics.
 """
 import pyopencl as cl
 
-from ..geometry import ConvGeometry
 from ..programs import get_kernel, launch, reduction_work_group
 from .common import idx_for
 
@@ -43,19 +42,9 @@ def _patches(g, staged=True):
     return {"forward": fwd, "backward_input": _tile(g.W, g.H) + fwd[2:]}
 
 
-def _transposed(g):
-    """The stride-1 convolution whose forward is ``g``'s grad-input: dy (N, K, OH, OW) in,
-    dx (N, C, H, W) out, each group's filters as its channels, padding (kh-1)*dh - pad
-    (negative pads just shift the window: the kernel bounds-checks every read)."""
-    (pt, pb), (pl, pr) = g.pads
-    (dh, dw) = g.dilation
-    flipped = ((dh * (g.kh - 1) - pt, dh * (g.kh - 1) - pb), (dw * (g.kw - 1) - pl, dw * (g.kw - 1) - pr))
-    return ConvGeometry(g.N, g.K, g.OH, g.OW, g.C, g.kh, g.kw, g.groups, (1, 1), g.dilation, flipped, g.H, g.W)
-
-
 def _patch_sizes(g):
     """(PH, PW) of the forward kernel's patch for every launch over ``g`` (one row per work-item)."""
-    geometries = (g, _transposed(g)) if g.stride == (1, 1) else (g,)
+    geometries = (g, g.transposed()) if g.stride == (1, 1) else (g,)
     return [_patches(t, staged=False)["forward"][2:4] for t in geometries]
 
 
@@ -94,7 +83,7 @@ class Direct:
         # stride 1: grad-input is a forward pass over dy (rotated, transposed weights), so it
         # gets the forward's staged patch and rows per work-item (depthwise grad-input 5x
         # faster on an H200); strided grad-input keeps its own kernel, which skips off-grid taps
-        self.transposed = _transposed(g) if g.stride == (1, 1) else None
+        self.transposed = g.transposed() if g.stride == (1, 1) else None
         if self.transposed:
             self.tiles["backward_input"] = _patches(self.transposed, self.staged)["forward"]
         self.specs = {id(t): self._specs(t) for t in (g, self.transposed) if t}   # per launch geometry

@@ -1,0 +1,159 @@
+"""Winograd F(4x4, 3x3) for 3x3 convolutions at stride 1 (any padding, dilation, groups).
+
+A 4x4 output tile costs 36 multiplications per (filter, channel) pair instead of 144, so
+the GEMMs shrink 4x; the price is transforms that read and write each operand about 2.25x
+its size (kernels/winograd.cl has the math and the buffer layouts). Per chunk of images:
+  forward        U = G w G^T; V = B^T x B; M[t, g] = U[t, g] @ V[t, g]; y = A^T M A (+ bias)
+  grad-input     the forward pass of the transposed convolution (``g.transposed()``) over dy
+  grad-weight    V = B^T x B; Z = A dy A^T; dU[t, g] (+)= Z[t, g] @ V[t, g]^T; dw = G^T dU G
+The 36 tile positions t times the groups g are the batch of one strided-batched CLBlast
+GEMM (their operands are evenly spaced offsets into the workspace); with per-group queues,
+each group's 36 GEMMs run on its own queue.
+"""
+from ..blas import grid_gemm
+from ..programs import INT32_MAX, get_kernel, launch
+from .common import Ref, idx_for
+
+TILE = 4                  # outputs per tile side: F(4x4, 3x3)
+T2 = (TILE + 2) ** 2      # 36 transformed values per tile
+MIN_CHANNELS = 16         # fewer channels or filters per group: the batched GEMMs are too thin to pay
+LOCAL = (64, 1)           # work-group of the transform kernels
+ALIGN = 256               # workspace regions start at multiples of this many elements (sub-buffer origins)
+
+
+def _aligned(n):
+    return -(-n // ALIGN) * ALIGN
+
+
+def _tiles(size, dilation):
+    """Tiles along an output axis of ``size``: each dilation phase of the axis gets whole tiles."""
+    return dilation * -(-(-(-size // dilation)) // TILE)
+
+
+class Winograd:
+    name = "winograd"
+
+    @staticmethod
+    def applies(g):
+        if (g.kh, g.kw) != (3, 3) or g.stride != (1, 1):
+            return False, f"needs a 3x3 filter at stride 1 (got {g.kh}x{g.kw}, stride {g.stride})"
+        return True, ("3x3 at stride 1: Winograd F(4x4,3x3) needs 36 multiplications per 4x4 output tile "
+                      "where im2col's GEMM needs 144")
+
+    @staticmethod
+    def preferred(g, pass_name):
+        """Whether "auto" should pick this algorithm for ``pass_name`` (it applies either way)."""
+        if min(g.Cg, g.Kg) < MIN_CHANNELS:
+            return False, (f"fewer than {MIN_CHANNELS} channels or filters per group (Cg = {g.Cg}, Kg = {g.Kg}): "
+                           "its 36 GEMMs would be too thin")
+        return True, ""
+
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False):
+        self.g, self.dtype, self.per_group = g, dtype, per_group
+        # each pass runs over a convolution geometry: grad-input over the transposed one
+        self.geometry = {"forward": g, "backward_input": g.transposed(), "backward_weight": g}
+        self.chunk, self.layout, self.workspace = {}, {}, {}
+        for pass_name, t in self.geometry.items():
+            tiles, limit = self._tiles_per_image(t), workspace_limit // dtype.itemsize
+            per_image = T2 * tiles * (t.C + t.K)                      # V, and M (or Z)
+            B = max(1, min(g.N, (limit - T2 * t.K * t.Cg) // per_image, INT32_MAX // (T2 * max(t.C, t.K) * tiles)))
+            while B > 1 and self._layout(pass_name, t, B)[2] > limit:   # the estimate ignores alignment
+                B -= 1
+            layout = self._layout(pass_name, t, B)
+            if layout[2] > limit:
+                raise ValueError(f"one image of input {list(g.input_shape)} with weight {list(g.weight_shape)} "
+                                 f"needs {layout[2] * dtype.itemsize} Winograd workspace bytes, above the limit "
+                                 f"of {workspace_limit} bytes")
+            self.chunk[pass_name], self.layout[pass_name], self.workspace[pass_name] = B, layout[:2], layout[2]
+
+    def _layout(self, pass_name, t, B):
+        """(second, third, end) offsets of the workspace for chunks of B images. V (36, C, P)
+        comes first, at offset 0: it is the GEMM's B operand (see blas._in_place); then U
+        (36, K, Ci) and M (36, K, P), or for grad-weight Z (36, K, P) and dU (36, K, Ci)."""
+        P = B * self._tiles_per_image(t)
+        sizes = (T2 * t.K * t.Cg, T2 * t.K * P)[::-1 if pass_name == "backward_weight" else 1]
+        second = _aligned(T2 * t.C * P)
+        third = _aligned(second + sizes[0])
+        return second, third, third + sizes[1]
+
+    @staticmethod
+    def _tiles_per_image(t):
+        return _tiles(t.OH, t.dilation[0]) * _tiles(t.OW, t.dilation[1])
+
+    def describe(self, pass_name):
+        t, B = self.geometry[pass_name], self.chunk[pass_name]
+        chunks = -(-t.N // B) if t.N else 0
+        n = B * self._tiles_per_image(t)
+        mnk = (t.Kg, t.Cg, n) if pass_name == "backward_weight" else (t.Kg, n, t.Cg)
+        flipped = " of the transposed convolution over grad_output" if pass_name == "backward_input" else ""
+        return (f"Winograd F(4x4,3x3){flipped}: transforms + {T2} x {t.groups} batched GEMMs per chunk, "
+                f"{chunks} chunk(s) of {B} image(s), per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2]}")
+
+    def _kernel(self, queue, name, idx, flip=0):
+        return get_kernel(queue.context, "winograd.cl", name, self.dtype, IDX=idx, FLIP=flip)
+
+    def _input(self, queue, idx, t, x, n0, nb, ws, at):
+        """V (36, C, nb * tiles) at ``at`` from images n0 ... n0+nb-1 of ``x``."""
+        (pt, _), (pl, _) = t.pads
+        launch(queue, self._kernel(queue, "winograd_input", idx), (nb * self._tiles_per_image(t), t.C), LOCAL,
+               x.buf, x.off + n0 * t.C * t.H * t.W, ws, at, nb, t.C, t.H, t.W,
+               _tiles(t.OH, t.dilation[0]), _tiles(t.OW, t.dilation[1]), pt, pl, *t.dilation,
+               what="Winograd input transform")
+
+    def _tile_args(self, t, nb):
+        return (nb, t.K, t.OH, t.OW, _tiles(t.OH, t.dilation[0]), _tiles(t.OW, t.dilation[1])) + t.dilation
+
+    def _gemm(self, queue, ws, G, m, n, k, offsets, strides, positions, lds, **kw):
+        """The 36 x G GEMMs on workspace operands at ``offsets`` (A, B, C). ``strides``: from one
+        group to the next; ``positions``: from one tile position to the next, which is G groups,
+        so without per-group queues (tile position, group) is one evenly strided batch."""
+        if self.per_group and G > 1:
+            grid_gemm(queue, self.dtype, G, T2, m, n, k, ws, ws, ws, offsets, strides, positions, lds,
+                      per_group=True, **kw)
+        else:
+            grid_gemm(queue, self.dtype, 1, T2 * G, m, n, k, ws, ws, ws, offsets, (0, 0, 0), strides, lds, **kw)
+
+    def _convolve(self, queue, pass_name, x, w, bias, y, ws, what):
+        """y = conv(x, w) (+ bias) over the pass's geometry, w flipped for grad-input."""
+        t, B = self.geometry[pass_name], self.chunk[pass_name]
+        flip = int(pass_name == "backward_input")
+        idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
+        G, Ko, Ci, tp = t.groups, t.Kg, t.Cg, self._tiles_per_image(t)
+        u, m = self.layout[pass_name]
+        launch(queue, self._kernel(queue, "winograd_filter", idx, flip), (Ci, t.K), LOCAL,
+               w.buf, w.off, ws, u, t.K, Ko, Ci, what=f"{what}: filter transform")
+        output = self._kernel(queue, "winograd_output", idx)
+        b = bias if bias is not None else w
+        for n0 in range(0, t.N, B):
+            nb = min(B, t.N - n0)
+            P = nb * tp
+            self._input(queue, idx, t, x, n0, nb, ws, 0)
+            self._gemm(queue, ws, G, Ko, P, Ci, (u, 0, m), (Ko * Ci, Ci * P, Ko * P),
+                       (t.K * Ci, t.C * P, t.K * P), (Ci, P, P), what=what)
+            launch(queue, output, (P, t.K), LOCAL, ws, m, y.buf, y.off + n0 * t.K * t.OH * t.OW,
+                   b.buf, b.off, int(bias is not None), *self._tile_args(t, nb), what=f"{what}: output transform")
+
+    def forward(self, queue, x, w, bias, y, ws):
+        self._convolve(queue, "forward", x, w, bias, y, ws, "forward (Winograd)")
+
+    def backward_input(self, queue, w, dy, dx, ws):
+        self._convolve(queue, "backward_input", dy, w, None, dx, ws, "grad-input (Winograd)")
+
+    def backward_weight(self, queue, x, dy, dw, ws):
+        t, B = self.g, self.chunk["backward_weight"]
+        idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
+        Kg, Cg, tp = t.Kg, t.Cg, self._tiles_per_image(t)
+        z, du = self.layout["backward_weight"]
+        grad_output = self._kernel(queue, "winograd_grad_output", idx)
+        for n0 in range(0, t.N, B):
+            nb = min(B, t.N - n0)
+            P = nb * tp
+            self._input(queue, idx, t, x, n0, nb, ws, 0)
+            launch(queue, grad_output, (P, t.K), LOCAL, dy.buf, dy.off + n0 * t.K * t.OH * t.OW, ws, z,
+                   *self._tile_args(t, nb), what="grad-weight (Winograd): grad_output transform")
+            self._gemm(queue, ws, t.groups, Kg, Cg, P, (z, 0, du), (Kg * P, Cg * P, Kg * Cg),
+                       (t.K * P, t.C * P, t.K * Cg), (P, P, Cg), beta=0.0 if n0 == 0 else 1.0, b_transp=True,
+                       what="grad-weight (Winograd)")
+        launch(queue, self._kernel(queue, "winograd_grad_filter", idx), (Cg, t.K), LOCAL, ws, du, dw.buf, dw.off,
+               t.K, Cg, what="grad-weight (Winograd): filter transform")
+

@@ -1,0 +1,231 @@
+// Winograd F(4x4, 3x3) transforms of the winograd algorithm (clconv/algorithms/winograd.py).
+//
+// A 4x4 output tile of a 3x3 convolution is A^T [(G g G^T) . (B^T d B)] A, where d is the
+// tile's 6x6 input patch, g the 3x3 filter and "." the element-wise product; summed over
+// channels, each of the 36 products is one GEMM over (filters x channels x tiles).
+// Buffers between the kernels, for P tiles (all tiles of a chunk of B images):
+//   U[t][k][ci]  transformed filters, 36 x K x Ci   (t = 6 * row + column of the 6x6 tile)
+//   V[t][c][p]   transformed input patches, 36 x C x P
+//   M[t][k][p]   their products summed over the channels of k's group, 36 x K x P
+// With dilation D the taps of a tile are D apart and so are its outputs: tile row th starts
+// at output row (th % D) + (th / D) * 4 * D, which for D = 1 is 4 * th.
+//
+// Specialised by the host with prepended #defines; the defaults below are for reading.
+#ifndef REAL
+#define REAL float
+#endif
+#ifndef IDX            // index type: int when every buffer has < 2^31 elements, else long
+#define IDX long
+#endif
+#ifndef FLIP           // 1: the filters of the grad-input convolution (transposed, rotated)
+#define FLIP 0
+#endif
+
+// The 1-D transforms, in place on v[0], v[s], v[2s], ... (after inlining every index is a
+// constant, so the tiles live in registers). Interpolation points 0, 1, -1, 2, -2, infinity.
+
+// B^T d: 6 input values -> 6
+inline void input_1d(REAL* v, const int s)
+{
+    const REAL d0 = v[0], d1 = v[s], d2 = v[2 * s], d3 = v[3 * s], d4 = v[4 * s], d5 = v[5 * s];
+    v[0] = 4 * d0 - 5 * d2 + d4;
+    v[s] = -4 * (d1 + d2) + d3 + d4;
+    v[2 * s] = 4 * (d1 - d2) - d3 + d4;
+    v[3 * s] = 2 * (d3 - d1) - d2 + d4;
+    v[4 * s] = 2 * (d1 - d3) - d2 + d4;
+    v[5 * s] = 4 * d1 - 5 * d3 + d5;
+}
+
+// G g: 3 filter taps -> 6
+inline void filter_1d(REAL* v, const int s)
+{
+    const REAL g0 = v[0], g1 = v[s], g2 = v[2 * s];
+    v[0] = g0 / 4;
+    v[s] = -(g0 + g1 + g2) / 6;
+    v[2 * s] = -(g0 - g1 + g2) / 6;
+    v[3 * s] = g0 / 24 + g1 / 12 + g2 / 6;
+    v[4 * s] = g0 / 24 - g1 / 12 + g2 / 6;
+    v[5 * s] = g2;
+}
+
+// A^T m: 6 products -> 4 outputs
+inline void output_1d(REAL* v, const int s)
+{
+    const REAL m0 = v[0], m1 = v[s], m2 = v[2 * s], m3 = v[3 * s], m4 = v[4 * s], m5 = v[5 * s];
+    v[0] = m0 + m1 + m2 + m3 + m4;
+    v[s] = m1 - m2 + 2 * (m3 - m4);
+    v[2 * s] = m1 + m2 + 4 * (m3 + m4);
+    v[3 * s] = m1 - m2 + 8 * (m3 - m4) + m5;
+}
+
+// A e, the adjoint of output_1d: 4 output gradients -> 6
+inline void grad_output_1d(REAL* v, const int s)
+{
+    const REAL e0 = v[0], e1 = v[s], e2 = v[2 * s], e3 = v[3 * s];
+    v[0] = e0;
+    v[s] = e0 + e1 + e2 + e3;
+    v[2 * s] = e0 - e1 + e2 - e3;
+    v[3 * s] = e0 + 2 * e1 + 4 * e2 + 8 * e3;
+    v[4 * s] = e0 - 2 * e1 + 4 * e2 - 8 * e3;
+    v[5 * s] = e3;
+}
+
+// G^T u, the adjoint of filter_1d: 6 -> 3 filter taps
+inline void grad_filter_1d(REAL* v, const int s)
+{
+    const REAL u0 = v[0], u1 = v[s], u2 = v[2 * s], u3 = v[3 * s], u4 = v[4 * s], u5 = v[5 * s];
+    v[0] = u0 / 4 - (u1 + u2) / 6 + (u3 + u4) / 24;
+    v[s] = (u2 - u1) / 6 + (u3 - u4) / 12;
+    v[2 * s] = (u3 + u4 - u1 - u2) / 6 + u5;
+}
+
+// First row of tile t along an axis: tiles of dilated outputs interleave D ways.
+inline int tile_start(const int t, const int D)
+{
+    return (t % D) + (t / D) * 4 * D;
+}
+
+// U[t][k][ci] = (G g G^T)[t] for filter k, channel ci. 2-D range: ci, k (K filters in all,
+// Ko per group). FLIP = 0: g = w[k][ci]. FLIP = 1 (grad-input): this convolution's filter k,
+// channel ci, is the original filter g * Ci + ci, channel k % Ko, rotated 180 degrees.
+__kernel void winograd_filter(__global const REAL* restrict w, const IDX w_off,
+                              __global REAL* restrict u, const IDX u_off,
+                              const int K, const int Ko, const int Ci)
+{
+    const int ci = get_global_id(0), k = get_global_id(1);
+    if (ci >= Ci || k >= K) return;
+#if FLIP
+    const int grp = k / Ko;
+    const __global REAL* g = w + w_off + ((IDX)(grp * Ci + ci) * Ko + (k - grp * Ko)) * 9;
+#else
+    const __global REAL* g = w + w_off + ((IDX)k * Ci + ci) * 9;
+#endif
+    REAL v[6][6];
+    for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 3; ++j)
+            v[i][j] = FLIP ? g[8 - 3 * i - j] : g[3 * i + j];
+    for (int j = 0; j < 3; ++j) filter_1d(&v[0][j], 6);
+    for (int i = 0; i < 6; ++i) filter_1d(&v[i][0], 1);
+    const IDX step = (IDX)K * Ci;
+    IDX dst = u_off + (IDX)k * Ci + ci;
+    for (int i = 0; i < 6; ++i)
+        for (int j = 0; j < 6; ++j, dst += step)
+            u[dst] = v[i][j];
+}
+
+// V[t][c][p] = (B^T d B)[t] of channel c's patch under tile p. 2-D range: p over the
+// B * TH * TW tiles of the chunk, c. Reads outside the input (padding) are zeros.
+__kernel void winograd_input(__global const REAL* restrict x, const IDX x_off,
+                             __global REAL* restrict out, const IDX out_off,
+                             const int B, const int C, const int H, const int W,
+                             const int TH, const int TW, const int PT, const int PL,
+                             const int DH, const int DW)
+{
+    const int p = get_global_id(0), c = get_global_id(1);
+    const int P = B * TH * TW;
+    if (p >= P || c >= C) return;
+    const int b = p / (TH * TW), t = p - b * TH * TW, th = t / TW;
+    const int y0 = tile_start(th, DH) - PT, x0 = tile_start(t - th * TW, DW) - PL;
+    const __global REAL* src = x + x_off + ((IDX)b * C + c) * H * W;
+    REAL v[6][6];
+    for (int i = 0; i < 6; ++i) {
+        const int y = y0 + i * DH;
+        const bool row_in = y >= 0 && y < H;
+        for (int j = 0; j < 6; ++j) {
+            const int xx = x0 + j * DW;
+            v[i][j] = (row_in && xx >= 0 && xx < W) ? src[y * W + xx] : (REAL)0;
+        }
+    }
+    for (int j = 0; j < 6; ++j) input_1d(&v[0][j], 6);
+    for (int i = 0; i < 6; ++i) input_1d(&v[i][0], 1);
+    const IDX step = (IDX)C * P;
+    IDX dst = out_off + (IDX)c * P + p;
+    for (int i = 0; i < 6; ++i)
+        for (int j = 0; j < 6; ++j, dst += step)
+            out[dst] = v[i][j];
+}
+
+// Output tile p of channel k = A^T M[.][k][p] A (+ bias), written where it lies inside the
+// (B, K, OH, OW) output. 2-D range: p, k.
+__kernel void winograd_output(__global const REAL* restrict m, const IDX m_off,
+                              __global REAL* restrict y, const IDX y_off,
+                              __global const REAL* restrict bias, const IDX bias_off, const int has_bias,
+                              const int B, const int K, const int OH, const int OW,
+                              const int TH, const int TW, const int DH, const int DW)
+{
+    const int p = get_global_id(0), k = get_global_id(1);
+    const int P = B * TH * TW;
+    if (p >= P || k >= K) return;
+    const IDX step = (IDX)K * P;
+    IDX src = m_off + (IDX)k * P + p;
+    REAL v[6][6];
+    for (int i = 0; i < 6; ++i)
+        for (int j = 0; j < 6; ++j, src += step)
+            v[i][j] = m[src];
+    for (int j = 0; j < 6; ++j) output_1d(&v[0][j], 6);
+    for (int i = 0; i < 4; ++i) output_1d(&v[i][0], 1);
+    const REAL b0 = has_bias ? bias[bias_off + k] : (REAL)0;
+    const int b = p / (TH * TW), t = p - b * TH * TW, th = t / TW;
+    const int oy0 = tile_start(th, DH), ox0 = tile_start(t - th * TW, DW);
+    __global REAL* dst = y + y_off + ((IDX)b * K + k) * OH * OW;
+    for (int i = 0; i < 4; ++i) {
+        const int oy = oy0 + i * DH;
+        if (oy >= OH) break;
+        for (int j = 0; j < 4; ++j) {
+            const int ox = ox0 + j * DW;
+            if (ox < OW) dst[oy * OW + ox] = v[i][j] + b0;
+        }
+    }
+}
+
+// Z[t][k][p] = (A E A^T)[t], E the 4x4 tile p of grad_output channel k (zeros past the
+// output's edge): the gradient of M in the forward's terms. 2-D range: p, k.
+__kernel void winograd_grad_output(__global const REAL* restrict dy, const IDX dy_off,
+                                   __global REAL* restrict z, const IDX z_off,
+                                   const int B, const int K, const int OH, const int OW,
+                                   const int TH, const int TW, const int DH, const int DW)
+{
+    const int p = get_global_id(0), k = get_global_id(1);
+    const int P = B * TH * TW;
+    if (p >= P || k >= K) return;
+    const int b = p / (TH * TW), t = p - b * TH * TW, th = t / TW;
+    const int oy0 = tile_start(th, DH), ox0 = tile_start(t - th * TW, DW);
+    const __global REAL* src = dy + dy_off + ((IDX)b * K + k) * OH * OW;
+    REAL v[6][6];
+    for (int i = 0; i < 4; ++i) {
+        const int oy = oy0 + i * DH;
+        for (int j = 0; j < 4; ++j) {
+            const int ox = ox0 + j * DW;
+            v[i][j] = (oy < OH && ox < OW) ? src[oy * OW + ox] : (REAL)0;
+        }
+    }
+    for (int j = 0; j < 4; ++j) grad_output_1d(&v[0][j], 6);
+    for (int i = 0; i < 6; ++i) grad_output_1d(&v[i][0], 1);
+    const IDX step = (IDX)K * P;
+    IDX dst = z_off + (IDX)k * P + p;
+    for (int i = 0; i < 6; ++i)
+        for (int j = 0; j < 6; ++j, dst += step)
+            z[dst] = v[i][j];
+}
+
+// grad_weight[k][ci] = G^T dU[.][k][ci] G: the 36 summed products back to 3x3 taps
+// (overwrites grad_weight). 2-D range: ci, k.
+__kernel void winograd_grad_filter(__global const REAL* restrict du, const IDX du_off,
+                                   __global REAL* restrict dw, const IDX dw_off,
+                                   const int K, const int Ci)
+{
+    const int ci = get_global_id(0), k = get_global_id(1);
+    if (ci >= Ci || k >= K) return;
+    const IDX step = (IDX)K * Ci;
+    IDX src = du_off + (IDX)k * Ci + ci;
+    REAL v[6][6];
+    for (int i = 0; i < 6; ++i)
+        for (int j = 0; j < 6; ++j, src += step)
+            v[i][j] = du[src];
+    for (int j = 0; j < 6; ++j) grad_filter_1d(&v[0][j], 6);
+    for (int i = 0; i < 3; ++i) grad_filter_1d(&v[i][0], 1);
+    __global REAL* g = dw + dw_off + ((IDX)k * Ci + ci) * 9;
+    for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 3; ++j)
+            g[3 * i + j] = v[i][j];
+}
