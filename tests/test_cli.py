@@ -34,9 +34,9 @@ def test_info_names_devices_and_the_default(queue):
 def test_check_runs_every_algorithm(dtype):
     out = run(["-m", "clconv", "check", "--dtype", dtype])
     assert f"every pass in {dtype}" in out
-    for name in ("im2col", "im2col per-group", "fc", "1x1", "direct"):
+    for name in ("im2col", "im2col per-group", "fc", "1x1", "direct", "winograd"):
         assert f"  {name} " in out
-    assert out.count(" ok") == 20 and "all passes match" in out
+    assert out.count(" ok") == 24 and "all passes match" in out
 
 
 def test_bench_writes_json_and_chart(tmp_path):
