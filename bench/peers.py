@@ -6,7 +6,8 @@
 - NumPy: clconv.reference (im2col + BLAS matmul in float64), forward only.
 - CLBlast convgemm looped over (image, group): the approach of the Torch OpenCL
   backend, through CLBlast's C API with ctypes.
-Each peer returns {pass: callable} for the passes it can run, or None with a reason.
+Each peer returns what to time ({pass: callable}; torch also its sync and label), or a
+string saying why it cannot run here.
 """
 import ctypes
 import ctypes.util

@@ -1,6 +1,7 @@
 """Benchmark clconv on the reference workloads, side by side with its peers.
 
     python -m bench [--workload NAME ...] [--size cpu|gpu] [--repeat R] [--json PATH] [--no-peers]
+                    [--algorithm NAME] [--queues single|per-group] [--plot PNG]
 
 For every workload in bench/workloads.json (the 'gpu' sizes on a GPU, else the
 'cpu' sizes) and every pass: warm-up runs (excluding kernel builds), then
@@ -27,6 +28,7 @@ from tqdm import tqdm
 
 import clconv
 from clconv import reference
+from clconv.reference import normalised_error
 from clconv.geometry import conv_geometry
 
 from . import peers
@@ -67,10 +69,6 @@ def time_it(fn, sync, repeat, budget_s=3.0, warmup=2, batch_s=0.005):
 def pass_bytes(g, itemsize):
     """Bytes each pass must at least move: its two operands and its result."""
     return (g.N * g.C * g.H * g.W + g.K * g.Cg * g.kh * g.kw + g.N * g.K * g.P) * itemsize
-
-
-def normalised_error(got, want):
-    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
 
 
 def gemm_peer(g, queue):

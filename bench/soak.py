@@ -87,8 +87,8 @@ def main(argv=None):
         if check:
             got = got.get() if isinstance(got, cla.Array) else got
             expected = reference.conv2d_bias(dy) if want is None else want[0](*want[1], **opts)
-            err = np.abs(got - expected).max() / max(np.abs(expected).max(), 1e-30)
-            if err > 1e-4:
+            err = reference.normalised_error(got, expected)
+            if err > reference.TOLERANCE[np.dtype(np.float32)]:
                 raise AssertionError(f"call {i}: {configs[c]} pass {kind}: error {err}")
 
     for i in range(len(configs) * 4):          # warm-up: every config and pass once (builds, caches)

@@ -1,6 +1,7 @@
 """clconv: grouped 2-D convolution (forward and all gradients) on any OpenCL device.
 
-Our own im2col/col2im kernels plus CLBlast GEMM, on pyopencl arrays.
+Our own OpenCL kernels (im2col/col2im, Winograd transforms, direct grouped convolution) plus
+CLBlast GEMM, on pyopencl arrays.
 """
 from . import nn, reference
 from .device import default_context, default_queue

@@ -44,6 +44,11 @@ def _in_place(m, n, k, count, lds, offsets, strides, a_transp, b_transp, gemmk):
             if x in candidates and ld == dims[x][0] and (off or (count > 1 and stride != dims[x][0] * dims[x][1]))]
 
 
+def _gemmk(device, dtype):
+    """The Xgemm kernel variant in use (0 unless clconv applied a tuned GEMMK 1 set)."""
+    return apply_tuned(device, dtype).get("Xgemm", {}).get("GEMMK", 0)
+
+
 def gemm_strided_batched(queue, dtype, m, n, k, count, a, a_off, lda, a_stride, b, b_off, ldb, b_stride,
                          c, c_off, ldc, c_stride, *, alpha=1.0, beta=0.0, a_transp=False, b_transp=False,
                          what=""):
@@ -57,23 +62,23 @@ def gemm_strided_batched(queue, dtype, m, n, k, count, a, a_off, lda, a_stride, 
     """
     assert count == 1 or c_stride > 0, "batched GEMM into one C would race"
     c_stride = c_stride if count > 1 else m * ldc    # CLBlast rejects a zero stride even for one matrix
-    gemmk = apply_tuned(queue.device, dtype).get("Xgemm", {}).get("GEMMK", 0)
-    ops = {"A": [a, a_off, a_stride], "B": [b, b_off, b_stride], "C": [c, c_off, c_stride]}
+    device = queue.device
+    gemmk = _gemmk(device, dtype)
     risky = _in_place(m, n, k, count, (lda, ldb, ldc), (a_off, b_off, c_off), (a_stride, b_stride, c_stride),
                       a_transp, b_transp, gemmk)
-    align = queue.device.mem_base_addr_align // 8
-    packed = {"A": m * k, "B": k * n, "C": m * n}
-    if risky and count > 1 and all(ops[x][1] * dtype.itemsize % align == 0 and ops[x][2] == packed[x]
-                                   for x in risky):
-        try:   # a view starting at each such operand: offset 0, and its stride is already packed
-            views = {x: ops[x][0].get_sub_region(ops[x][1] * dtype.itemsize,
-                                                 ops[x][0].size - ops[x][1] * dtype.itemsize) for x in risky}
-        except cl.Error:   # e.g. the buffer is itself a sub-buffer
-            views = {}
-        for x, view in views.items():
-            ops[x][:2] = view, 0
-        risky = [x for x in risky if x not in views]
-    (a, a_off, a_stride), (b, b_off, b_stride), (c, c_off, c_stride) = ops.values()
+    if risky and count > 1:
+        ops = {"A": [a, a_off, a_stride, m * k], "B": [b, b_off, b_stride, k * n], "C": [c, c_off, c_stride, m * n]}
+        align = device.mem_base_addr_align // 8
+        if all(ops[x][1] * dtype.itemsize % align == 0 and ops[x][2] == ops[x][3] for x in risky):
+            try:   # a view of exactly each such operand (its stride is already packed): offset 0
+                for x in risky:
+                    buf, origin, _, packed = ops[x]
+                    ops[x][:2] = buf.get_sub_region(origin * dtype.itemsize, count * packed * dtype.itemsize), 0
+                risky = []
+            except cl.Error:   # e.g. the buffer is itself a sub-buffer: one GEMM at a time
+                pass
+        if not risky:
+            (a, a_off, _, _), (b, b_off, _, _), (c, c_off, _, _) = ops.values()
     try:
         if not risky:
             event = pyclblast.gemmStridedBatched(
@@ -113,7 +118,8 @@ def grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, offsets, group_str
 
     The smaller of the two dimensions becomes a (host-side, non-blocking) loop
     and the other one the batch of a strided-batched GEMM, so there are
-    min(groups, images) launches. ``offsets``, ``group_strides``,
+    min(groups, images) launches (the larger number where only that batch is
+    one CLBlast reads correctly). ``offsets``, ``group_strides``,
     ``image_strides`` and ``lds`` are (A, B, C) triples.
 
     With ``per_group`` each group's GEMM (batched over the images) runs on its
@@ -129,6 +135,7 @@ def grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, offsets, group_str
 
     if per_group and groups > 1:
         ready = cl.enqueue_marker(queue)
+        queue.flush()   # other queues wait on this marker: it must reach the device
         done = []
         for g, q in enumerate(group_queues(queue, groups)):
             cl.enqueue_barrier(q, wait_for=[ready])
@@ -136,9 +143,12 @@ def grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, offsets, group_str
             done.append(cl.enqueue_marker(q))
             q.flush()
         cl.enqueue_barrier(queue, wait_for=done)
-    elif groups <= images:
-        for g in range(groups):
-            run(queue, g, group_strides, images, image_strides)
     else:
-        for i in range(images):
-            run(queue, i, image_strides, groups, group_strides)
+        # loop over the smaller dimension, unless its batch has strides CLBlast would misread
+        # (_in_place; such a batch runs one GEMM at a time): then over the other one
+        gemmk = _gemmk(queue.device, dtype)
+        ways = [(groups, group_strides, images, image_strides), (images, image_strides, groups, group_strides)]
+        loop, loop_strides, count, batch_strides = min(ways, key=lambda w: (
+            bool(_in_place(m, n, k, w[2], lds, (0, 0, 0), w[3], a_transp, b_transp, gemmk)), w[0]))
+        for i in range(loop):
+            run(queue, i, loop_strides, count, batch_strides)

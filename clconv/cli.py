@@ -92,7 +92,7 @@ def cmd_tune_gemm(args):
     return 0
 
 
-CHECKS = [  # (name, input, weight, options): every algorithm at least once
+CHECKS = [  # (algorithm [and queues], input, weight, options): every algorithm at least once
     ("im2col", (2, 4, 9, 7), (6, 4, 3, 2), dict(stride=(2, 1), padding=((1, 0), (2, 1)))),
     ("im2col per-group", (2, 4, 9, 7), (6, 2, 3, 3), dict(padding="same", groups=2, dilation=2)),
     ("fc", (5, 6, 4, 3), (8, 3, 4, 3), dict(groups=2)),
@@ -111,15 +111,16 @@ def cmd_check(args):
     rng = np.random.default_rng(0)
     failed = 0
     for name, xs, ws, opts in CHECKS:
-        queues = "per-group" if "per-group" in name else "single"
+        algorithm, queues = name.split()[0], "per-group" if "per-group" in name else "single"
         x, w = rng.standard_normal(xs).astype(dtype), rng.standard_normal(ws).astype(dtype)
         b = rng.standard_normal(ws[0]).astype(dtype)
-        y = conv2d(x, w, b, **opts, queues=queues)
+        y = conv2d(x, w, b, **opts, algorithm=algorithm, queues=queues)
         dy = rng.standard_normal(y.shape).astype(dtype)
         for pass_name, got, want in [
                 ("forward", y, reference.conv2d(x, w, b, **opts)),
-                ("grad-input", conv2d_input(xs, w, dy, **opts, queues=queues), reference.conv2d_input(xs, w, dy, **opts)),
-                ("grad-weight", conv2d_weight(x, ws, dy, **opts, queues=queues),
+                ("grad-input", conv2d_input(xs, w, dy, **opts, algorithm=algorithm, queues=queues),
+                 reference.conv2d_input(xs, w, dy, **opts)),
+                ("grad-weight", conv2d_weight(x, ws, dy, **opts, algorithm=algorithm, queues=queues),
                  reference.conv2d_weight(x, ws, dy, **opts)),
                 ("grad-bias", conv2d_bias(dy), reference.conv2d_bias(dy))]:
             err = float(reference.normalised_error(got, want))

@@ -75,9 +75,13 @@ class Plan:
         g = self.geometry
         if tuned and tuned.get("algorithm") in ALGORITHMS and ALGORITHMS[tuned["algorithm"]].applies(g)[0]:
             others = ", ".join(f"{k} {v} ms" for k, v in sorted(tuned.get("timings", {}).items()))
-            return (ALGORITHMS[tuned["algorithm"]](g, self.compute_dtype, self.queue.device, self.workspace_limit,
-                                                   per_group=tuned.get("queues") == "per-group"),
-                    f"fastest on this device in the tuning cache ({others or str(tuned.get('ms')) + ' ms'})")
+            cls = ALGORITHMS[tuned["algorithm"]]
+            try:
+                return (cls(g, self.compute_dtype, self.queue.device, self.workspace_limit,
+                            per_group=tuned.get("queues") == "per-group"),
+                        f"fastest on this device in the tuning cache ({others or str(tuned.get('ms')) + ' ms'})")
+            except ValueError:   # e.g. this plan's workspace limit: choose as if nothing were tuned
+                pass
         candidates = ALGORITHMS if algorithm == "auto" else {algorithm: ALGORITHMS[algorithm]}
         reasons, passed_over = [], ""
         for name, cls in candidates.items():
@@ -260,7 +264,8 @@ def plan(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, *
 
     ``algorithm``: "auto" or one of "fc", "1x1", "direct", "winograd", "im2col" (ValueError if
     it does not apply). ``queues``: "single" or "per-group" (each group's GEMMs on
-    their own in-order queue). ``workspace_limit``: bytes of workspace per pass.
+    their own in-order queue). ``workspace_limit``: bytes of the algorithm's workspace per pass
+    (for float16 arrays, their float32 copies come on top).
     """
     g = conv_geometry(input_shape, weight_shape, stride, padding, dilation, groups)
     return Plan(g, dtype, pick_queue(queue), algorithm=algorithm, queues=queues, workspace_limit=workspace_limit)

@@ -24,9 +24,8 @@ def transpose_output_shape(input_shape, weight_shape, stride=1, padding=0, outpu
     if min(sh, sw, dh, dw) <= 0 or min(ph, pw, oh, ow) < 0:
         raise ValueError(f"stride and dilation must be positive, padding and output_padding non-negative; got "
                          f"stride={stride}, padding={padding}, output_padding={output_padding}, dilation={dilation}")
-    if not (oh < max(sh, dh) and ow < max(sw, dw)):
-        raise ValueError(f"output_padding {(oh, ow)} must be smaller than either stride {(sh, sw)} or dilation "
-                         f"{(dh, dw)}")
+    if not (oh < sh and ow < sw):   # (PyTorch also allows it below the dilation; clconv does not)
+        raise ValueError(f"output_padding {(oh, ow)} must be smaller than the stride {(sh, sw)}")
     N, cin, H, W = input_shape
     if weight_shape[0] != cin:
         raise ValueError(f"Given transposed weight of size {list(weight_shape)}, expected input {list(input_shape)} "

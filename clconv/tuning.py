@@ -64,11 +64,6 @@ def load(path=None):
     return data["entries"]
 
 
-def lookup(device, dtype, g, pass_name):
-    """The stored winner {"algorithm", "queues", "ms"} for this pass, or None."""
-    return load().get(entry_key(device, dtype, g, pass_name))
-
-
 def store(new_entries, path=None):
     """Merge ``new_entries`` into the cache file under a lock, then replace it atomically."""
     path = Path(path or cache_path())
@@ -127,13 +122,18 @@ def tune(g, dtype, queue, passes=PASSES, save=True, progress=None):
     for pass_name in passes:
         timings = {}
         for algorithm, queues in candidates(g):
-            p = Plan(g, dtype, queue, algorithm=algorithm, queues=queues, tuned=False)
+            if progress:
+                progress()
+            try:
+                p = Plan(g, dtype, queue, algorithm=algorithm, queues=queues, tuned=False)
+            except ValueError:   # e.g. above the workspace limit: not a candidate here
+                continue
             run = {"forward": lambda p=p: p.forward(x, w, out=outs["forward"]),
                    "backward_input": lambda p=p: p.backward_input(w, dy, out=outs["backward_input"]),
                    "backward_weight": lambda p=p: p.backward_weight(x, dy, out=outs["backward_weight"])}[pass_name]
             timings[f"{algorithm}/{queues}"] = _time(run, queue)
-            if progress:
-                progress()
+        if not timings:
+            continue
         best = min(timings, key=timings.get)
         algorithm, queues = best.split("/")
         results[pass_name] = {"algorithm": algorithm, "queues": queues, "ms": round(timings[best], 4),

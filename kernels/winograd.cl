@@ -17,9 +17,6 @@
 #ifndef IDX            // index type: int when every buffer has < 2^31 elements, else long
 #define IDX long
 #endif
-#ifndef FLIP           // 1: the filters of the grad-input convolution (transposed, rotated)
-#define FLIP 0
-#endif
 
 // The 1-D transforms, in place on v[0], v[s], v[2s], ... (after inlining every index is a
 // constant, so the tiles live in registers). Interpolation points 0, 1, -1, 2, -2, infinity.
@@ -86,24 +83,20 @@ inline int tile_start(const int t, const int D)
 }
 
 // U[t][k][ci] = (G g G^T)[t] for filter k, channel ci. 2-D range: ci, k (K filters in all,
-// Ko per group). FLIP = 0: g = w[k][ci]. FLIP = 1 (grad-input): this convolution's filter k,
-// channel ci, is the original filter g * Ci + ci, channel k % Ko, rotated 180 degrees.
+// Ko per group). flip = 0: g = w[k][ci]. flip = 1 (grad-input): this convolution's filter k,
+// channel ci, is the original filter grp * Ci + ci, channel k % Ko, rotated 180 degrees.
 __kernel void winograd_filter(__global const REAL* restrict w, const IDX w_off,
                               __global REAL* restrict u, const IDX u_off,
-                              const int K, const int Ko, const int Ci)
+                              const int K, const int Ko, const int Ci, const int flip)
 {
     const int ci = get_global_id(0), k = get_global_id(1);
     if (ci >= Ci || k >= K) return;
-#if FLIP
     const int grp = k / Ko;
-    const __global REAL* g = w + w_off + ((IDX)(grp * Ci + ci) * Ko + (k - grp * Ko)) * 9;
-#else
-    const __global REAL* g = w + w_off + ((IDX)k * Ci + ci) * 9;
-#endif
+    const __global REAL* g = w + w_off + (flip ? (IDX)(grp * Ci + ci) * Ko + (k - grp * Ko) : (IDX)k * Ci + ci) * 9;
     REAL v[6][6];
     for (int i = 0; i < 3; ++i)
         for (int j = 0; j < 3; ++j)
-            v[i][j] = FLIP ? g[8 - 3 * i - j] : g[3 * i + j];
+            v[i][j] = flip ? g[8 - 3 * i - j] : g[3 * i + j];
     for (int j = 0; j < 3; ++j) filter_1d(&v[0][j], 6);
     for (int i = 0; i < 6; ++i) filter_1d(&v[i][0], 1);
     const IDX step = (IDX)K * Ci;

@@ -140,3 +140,46 @@ def test_auto_passes_over_winograd_above_the_workspace_limit(queue):
     assert_close(p.forward(x, w), reference.conv2d(x, w, padding=1), np.float32, "forward")
     with pytest.raises(ValueError, match="winograd: one image .* im2col: one image"):
         clconv.plan(x.shape, w.shape, padding=1, queue=queue, workspace_limit=4000)
+
+
+def test_split_k_last_chunk_fits_its_workspace(queue):
+    # chunks of 26 images split into 2 slices, the last one of 18 images into 3
+    xs, ws = (200, 16, 5, 5), (64, 16, 3, 3)
+    g = clconv.plan(xs, ws, stride=2, queue=queue, algorithm="im2col").geometry
+    algo = clconv.plan(xs, ws, stride=2, queue=queue, algorithm="im2col")._choice["backward_weight"][0]
+    limit = ((algo.rows + g.K) * g.P * 26 + algo.max_slices * g.K * g.Kd) * 4
+    p = clconv.plan(xs, ws, stride=2, queue=queue, algorithm="im2col", workspace_limit=limit)
+    algo = p._choice["backward_weight"][0]
+    assert (algo.chunk, algo.slices, algo.last_slices) == (26, 2, 3)
+    assert algo.workspace["backward_weight"] == (algo.rows + g.K) * g.P * 26 + 3 * g.K * g.Kd
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    dy = rng.standard_normal(g.output_shape).astype(np.float32)
+    assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, ws, dy, stride=2), np.float32, "grad-weight")
+
+
+def test_tuned_winner_above_the_workspace_limit_is_passed_over(queue, monkeypatch, tmp_path):
+    from clconv import tuning
+    monkeypatch.setenv("CLCONV_CACHE_DIR", str(tmp_path))
+    xs, ws = (1, 16, 8, 8), (64, 16, 3, 3)
+    g = clconv.plan(xs, ws, padding=1, queue=queue).geometry
+    tuning.store({tuning.entry_key(queue.device, np.float32, g, p): {"algorithm": "winograd", "queues": "single",
+                                                                     "ms": 1.0} for p in ("forward",)})
+    assert clconv.plan(xs, ws, padding=1, queue=queue).explain().count("tuning cache") == 1
+    p = clconv.plan(xs, ws, padding=1, queue=queue, workspace_limit=80000)   # Winograd needs more
+    assert p.algorithms["forward"] == "im2col" and "tuning cache" not in p.explain()
+
+
+def test_direct_grad_weight_partials_fit_the_workspace_limit(queue):
+    xs, ws, opts = (8, 2, 64, 64), (2, 1, 3, 3), dict(padding=1, groups=2)
+    one_slice = 2 * 9 * 4   # bytes of one slice of partial sums: K filters x 9 taps
+    full = clconv.plan(xs, ws, **opts, queue=queue, algorithm="direct")
+    assert full._choice["backward_weight"][0].slices > 1
+    p = clconv.plan(xs, ws, **opts, queue=queue, algorithm="direct", workspace_limit=one_slice)
+    assert p._choice["backward_weight"][0].slices == 1 and p.workspace_bytes == one_slice
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    dy = rng.standard_normal(p.geometry.output_shape).astype(np.float32)
+    assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, ws, dy, **opts), np.float32, "grad-weight")
+    with pytest.raises(ValueError, match="workspace bytes, above the limit"):
+        clconv.plan(xs, ws, **opts, queue=queue, algorithm="direct", workspace_limit=one_slice - 4)

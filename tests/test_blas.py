@@ -37,3 +37,23 @@ def test_gemm_at_any_offset_and_stride(b_offset, b_gap, count, queue):
     cl.enqueue_copy(queue, c, buf, src_offset=4 * c_off)
     want = a.astype(np.float64) @ b.astype(np.float64)
     assert_close(c, want, np.float32, "GEMM")
+
+
+@pytest.mark.parametrize("groups,images", [(2, 8), (8, 2)])
+def test_grouped_1x1_batches_what_clblast_reads_correctly(groups, images, queue, monkeypatch):
+    """Batched over the images, a group's input is not packed (its stride is C*P): the GEMMs
+    batch over the groups instead, one call per image, not one per (group, image)."""
+    import clconv
+    from clconv import blas, reference
+    calls = []
+    for name in ("gemm", "gemmStridedBatched"):
+        original = getattr(blas.pyclblast, name)
+        monkeypatch.setattr(blas.pyclblast, name, lambda *a, _f=original, **k: calls.append(1) or _f(*a, **k))
+    xs, ws = (images, 8 * groups, 32, 32), (16 * groups, 8, 1, 1)
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    p = clconv.plan(xs, ws, groups=groups, queue=queue)
+    assert p.algorithms["forward"] == "1x1"
+    y = p.forward(x, w)
+    assert len(calls) == images
+    assert_close(y, reference.conv2d(x, w, groups=groups), np.float32, "forward")

@@ -108,3 +108,10 @@ def test_conv_transpose2d_module(queue):
     assert_close(gx.get(), reference.conv2d(dy, w, **conv), np.float32, "grad-input")
     assert_close(m.grad_weight.get(), reference.conv2d_weight(dy, w.shape, x, **conv), np.float32, "grad-weight")
     assert_close(m.grad_bias.get(), reference.conv2d_bias(dy), np.float32, "grad-bias")
+
+
+def test_conv_transpose2d_output_padding_must_be_below_the_stride():
+    # PyTorch also accepts it below the dilation; clconv's grad-input mapping needs it below the stride
+    with pytest.raises(ValueError, match=r"output_padding \(1, 1\) must be smaller than the stride"):
+        clconv.conv_transpose2d(np.ones((1, 2, 5, 5), np.float32), np.ones((2, 2, 3, 3), np.float32), dilation=2,
+                                output_padding=1)

@@ -87,10 +87,16 @@ class Direct:
         if self.transposed:
             self.tiles["backward_input"] = _patches(self.transposed, self.staged)["forward"]
         self.specs = {id(t): self._specs(t) for t in (g, self.transposed) if t}   # per launch geometry
-        # enough work-groups in stage 1 to fill the device (about 4 per compute unit),
-        # each slice keeping at least 1024 positions; fixed per device, so deterministic
+        # enough work-groups in stage 1 to fill the device (about 4 per compute unit), each
+        # slice keeping at least 1024 positions, as many as the workspace holds; fixed per
+        # device and limit, so deterministic
         fill = -(-4 * device.max_compute_units // g.K)
-        self.slices = max(1, min(64, fill, g.N * g.P // 1024))
+        room = workspace_limit // (g.K * self.taps * dtype.itemsize)
+        if room < 1:
+            raise ValueError(f"grad-weight of input {list(g.input_shape)} with weight {list(g.weight_shape)} needs "
+                             f"{g.K * self.taps * dtype.itemsize} workspace bytes, above the limit of "
+                             f"{workspace_limit} bytes")
+        self.slices = max(1, min(64, fill, g.N * g.P // 1024, room))
         self.workspace = {"forward": 0, "backward_input": 0, "backward_weight": g.K * self.slices * self.taps}
 
     def describe(self, pass_name):

@@ -34,7 +34,8 @@ class Im2col:
         itemsize = dtype.itemsize
         self.rows = g.C * g.kh * g.kw
         per_image = (self.rows + g.K) * g.P
-        # grad-weight split-K: enough partial sums to fill the device, slices of at least MIN_SLICE positions
+        # grad-weight split-K: enough partial sums to fill the device, at most one slice per MIN_SLICE
+        # positions of the batch (a chunk's slices divide its positions exactly, so can be shorter)
         self.max_slices = max(1, min(MAX_SLICES, -(-SPLIT_K_TARGET // (g.K * g.Kd)), g.N * g.P // MIN_SLICE))
         partials = self.max_slices * g.K * g.Kd if self.max_slices > 1 else 0
         if (per_image + partials) * itemsize > workspace_limit:
@@ -43,8 +44,12 @@ class Im2col:
                              f"of {workspace_limit} bytes")
         # images per chunk: as many as the budget allows
         self.chunk = max(1, min(g.N, (workspace_limit // itemsize - partials) // per_image, INT32_MAX // g.P))
+        # slices of a full chunk, and of a shorter last one (which can split into more)
         self.slices = _largest_divisor_at_most(self.chunk * g.P, self.max_slices)
-        wgrad_extra = self.slices * g.K * g.Kd if self.slices > 1 else 0
+        last = g.N % self.chunk
+        self.last_slices = _largest_divisor_at_most(last * g.P, self.max_slices) if last else self.slices
+        most = max(self.slices, self.last_slices)
+        wgrad_extra = most * g.K * g.Kd if most > 1 else 0
         self.workspace = {"forward": per_image * self.chunk, "backward_input": per_image * self.chunk,
                           "backward_weight": per_image * self.chunk + wgrad_extra}
 
@@ -125,7 +130,7 @@ class Im2col:
             col, t, part = 0, self.rows * ld, (self.rows + g.K) * ld
             self._im2col(queue, idx, x, n0, nb, ws, col)
             self._to_columns(queue, idx, dy, n0, nb, ws, t)
-            S = _largest_divisor_at_most(ld, self.max_slices)
+            S = self.slices if nb == B else self.last_slices
             if S == 1:
                 self._group_gemm(queue, Kg, Kd, ld, ws, ws, dw.buf, (t, col, dw.off), (Kg * ld, Kd * ld, Kg * Kd),
                                  (ld, ld, Kd), beta=0.0 if n0 == 0 else 1.0, b_transp=True, what="grad-weight")

@@ -34,8 +34,9 @@ class Pointwise:
         if pass_name == "backward_weight":
             return "1x1: " + self._weight.describe(pass_name)
         m, k = (g.Kg, g.Cg) if pass_name == "forward" else (g.Cg, g.Kg)
+        # grouped, the groups are the batch (an image's groups are packed; a group's images are not)
         return (f"1x1 GEMM on the input, {g.groups} group(s) x {g.N} image(s) in "
-                f"{min(g.groups, g.N)} batched launch(es), M={m} N={g.P} K={k}, no im2col")
+                f"{1 if g.groups == 1 else g.N} batched launch(es), M={m} N={g.P} K={k}, no im2col")
 
     def forward(self, queue, x, w, bias, y, ws):
         g = self.g

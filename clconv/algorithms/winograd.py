@@ -52,56 +52,60 @@ class Winograd:
         self.g, self.dtype, self.per_group = g, dtype, per_group
         # each pass runs over a convolution geometry: grad-input over the transposed one
         self.geometry = {"forward": g, "backward_input": g.transposed(), "backward_weight": g}
+        # tiles (TH, TW) per image along the pass's output rows and columns
+        self.grid = {p: (_tiles(t.OH, t.dilation[0]), _tiles(t.OW, t.dilation[1])) for p, t in self.geometry.items()}
         self.chunk, self.layout, self.workspace = {}, {}, {}
         for pass_name, t in self.geometry.items():
-            tiles, limit = self._tiles_per_image(t), workspace_limit // dtype.itemsize
+            tiles, limit = self._tiles_per_image(pass_name), workspace_limit // dtype.itemsize
             per_image = T2 * tiles * (t.C + t.K)                      # V, and M (or Z)
             B = max(1, min(g.N, (limit - T2 * t.K * t.Cg) // per_image, INT32_MAX // (T2 * max(t.C, t.K) * tiles)))
-            while B > 1 and self._layout(pass_name, t, B)[2] > limit:   # the estimate ignores alignment
+            while B > 1 and self._layout(pass_name, B)[2] > limit:   # the estimate ignores alignment
                 B -= 1
-            layout = self._layout(pass_name, t, B)
+            layout = self._layout(pass_name, B)
             if layout[2] > limit:
                 raise ValueError(f"one image of input {list(g.input_shape)} with weight {list(g.weight_shape)} "
                                  f"needs {layout[2] * dtype.itemsize} Winograd workspace bytes, above the limit "
                                  f"of {workspace_limit} bytes")
             self.chunk[pass_name], self.layout[pass_name], self.workspace[pass_name] = B, layout[:2], layout[2]
 
-    def _layout(self, pass_name, t, B):
+    def _layout(self, pass_name, B):
         """(second, third, end) offsets of the workspace for chunks of B images. V (36, C, P)
         comes first, at offset 0: it is the GEMM's B operand (see blas._in_place); then U
         (36, K, Ci) and M (36, K, P), or for grad-weight Z (36, K, P) and dU (36, K, Ci)."""
-        P = B * self._tiles_per_image(t)
+        t, P = self.geometry[pass_name], B * self._tiles_per_image(pass_name)
         sizes = (T2 * t.K * t.Cg, T2 * t.K * P)[::-1 if pass_name == "backward_weight" else 1]
         second = _aligned(T2 * t.C * P)
         third = _aligned(second + sizes[0])
         return second, third, third + sizes[1]
 
-    @staticmethod
-    def _tiles_per_image(t):
-        return _tiles(t.OH, t.dilation[0]) * _tiles(t.OW, t.dilation[1])
+    def _tiles_per_image(self, pass_name):
+        th, tw = self.grid[pass_name]
+        return th * tw
 
     def describe(self, pass_name):
         t, B = self.geometry[pass_name], self.chunk[pass_name]
         chunks = -(-t.N // B) if t.N else 0
-        n = B * self._tiles_per_image(t)
+        n = B * self._tiles_per_image(pass_name)
         mnk = (t.Kg, t.Cg, n) if pass_name == "backward_weight" else (t.Kg, n, t.Cg)
         flipped = " of the transposed convolution over grad_output" if pass_name == "backward_input" else ""
         return (f"Winograd F(4x4,3x3){flipped}: transforms + {T2} x {t.groups} batched GEMMs per chunk, "
                 f"{chunks} chunk(s) of {B} image(s), per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2]}")
 
-    def _kernel(self, queue, name, idx, flip=0):
-        return get_kernel(queue.context, "winograd.cl", name, self.dtype, IDX=idx, FLIP=flip)
+    def _kernel(self, queue, name, idx):
+        return get_kernel(queue.context, "winograd.cl", name, self.dtype, IDX=idx)
 
-    def _input(self, queue, idx, t, x, n0, nb, ws, at):
+    def _input(self, queue, idx, pass_name, x, n0, nb, ws, at):
         """V (36, C, nb * tiles) at ``at`` from images n0 ... n0+nb-1 of ``x``."""
+        t = self.geometry[pass_name]
         (pt, _), (pl, _) = t.pads
-        launch(queue, self._kernel(queue, "winograd_input", idx), (nb * self._tiles_per_image(t), t.C), LOCAL,
-               x.buf, x.off + n0 * t.C * t.H * t.W, ws, at, nb, t.C, t.H, t.W,
-               _tiles(t.OH, t.dilation[0]), _tiles(t.OW, t.dilation[1]), pt, pl, *t.dilation,
-               what="Winograd input transform")
+        launch(queue, self._kernel(queue, "winograd_input", idx), (nb * self._tiles_per_image(pass_name), t.C),
+               LOCAL, x.buf, x.off + n0 * t.C * t.H * t.W, ws, at, nb, t.C, t.H, t.W, *self.grid[pass_name],
+               pt, pl, *t.dilation, what="Winograd input transform")
 
-    def _tile_args(self, t, nb):
-        return (nb, t.K, t.OH, t.OW, _tiles(t.OH, t.dilation[0]), _tiles(t.OW, t.dilation[1])) + t.dilation
+    def _tile_args(self, pass_name, nb):
+        """The output-side kernels' tile arguments: images, channels, output size, tiles, dilation."""
+        t = self.geometry[pass_name]
+        return (nb, t.K, t.OH, t.OW) + self.grid[pass_name] + t.dilation
 
     def _gemm(self, queue, ws, G, m, n, k, offsets, strides, positions, lds, **kw):
         """The 36 x G GEMMs on workspace operands at ``offsets`` (A, B, C). ``strides``: from one
@@ -116,22 +120,21 @@ class Winograd:
     def _convolve(self, queue, pass_name, x, w, bias, y, ws, what):
         """y = conv(x, w) (+ bias) over the pass's geometry, w flipped for grad-input."""
         t, B = self.geometry[pass_name], self.chunk[pass_name]
-        flip = int(pass_name == "backward_input")
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
-        G, Ko, Ci, tp = t.groups, t.Kg, t.Cg, self._tiles_per_image(t)
+        G, Ko, Ci, tp = t.groups, t.Kg, t.Cg, self._tiles_per_image(pass_name)
         u, m = self.layout[pass_name]
-        launch(queue, self._kernel(queue, "winograd_filter", idx, flip), (Ci, t.K), LOCAL,
-               w.buf, w.off, ws, u, t.K, Ko, Ci, what=f"{what}: filter transform")
+        launch(queue, self._kernel(queue, "winograd_filter", idx), (Ci, t.K), LOCAL,
+               w.buf, w.off, ws, u, t.K, Ko, Ci, int(pass_name == "backward_input"), what=f"{what}: filter transform")
         output = self._kernel(queue, "winograd_output", idx)
         b = bias if bias is not None else w
         for n0 in range(0, t.N, B):
             nb = min(B, t.N - n0)
             P = nb * tp
-            self._input(queue, idx, t, x, n0, nb, ws, 0)
+            self._input(queue, idx, pass_name, x, n0, nb, ws, 0)
             self._gemm(queue, ws, G, Ko, P, Ci, (u, 0, m), (Ko * Ci, Ci * P, Ko * P),
                        (t.K * Ci, t.C * P, t.K * P), (Ci, P, P), what=what)
             launch(queue, output, (P, t.K), LOCAL, ws, m, y.buf, y.off + n0 * t.K * t.OH * t.OW,
-                   b.buf, b.off, int(bias is not None), *self._tile_args(t, nb), what=f"{what}: output transform")
+                   b.buf, b.off, int(bias is not None), *self._tile_args(pass_name, nb), what=f"{what}: output transform")
 
     def forward(self, queue, x, w, bias, y, ws):
         self._convolve(queue, "forward", x, w, bias, y, ws, "forward (Winograd)")
@@ -142,15 +145,15 @@ class Winograd:
     def backward_weight(self, queue, x, dy, dw, ws):
         t, B = self.g, self.chunk["backward_weight"]
         idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
-        Kg, Cg, tp = t.Kg, t.Cg, self._tiles_per_image(t)
+        Kg, Cg, tp = t.Kg, t.Cg, self._tiles_per_image("backward_weight")
         z, du = self.layout["backward_weight"]
         grad_output = self._kernel(queue, "winograd_grad_output", idx)
         for n0 in range(0, t.N, B):
             nb = min(B, t.N - n0)
             P = nb * tp
-            self._input(queue, idx, t, x, n0, nb, ws, 0)
+            self._input(queue, idx, "backward_weight", x, n0, nb, ws, 0)
             launch(queue, grad_output, (P, t.K), LOCAL, dy.buf, dy.off + n0 * t.K * t.OH * t.OW, ws, z,
-                   *self._tile_args(t, nb), what="grad-weight (Winograd): grad_output transform")
+                   *self._tile_args("backward_weight", nb), what="grad-weight (Winograd): grad_output transform")
             self._gemm(queue, ws, t.groups, Kg, Cg, P, (z, 0, du), (Kg * P, Cg * P, Kg * Cg),
                        (t.K * P, t.C * P, t.K * Cg), (P, P, Cg), beta=0.0 if n0 == 0 else 1.0, b_transp=True,
                        what="grad-weight (Winograd)")
