@@ -87,7 +87,7 @@ class Plan:
         for name, cls in candidates.items():
             ok, why = cls.applies(g)
             if ok and algorithm == "auto" and hasattr(cls, "preferred"):
-                preferred, why_not = cls.preferred(g, pass_name)
+                preferred, why_not = cls.preferred(g, pass_name, self.queue.device)
                 if not preferred:
                     passed_over += f" (not {name}: {why_not})"
                     continue

@@ -61,6 +61,9 @@
 #ifndef RY             // output rows per work-item in the forward kernel
 #define RY 1
 #endif
+#ifndef KB             // filters per work-item in the forward kernel (KG % KB == 0): each
+#define KB 1           // patch value read from local memory feeds KB accumulators
+#endif
 // Input patch a forward tile needs (set by the host from stride, dilation and kernel
 // size): PH = (TY*RY-1)*SH + (KH-1)*DH + 1 rows, PW = (TX-1)*SW + (KW-1)*DW + 1.
 #ifndef PH
@@ -80,9 +83,9 @@
 
 // y[n, k, oy, ox] = bias[k] + sum over c < CG, i, j of
 //                   w[k, c, i, j] * x[n, (k / KG) * CG + c, oy*SH - PT + i*DH, ox*SW - PL + j*DW]
-// Work-group: a TX x TY output tile of plane (n, k) = group id 2; for each input
-// channel of the group, the patch under the tile is staged in local memory once
-// and read by every tap.
+// Work-group: a TX x TY output tile of KB planes (n, k0..k0+KB-1) of one group, group
+// id 2 = n * K / KB + k0 / KB; for each input channel of the group, the patch under
+// the tile is staged in local memory once and read by every tap of the KB filters.
 // FLIP: for stride 1, grad-input is this same sum over dy with each group's weight
 // transposed (its KG filters become the channels) and rotated by 180 degrees; the
 // host passes the transposed geometry (x = dy, y = dx, pads (KH-1)*DH - PT, ...),
@@ -110,13 +113,13 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
     const int lx = get_local_id(0), ly = get_local_id(1);
     const int ox = get_group_id(0) * TX + lx, oy0 = get_group_id(1) * TY * RY + ly;
     const int nk = get_group_id(2);
-    const int k = nk % K, n = nk / K, c0 = (k / KG) * CG;
+    const int k0 = (nk % (K / KB)) * KB, n = nk / (K / KB), c0 = (k0 / KG) * CG;
     const int y0 = get_group_id(1) * TY * RY * SH - PT, x0 = get_group_id(0) * TX * SW - PL;
-    REAL acc[RY];
-    for (int r = 0; r < RY; ++r) acc[r] = has_bias ? bias[bias_off + k] : (REAL)0;
+    REAL acc[KB][RY];
+    for (int b = 0; b < KB; ++b)
+        for (int r = 0; r < RY; ++r) acc[b][r] = has_bias ? bias[bias_off + k0 + b] : (REAL)0;
     for (int c = 0; c < CG; ++c) {
         const IDX xb = x_off + ((IDX)n * C + c0 + c) * H * W;
-        const IDX wb = w_off + WBASE(k, c);
 #if STAGE
         for (int e = lid; e < PH * PW; e += TX * TY) {
             const int py = e / PW, px = e - py * PW;
@@ -125,11 +128,12 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int i = 0; i < KH; ++i)
-            for (int j = 0; j < KW; ++j) {
-                const REAL wv = w[wb + TAP(i, j)];
-                for (int r = 0; r < RY; ++r)
-                    acc[r] += wv * patch[(ly + r * TY) * SH + i * DH][lx * SW + j * DW];
-            }
+            for (int j = 0; j < KW; ++j)
+                for (int r = 0; r < RY; ++r) {
+                    const REAL v = patch[(ly + r * TY) * SH + i * DH][lx * SW + j * DW];
+                    for (int b = 0; b < KB; ++b)
+                        acc[b][r] += w[w_off + WBASE(k0 + b, c) + TAP(i, j)] * v;
+                }
         barrier(CLK_LOCAL_MEM_FENCE);
 #else
         for (int r = 0; r < RY; ++r)
@@ -138,15 +142,20 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
                 if (iy < 0 || iy >= H) continue;
                 for (int j = 0; j < KW; ++j) {
                     const int ix = x0 + lx * SW + j * DW;
-                    if (ix >= 0 && ix < W) acc[r] += w[wb + TAP(i, j)] * x[xb + iy * W + ix];
+                    if (ix < 0 || ix >= W) continue;
+                    const REAL v = x[xb + iy * W + ix];
+                    for (int b = 0; b < KB; ++b)
+                        acc[b][r] += w[w_off + WBASE(k0 + b, c) + TAP(i, j)] * v;
                 }
             }
 #endif
     }
-    for (int r = 0; r < RY; ++r) {
-        const int oy = oy0 + r * TY;
-        if (ox < OW && oy < OH) y[y_off + (IDX)nk * OH * OW + oy * OW + ox] = acc[r];
-    }
+    for (int b = 0; b < KB; ++b)
+        for (int r = 0; r < RY; ++r) {
+            const int oy = oy0 + r * TY;
+            if (ox < OW && oy < OH)
+                y[y_off + ((IDX)n * K + k0 + b) * OH * OW + oy * OW + ox] = acc[b][r];
+        }
 }
 
 // dx[n, c, iy, ix] = sum over the KG filters k of c's group and the taps that read

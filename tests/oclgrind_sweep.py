@@ -43,6 +43,7 @@ SWEEP = [
      None),
     ("direct_overpad", (1, 3, 5, 7), (6, 1, 3, 2), dict(padding=((3, 1), (0, 2)), groups=3), "direct", "single",
      None),
+    ("direct_few_channels", (2, 3, 11, 10), (8, 3, 5, 5), dict(stride=2, padding=2), "direct", "single", None),
     ("im2col_float16", (2, 4, 5, 6), (6, 2, 3, 2), dict(padding=1, groups=2, dtype=np.float16), "im2col",
      "single", None),
     ("direct_small_groups", (1, 4, 6, 7), (4, 2, 2, 3), dict(padding=(1, 0), dilation=(2, 1), groups=2), "direct",

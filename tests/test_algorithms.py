@@ -1,5 +1,6 @@
 """Each algorithm against the reference on every case it applies to; the planner's choices."""
 import numpy as np
+import pyopencl as cl
 import pyopencl.array as cla
 import pytest
 
@@ -19,6 +20,9 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
     # Winograd: partial tiles on every edge, dilation phases, padding past the dilated filter
     Case("winograd_g2_d2_overpad", 2, 6, 13, 11, 4, 3, 3, padding=((5, 1), (0, 3)), dilation=2, groups=2),
     Case("winograd_wide_d1x2", 3, 32, 10, 15, 20, 3, 3, padding=(1, 2), dilation=(1, 2)),
+    Case("dense_c6_s2", 2, 6, 9, 8, 5, 3, 3, stride=2, padding=1),
+    # a few-channel stem: 16 filters (8 per work-item on GPUs), 7x7 taps, stride 2
+    Case("stem_7x7_s2", 2, 3, 23, 18, 16, 7, 7, stride=2, padding=3),
 ]
 
 
@@ -44,7 +48,7 @@ def test_algorithm_matches_reference(case, algorithm, queue):
 
 
 @pytest.mark.parametrize("case,algorithm", [
-    (CASES[0], "fc"), (CASES[0], "1x1"), (CASES[0], "direct"), (CASES[7], "1x1"), (CASES[10], "fc")], ids=repr)
+    (CASES[0], "fc"), (CASES[0], "1x1"), (CASES[8], "direct"), (CASES[7], "1x1"), (CASES[10], "fc")], ids=repr)
 def test_forced_algorithm_that_does_not_apply_is_refused(case, algorithm, queue):
     with pytest.raises(ValueError, match=f"algorithm '{algorithm}' does not apply") as info:
         clconv.plan(case.input_shape, case.weight_shape, **case.options, queue=queue, algorithm=algorithm)
@@ -53,12 +57,22 @@ def test_forced_algorithm_that_does_not_apply_is_refused(case, algorithm, queue)
 
 @pytest.mark.parametrize("case,expected", [
     ("fc_mode", "fc"), ("fc_mode_g2", "fc"), ("k1x1_g2", "1x1"), ("depthwise_x2_s2_same", "direct"),
-    ("g1_k3x3_s1_p1", "im2col"), ("k1x1_s2", "im2col"), ("fc_mode_padded", "im2col"),
-    ("winograd_wide_d1x2", "winograd")])
+    ("dense_c6_s2", "im2col"), ("winograd_wide_d1x2", "winograd")])
 def test_auto_choice(case, expected, queue):
     case = next(c for c in CASES + EXTRA if c.name == case)
     p = clconv.plan(case.input_shape, case.weight_shape, **case.options, queue=queue)
     assert set(p.algorithms.values()) == {expected}
+
+
+@pytest.mark.parametrize("case", ["g1_k3x3_s1_p1", "k1x1_s2", "fc_mode_padded", "stem_7x7_s2"])
+def test_auto_choice_for_few_channels(case, queue):
+    """Dense convolutions of at most 4 input channels: the direct forward on GPUs, im2col otherwise."""
+    case = next(c for c in CASES + EXTRA if c.name == case)
+    p = clconv.plan(case.input_shape, case.weight_shape, **case.options, queue=queue)
+    gpu = bool(queue.device.type & cl.device_type.GPU)
+    assert p.algorithms == {"forward": "direct" if gpu else "im2col", "backward_input": "im2col",
+                            "backward_weight": "im2col"}
+    assert "(not direct: a few-channel dense convolution's grad passes" in p.explain()
 
 
 def test_explain_fc_mode_names_the_gemm(queue):

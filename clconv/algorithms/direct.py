@@ -1,10 +1,13 @@
-"""Direct grouped convolution for depthwise and small groups, kernels/direct.cl.
+"""Direct convolution for depthwise, small groups and few-channel stems, kernels/direct.cl.
 
 When a group has few taps (Cg * kh * kw small: depthwise with any channel
 multiplier, ResNeXt-style groups of 4 channels), its GEMMs are far too small
-to pay; these passes are memory-bound direct kernels instead. grad-weight is a
-deterministic two-stage reduction (partials per slice of the batch*pixels, then
-an ordered sum), no atomics.
+to pay; these passes are memory-bound direct kernels instead. A dense
+convolution of at most 4 input channels (a network's RGB stem) has a GEMM
+inner dimension of at most 4*7*7 taps whatever its filters: on GPUs its
+forward is a direct kernel too. grad-weight is a deterministic two-stage
+reduction (partials per slice of the batch*pixels, then an ordered sum), no
+atomics.
 """
 import pyopencl as cl
 
@@ -13,6 +16,9 @@ from .common import idx_for
 
 MAX_TAPS = 64         # Cg * kh * kw above this: the private accumulators get too large
 MAX_FILTERS = 64      # Kg above this: a GEMM over the group's filters pays again
+MAX_DENSE_CHANNELS = 4     # a dense convolution (groups == 1) of at most this many input channels,
+MAX_DENSE_TAPS = 4 * 7 * 7   # and taps, applies whatever its filters (stems)
+MAX_ACC = 32          # forward accumulators per work-item (filters x rows)
 MAX_PATCH = 3072      # elements of the local-memory patch (12 KiB in float32, 24 KiB in float64)
 
 
@@ -42,6 +48,18 @@ def _patches(g, staged=True):
     return {"forward": fwd, "backward_input": _tile(g.W, g.H) + fwd[2:]}
 
 
+def _filters_per_item(g, tile, compute_units):
+    """KB, filters per work-item of the forward kernel: as many of a group's filters as keep
+    KB * RY accumulators at most MAX_ACC and a work-group per compute unit, so each staged
+    patch value is read once for them all (ResNeXt groups: forward 2x faster on an H200
+    than one filter per work-item; a 7x7 stem 1.2x, where 16 filters, 112 work-groups on
+    132 units, was slower than 8)."""
+    tx, ty, _, _, ry = tile
+    planes = -(-g.OW // tx) * -(-g.OH // (ty * ry)) * g.N * g.K
+    return next(kb for kb in (16, 8, 4, 2, 1)
+                if kb == 1 or g.Kg % kb == 0 and kb * ry <= MAX_ACC and planes // kb >= compute_units)
+
+
 def _patch_sizes(g):
     """(PH, PW) of the forward kernel's patch for every launch over ``g`` (one row per work-item)."""
     geometries = (g, g.transposed()) if g.stride == (1, 1) else (g,)
@@ -55,20 +73,28 @@ class Direct:
     def applies(g):
         taps = g.Cg * g.kh * g.kw
         if g.groups == 1:
-            return False, "needs groups > 1 (a dense convolution is a GEMM's job)"
-        if taps > MAX_TAPS or g.Kg > MAX_FILTERS:
+            if g.C > MAX_DENSE_CHANNELS or taps > MAX_DENSE_TAPS:
+                return False, (f"needs groups > 1, or at most {MAX_DENSE_CHANNELS} input channels and "
+                               f"{MAX_DENSE_TAPS} taps (C*kh*kw = {taps}): a dense convolution is a GEMM's job")
+        elif taps > MAX_TAPS or g.Kg > MAX_FILTERS:
             return False, (f"needs at most {MAX_TAPS} taps (Cg*kh*kw = {taps}) and {MAX_FILTERS} filters per group "
                            f"(Kg = {g.Kg})")
         patch = max(ph * pw for ph, pw in _patch_sizes(g))
         if patch > MAX_PATCH:
             return False, f"the input patch of a tile ({patch} elements) does not fit in local memory"
+        if g.groups == 1:
+            return True, (f"few input channels ({g.C} x {g.kh}x{g.kw} taps -> {g.K} filters): a GEMM this "
+                          "thin does not pay, a direct kernel does")
         kind = "depthwise" if g.Cg == 1 else "small groups"
         return True, (f"{kind} ({g.groups} groups of {g.Cg} channel(s) x {g.kh}x{g.kw} taps -> {g.Kg} filter(s)): "
                       "GEMMs this small do not pay, a direct memory-bound kernel does")
 
     @staticmethod
-    def preferred(g, pass_name):
-        """Whether "auto" should pick this algorithm for ``pass_name`` (it applies either way)."""
+    def preferred(g, pass_name, device):
+        """Whether "auto" should pick this algorithm for ``pass_name`` on ``device`` (it applies either way)."""
+        if g.groups == 1 and (pass_name != "forward" or not device.type & cl.device_type.GPU):
+            return False, ("a few-channel dense convolution's grad passes and CPU forward: im2col measured "
+                           "faster (7x7 stem: H200 grad-input 1.6x, grad-weight 4x; PoCL forward 2.5x)")
         if pass_name == "backward_input" and g.Cg > 1 and g.stride != (1, 1):
             return False, ("strided grad-input of groups of several channels: im2col measured about 2x "
                            "faster (ResNeXt-like groups on an H200 and on PoCL)")
@@ -86,6 +112,10 @@ class Direct:
         self.transposed = g.transposed() if g.stride == (1, 1) else None
         if self.transposed:
             self.tiles["backward_input"] = _patches(self.transposed, self.staged)["forward"]
+        units = device.max_compute_units
+        self.kb = {"forward": _filters_per_item(g, self.tiles["forward"], units),
+                   "backward_input": _filters_per_item(self.transposed, self.tiles["backward_input"], units)
+                   if self.transposed else 1}
         self.specs = {id(t): self._specs(t) for t in (g, self.transposed) if t}   # per launch geometry
         # enough work-groups in stage 1 to fill the device (about 4 per compute unit), each
         # slice keeping at least 1024 positions, as many as the workspace holds; fixed per
@@ -102,16 +132,16 @@ class Direct:
     def describe(self, pass_name):
         g = self.g
         if pass_name == "backward_weight":
-            return (f"direct grouped grad-weight, {g.K} x {self.slices} partial sums of {self.taps} taps, "
+            return (f"direct grad-weight, {g.K} x {self.slices} partial sums of {self.taps} taps, "
                     "then an ordered sum")
         tx, ty, ph, pw, ry = self.tiles[pass_name]
         as_forward = pass_name == "forward" or self.transposed
-        staged = (f" of {ry} row(s) per work-item, staging a {ph}x{pw} patch in local memory"
-                  if as_forward and self.staged else "")
+        staged = (f" of {ry} row(s) x {self.kb[pass_name]} filter(s) per work-item, staging a {ph}x{pw} patch "
+                  "in local memory" if as_forward and self.staged else "")
         flipped = (" (the forward kernel over grad_output with rotated, transposed weights)"
                    if pass_name == "backward_input" and self.transposed else "")
         taps = self.g.Kg * self.g.kh * self.g.kw if flipped else self.taps
-        return (f"direct grouped kernel{flipped}, {taps} taps per output, {tx}x{ty} tiles{staged}, "
+        return (f"direct kernel{flipped}, {taps} taps per output, {tx}x{ty} tiles{staged}, "
                 "no GEMM, no workspace")
 
     @staticmethod
@@ -127,7 +157,7 @@ class Direct:
         """The kernels' GEOMETRY arguments."""
         return self.specs[id(g or self.g)][0]
 
-    def _kernel(self, queue, name, idx, tile=None, g=None):
+    def _kernel(self, queue, name, idx, tile=None, g=None, kb=1):
         """``name`` built for geometry ``g`` (the transposed one flips the weights). The filter's
         sizes are compiled in (loops unrolled, divisions folded) except for the grad-weight
         partials on CPUs, where unrolling their accumulators measured 1.2-1.5x slower (PoCL)."""
@@ -136,24 +166,24 @@ class Direct:
         tx, ty, ph, pw, ry = tile or self.tiles["forward"]
         constants = {} if name == "direct_weight_partial" and not self.staged else self.specs[id(g)][1]
         return get_kernel(queue.context, "direct.cl", name, self.dtype, IDX=idx, TAPS=self.taps, WG=wg, TX=tx,
-                          TY=ty, PH=ph, PW=pw, RY=ry, STAGE=int(self.staged), FLIP=int(g is self.transposed),
-                          **constants), wg
+                          TY=ty, PH=ph, PW=pw, RY=ry, KB=kb, STAGE=int(self.staged),
+                          FLIP=int(g is self.transposed), **constants), wg
 
-    def _forward(self, queue, g, tile, x, w, bias, y, what):
+    def _forward(self, queue, g, tile, kb, x, w, bias, y, what):
         """direct_forward over geometry ``g``; the transposed geometry flips the weights."""
         tx, ty, _, _, ry = tile
-        knl, _ = self._kernel(queue, "direct_forward", idx_for(self.dtype, x, w, y, bias), tile, g)
+        knl, _ = self._kernel(queue, "direct_forward", idx_for(self.dtype, x, w, y, bias), tile, g, kb)
         b = bias if bias is not None else w
-        launch(queue, knl, (g.OW, -(-g.OH // (ty * ry)) * ty, g.N * g.K), (tx, ty, 1), x.buf, x.off, w.buf, w.off,
-               b.buf, b.off, int(bias is not None), y.buf, y.off, *self._sizes(g), what=what)
+        launch(queue, knl, (g.OW, -(-g.OH // (ty * ry)) * ty, g.N * g.K // kb), (tx, ty, 1), x.buf, x.off, w.buf,
+               w.off, b.buf, b.off, int(bias is not None), y.buf, y.off, *self._sizes(g), what=what)
 
     def forward(self, queue, x, w, bias, y, ws):
-        self._forward(queue, self.g, self.tiles["forward"], x, w, bias, y, "forward (direct)")
+        self._forward(queue, self.g, self.tiles["forward"], self.kb["forward"], x, w, bias, y, "forward (direct)")
 
     def backward_input(self, queue, w, dy, dx, ws):
         if self.transposed:
-            return self._forward(queue, self.transposed, self.tiles["backward_input"], dy, w, None, dx,
-                                 "grad-input (direct, as a forward pass)")
+            return self._forward(queue, self.transposed, self.tiles["backward_input"], self.kb["backward_input"], dy,
+                                 w, None, dx, "grad-input (direct, as a forward pass)")
         g = self.g
         idx = idx_for(self.dtype, w, dy, dx)
         tx, ty = self.tiles["backward_input"][:2]

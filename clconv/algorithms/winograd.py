@@ -41,8 +41,8 @@ class Winograd:
                       "where im2col's GEMM needs 144")
 
     @staticmethod
-    def preferred(g, pass_name):
-        """Whether "auto" should pick this algorithm for ``pass_name`` (it applies either way)."""
+    def preferred(g, pass_name, device):
+        """Whether "auto" should pick this algorithm for ``pass_name`` on ``device`` (it applies either way)."""
         if min(g.Cg, g.Kg) < MIN_CHANNELS:
             return False, (f"fewer than {MIN_CHANNELS} channels or filters per group (Cg = {g.Cg}, Kg = {g.Kg}): "
                            "its 36 GEMMs would be too thin")
