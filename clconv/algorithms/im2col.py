@@ -10,8 +10,10 @@ output-shaped data in the same column order. Per chunk:
 Each GEMM covers all B*P positions of the chunk, and the groups are the batch of
 one strided-batched call (or, with per-group queues, one call per group on its
 own queue). Nothing is copied per group: every operand is an offset into its
-shared buffer.
+shared buffer. A chunk of one image needs no T: (1, K, P) is already (K, P), so
+the GEMMs read dY and write Y in place (the forward's bias is filled first).
 """
+from ..bias import fill_bias
 from ..blas import grid_gemm
 from ..programs import INT32_MAX, get_kernel, launch
 from .common import Ref, idx_for
@@ -79,11 +81,15 @@ class Im2col:
                *self._geometry_args(B), what="im2col")
 
     def _to_columns(self, queue, idx, dy, n0, B, ws, t):
-        """dY of images n0 ... n0+B-1 (B, K, P) -> T (K, B*P)."""
+        """dY of images n0 ... n0+B-1 (B, K, P) as (K, B*P): (buffer, offset) of T, or of dY
+        itself for one image."""
         g = self.g
+        if B == 1:
+            return dy.buf, dy.off + n0 * g.K * g.P
         launch(queue, self._kernel(queue, "nchw_to_cnhw", idx), (B * g.P, g.K), TILE,
                dy.buf, dy.off + n0 * g.K * g.P, ws, t, B, g.K, g.P,
                what="grad_output layout")
+        return ws, t
 
     def _group_gemm(self, queue, m, n, k, a, b, c, offsets, strides, lds, **kw):
         grid_gemm(queue, self.dtype, self.g.groups, 1, m, n, k, a, b, c, offsets, strides, (0, 0, 0), lds,
@@ -99,6 +105,14 @@ class Im2col:
             nb = min(B, g.N - n0)
             col, t, ld = 0, self.rows * nb * g.P, nb * g.P
             self._im2col(queue, idx, x, n0, nb, ws, col)
+            if nb == 1:   # straight into Y
+                y_n = Ref(y.buf, y.off + n0 * g.K * g.P)
+                if bias is not None:
+                    fill_bias(queue, self.dtype, y_n, bias, 1, g.K, g.P)
+                self._group_gemm(queue, Kg, ld, Kd, w.buf, ws, y.buf, (w.off, col, y_n.off),
+                                 (Kg * Kd, Kd * ld, Kg * ld), (Kd, ld, ld), beta=float(bias is not None),
+                                 what="forward")
+                continue
             self._group_gemm(queue, Kg, ld, Kd, w.buf, ws, ws, (w.off, col, t), (Kg * Kd, Kd * ld, Kg * ld),
                              (Kd, ld, ld), what="forward")
             launch(queue, to_nchw, (ld, g.K), TILE, ws, t, y.buf, y.off + n0 * g.K * g.P,
@@ -112,9 +126,9 @@ class Im2col:
         col2im = self._kernel(queue, "col2im", idx)
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
-            t, col, ld = 0, g.K * nb * g.P, nb * g.P
-            self._to_columns(queue, idx, dy, n0, nb, ws, t)
-            self._group_gemm(queue, Kd, ld, Kg, w.buf, ws, ws, (w.off, t, col), (Kg * Kd, Kg * ld, Kd * ld),
+            col, ld = g.K * nb * g.P, nb * g.P
+            t_buf, t = self._to_columns(queue, idx, dy, n0, nb, ws, 0)
+            self._group_gemm(queue, Kd, ld, Kg, w.buf, t_buf, ws, (w.off, t, col), (Kg * Kd, Kg * ld, Kd * ld),
                              (Kd, ld, ld), a_transp=True, what="grad-input")
             launch(queue, col2im, (g.H * g.W, g.C, nb), (64, 1, 1), ws, col,
                    dx.buf, dx.off + n0 * g.C * g.H * g.W, *self._geometry_args(nb), what="col2im")
@@ -127,16 +141,17 @@ class Im2col:
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
             ld = nb * g.P
-            col, t, part = 0, self.rows * ld, (self.rows + g.K) * ld
+            col, part = 0, (self.rows + g.K) * ld
             self._im2col(queue, idx, x, n0, nb, ws, col)
-            self._to_columns(queue, idx, dy, n0, nb, ws, t)
+            t_buf, t = self._to_columns(queue, idx, dy, n0, nb, ws, self.rows * ld)
             S = self.slices if nb == B else self.last_slices
             if S == 1:
-                self._group_gemm(queue, Kg, Kd, ld, ws, ws, dw.buf, (t, col, dw.off), (Kg * ld, Kd * ld, Kg * Kd),
-                                 (ld, ld, Kd), beta=0.0 if n0 == 0 else 1.0, b_transp=True, what="grad-weight")
+                self._group_gemm(queue, Kg, Kd, ld, t_buf, ws, dw.buf, (t, col, dw.off),
+                                 (Kg * ld, Kd * ld, Kg * Kd), (ld, ld, Kd), beta=0.0 if n0 == 0 else 1.0,
+                                 b_transp=True, what="grad-weight")
                 continue
             L = ld // S   # slice length: S slices cover the nb * P columns exactly
-            grid_gemm(queue, self.dtype, G, S, Kg, Kd, L, ws, ws, ws, offsets=(t, col, part),
+            grid_gemm(queue, self.dtype, G, S, Kg, Kd, L, t_buf, ws, ws, offsets=(t, col, part),
                       group_strides=(Kg * ld, Kd * ld, Kg * Kd), image_strides=(L, L, g.K * Kd),
                       lds=(ld, ld, Kd), b_transp=True, per_group=self.per_group, what="grad-weight (split-K)")
             n = g.K * Kd
