@@ -57,3 +57,41 @@ def test_grouped_1x1_batches_what_clblast_reads_correctly(groups, images, queue,
     y = p.forward(x, w)
     assert len(calls) == images
     assert_close(y, reference.conv2d(x, w, groups=groups), np.float32, "forward")
+
+
+GEMMK1_CODE = """
+import sys
+import numpy as np, pyopencl as cl, clconv
+from clconv import blas, gemm_params
+q = clconv.default_queue()
+params = next(p for p in gemm_params.candidates("Xgemm") if p["GEMMK"] == 1)
+gemm_params.override(q.device, np.float32, "Xgemm", params)
+if sys.argv[1] == "unguarded":
+    blas._gemmk = lambda device, dtype: 0
+M, N, K = 512, 1024, 512
+rng = np.random.default_rng(0)
+a, b = rng.standard_normal((2, M, K), np.float32), rng.standard_normal((2, K, N), np.float32)
+offsets = {"b": 64, "a": 64 + 2 * K * N + 64, "c": 64 + 4 * K * N + 128}   # each past an aligned gap
+buf = cl.Buffer(q.context, cl.mem_flags.READ_WRITE, 4 * (offsets["c"] + 2 * M * N))
+cl.enqueue_copy(q, buf, b, dst_offset=4 * offsets["b"])
+cl.enqueue_copy(q, buf, a, dst_offset=4 * offsets["a"])
+blas.gemm_strided_batched(q, np.dtype(np.float32), M, N, K, 2, buf, offsets["a"], K, M * K, buf, offsets["b"], N,
+                          K * N, buf, offsets["c"], N, M * N, what="test")
+c = np.empty((2, M, N), np.float32)
+cl.enqueue_copy(q, c, buf, src_offset=4 * offsets["c"])
+want = a.astype(np.float64) @ b.astype(np.float64)
+print(np.abs(c - want).max() / np.abs(want).max())
+"""
+
+
+def test_gemm_at_offsets_under_a_gemmk1_set():
+    """With a tuned GEMMK 1 set applied, CLBlast also reads A and writes C in place: all three
+    operands at offsets still give the right product (a process of its own: the set stays)."""
+    import os
+    import subprocess
+    import sys
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", GEMMK1_CODE, "guarded"], cwd=root, capture_output=True,
+                          text=True, timeout=600, env={**os.environ})
+    assert proc.returncode == 0, proc.stderr
+    assert float(proc.stdout) <= 1e-5
