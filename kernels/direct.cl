@@ -128,12 +128,14 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int i = 0; i < KH; ++i)
-            for (int j = 0; j < KW; ++j)
-                for (int r = 0; r < RY; ++r) {
-                    const REAL v = patch[(ly + r * TY) * SH + i * DH][lx * SW + j * DW];
-                    for (int b = 0; b < KB; ++b)
-                        acc[b][r] += w[w_off + WBASE(k0 + b, c) + TAP(i, j)] * v;
+            for (int j = 0; j < KW; ++j) {
+                REAL v[RY];    // each tap: RY patch values and KB weights, KB * RY products
+                for (int r = 0; r < RY; ++r) v[r] = patch[(ly + r * TY) * SH + i * DH][lx * SW + j * DW];
+                for (int b = 0; b < KB; ++b) {
+                    const REAL wv = w[w_off + WBASE(k0 + b, c) + TAP(i, j)];
+                    for (int r = 0; r < RY; ++r) acc[b][r] += wv * v[r];
                 }
+            }
         barrier(CLK_LOCAL_MEM_FENCE);
 #else
         for (int r = 0; r < RY; ++r)
