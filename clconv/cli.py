@@ -98,7 +98,9 @@ CHECKS = [  # (algorithm [and queues], input, weight, options): every algorithm 
     ("fc", (5, 6, 4, 3), (8, 3, 4, 3), dict(groups=2)),
     ("1x1", (3, 6, 5, 7), (9, 2, 1, 1), dict(groups=3)),
     ("direct", (2, 6, 11, 9), (12, 1, 3, 3), dict(stride=2, padding=1, groups=6)),
+    ("direct few-channel", (2, 3, 13, 11), (8, 3, 7, 7), dict(stride=2, padding=3)),
     ("winograd", (2, 32, 9, 10), (32, 16, 3, 3), dict(padding=(1, 2), dilation=(1, 2), groups=2)),
+    ("winograd 5x5", (2, 16, 11, 9), (16, 16, 5, 5), dict(padding=2)),
 ]
 
 

@@ -1,14 +1,21 @@
-// Winograd F(4x4, 3x3) transforms of the winograd algorithm (clconv/algorithms/winograd.py).
+// Winograd F(4x4, 3x3) and F(2x2, 5x5) transforms of the winograd algorithm
+// (clconv/algorithms/winograd.py).
 //
-// A 4x4 output tile of a 3x3 convolution is A^T [(G g G^T) . (B^T d B)] A, where d is the
-// tile's 6x6 input patch, g the 3x3 filter and "." the element-wise product; summed over
-// channels, each of the 36 products is one GEMM over (filters x channels x tiles).
+// A TMxTM output tile of an FRxFR convolution (TM = 4 for FR = 3, 2 for FR = 5) is
+// A^T [(G g G^T) . (B^T d B)] A, where d is the tile's 6x6 input patch, g the filter and
+// "." the element-wise product; summed over channels, each of the 36 products is one GEMM
+// over (filters x channels x tiles). Both use the same 6 interpolation points, so B is the
+// same; G (6 x FR) and A^T (TM x 6) evaluate the filter's and the output's polynomials.
 // Buffers between the kernels, for P tiles (all tiles of a chunk of B images):
 //   U[t][k][ci]  transformed filters, 36 x K x Ci   (t = 6 * row + column of the 6x6 tile)
 //   V[t][c][p]   transformed input patches, 36 x C x P
 //   M[t][k][p]   their products summed over the channels of k's group, 36 x K x P
+// Grad-weight splits the tiles into S slices of L (S * L = P) and stores V and Z (the
+// transformed grad_output) slice-major, V[s][t][c][l] with p = s * L + l, so that the
+// GEMMs of every (slice, t, group) are evenly spaced: one batched call. S = 1 is the
+// layout above.
 // With dilation D the taps of a tile are D apart and so are its outputs: tile row th starts
-// at output row (th % D) + (th / D) * 4 * D, which for D = 1 is 4 * th.
+// at output row (th % D) + (th / D) * TM * D, which for D = 1 is TM * th.
 //
 // Specialised by the host with prepended #defines; the defaults below are for reading.
 #ifndef REAL
@@ -17,6 +24,10 @@
 #ifndef IDX            // index type: int when every buffer has < 2^31 elements, else long
 #define IDX long
 #endif
+#ifndef FR             // filter size: 3 or 5
+#define FR 3
+#endif
+#define TM (7 - FR)    // output tile size: 6 transformed values per axis
 
 // The 1-D transforms, in place on v[0], v[s], v[2s], ... (after inlining every index is a
 // constant, so the tiles live in registers). Interpolation points 0, 1, -1, 2, -2, infinity.
@@ -33,7 +44,8 @@ inline void input_1d(REAL* v, const int s)
     v[5 * s] = 4 * d1 - 5 * d3 + d5;
 }
 
-// G g: 3 filter taps -> 6
+#if FR == 3
+// G g: 3 filter taps -> 6 (the filter polynomial at each point, scaled)
 inline void filter_1d(REAL* v, const int s)
 {
     const REAL g0 = v[0], g1 = v[s], g2 = v[2 * s];
@@ -75,11 +87,59 @@ inline void grad_filter_1d(REAL* v, const int s)
     v[s] = (u2 - u1) / 6 + (u3 - u4) / 12;
     v[2 * s] = (u3 + u4 - u1 - u2) / 6 + u5;
 }
+#elif FR == 5
+// G g: 5 filter taps -> 6, the same points and scales as for 3 taps
+inline void filter_1d(REAL* v, const int s)
+{
+    const REAL g0 = v[0], g1 = v[s], g2 = v[2 * s], g3 = v[3 * s], g4 = v[4 * s];
+    const REAL even = g0 + g2 + g4, odd = g1 + g3, even2 = g0 + 4 * g2 + 16 * g4, odd2 = 2 * g1 + 8 * g3;
+    v[0] = g0 / 4;
+    v[s] = -(even + odd) / 6;
+    v[2 * s] = -(even - odd) / 6;
+    v[3 * s] = (even2 + odd2) / 24;
+    v[4 * s] = (even2 - odd2) / 24;
+    v[5 * s] = g4;
+}
+
+// A^T m: 6 products -> 2 outputs
+inline void output_1d(REAL* v, const int s)
+{
+    const REAL m0 = v[0], m1 = v[s], m2 = v[2 * s], m3 = v[3 * s], m4 = v[4 * s], m5 = v[5 * s];
+    v[0] = m0 + m1 + m2 + m3 + m4;
+    v[s] = m1 - m2 + 2 * (m3 - m4) + m5;
+}
+
+// A e, the adjoint of output_1d: 2 output gradients -> 6
+inline void grad_output_1d(REAL* v, const int s)
+{
+    const REAL e0 = v[0], e1 = v[s];
+    v[0] = e0;
+    v[s] = e0 + e1;
+    v[2 * s] = e0 - e1;
+    v[3 * s] = e0 + 2 * e1;
+    v[4 * s] = e0 - 2 * e1;
+    v[5 * s] = e1;
+}
+
+// G^T u, the adjoint of filter_1d: 6 -> 5 filter taps
+inline void grad_filter_1d(REAL* v, const int s)
+{
+    const REAL u0 = v[0], u1 = v[s], u2 = v[2 * s], u3 = v[3 * s], u4 = v[4 * s], u5 = v[5 * s];
+    const REAL sum1 = -(u1 + u2) / 6, dif1 = (u2 - u1) / 6, sum2 = (u3 + u4) / 24, dif2 = (u3 - u4) / 24;
+    v[0] = u0 / 4 + sum1 + sum2;
+    v[s] = dif1 + 2 * dif2;
+    v[2 * s] = sum1 + 4 * sum2;
+    v[3 * s] = dif1 + 8 * dif2;
+    v[4 * s] = sum1 + 16 * sum2 + u5;
+}
+#else
+#error "FR (the filter size) must be 3 or 5"
+#endif
 
 // First row of tile t along an axis: tiles of dilated outputs interleave D ways.
 inline int tile_start(const int t, const int D)
 {
-    return (t % D) + (t / D) * 4 * D;
+    return (t % D) + (t / D) * TM * D;
 }
 
 // U[t][k][ci] = (G g G^T)[t] for filter k, channel ci. 2-D range: ci, k (K filters in all,
@@ -92,12 +152,12 @@ __kernel void winograd_filter(__global const REAL* restrict w, const IDX w_off,
     const int ci = get_global_id(0), k = get_global_id(1);
     if (ci >= Ci || k >= K) return;
     const int grp = k / Ko;
-    const __global REAL* g = w + w_off + (flip ? (IDX)(grp * Ci + ci) * Ko + (k - grp * Ko) : (IDX)k * Ci + ci) * 9;
+    const __global REAL* g = w + w_off + (flip ? (IDX)(grp * Ci + ci) * Ko + (k - grp * Ko) : (IDX)k * Ci + ci) * FR * FR;
     REAL v[6][6];
-    for (int i = 0; i < 3; ++i)
-        for (int j = 0; j < 3; ++j)
-            v[i][j] = flip ? g[8 - 3 * i - j] : g[3 * i + j];
-    for (int j = 0; j < 3; ++j) filter_1d(&v[0][j], 6);
+    for (int i = 0; i < FR; ++i)
+        for (int j = 0; j < FR; ++j)
+            v[i][j] = flip ? g[FR * FR - 1 - FR * i - j] : g[FR * i + j];
+    for (int j = 0; j < FR; ++j) filter_1d(&v[0][j], 6);
     for (int i = 0; i < 6; ++i) filter_1d(&v[i][0], 1);
     const IDX step = (IDX)K * Ci;
     IDX dst = u_off + (IDX)k * Ci + ci;
@@ -106,13 +166,13 @@ __kernel void winograd_filter(__global const REAL* restrict w, const IDX w_off,
             u[dst] = v[i][j];
 }
 
-// V[t][c][p] = (B^T d B)[t] of channel c's patch under tile p. 2-D range: p over the
-// B * TH * TW tiles of the chunk, c. Reads outside the input (padding) are zeros.
+// V[s][t][c][l] = (B^T d B)[t] of channel c's patch under tile p = s * L + l. 2-D range:
+// p over the B * TH * TW tiles of the chunk, c. Reads outside the input (padding) are zeros.
 __kernel void winograd_input(__global const REAL* restrict x, const IDX x_off,
                              __global REAL* restrict out, const IDX out_off,
                              const int B, const int C, const int H, const int W,
                              const int TH, const int TW, const int PT, const int PL,
-                             const int DH, const int DW)
+                             const int DH, const int DW, const int L)
 {
     const int p = get_global_id(0), c = get_global_id(1);
     const int P = B * TH * TW;
@@ -131,8 +191,9 @@ __kernel void winograd_input(__global const REAL* restrict x, const IDX x_off,
     }
     for (int j = 0; j < 6; ++j) input_1d(&v[0][j], 6);
     for (int i = 0; i < 6; ++i) input_1d(&v[i][0], 1);
-    const IDX step = (IDX)C * P;
-    IDX dst = out_off + (IDX)c * P + p;
+    const int s = p / L;
+    const IDX step = (IDX)C * L;
+    IDX dst = out_off + ((IDX)s * 36 * C + c) * L + p - s * L;
     for (int i = 0; i < 6; ++i)
         for (int j = 0; j < 6; ++j, dst += step)
             out[dst] = v[i][j];
@@ -156,27 +217,27 @@ __kernel void winograd_output(__global const REAL* restrict m, const IDX m_off,
         for (int j = 0; j < 6; ++j, src += step)
             v[i][j] = m[src];
     for (int j = 0; j < 6; ++j) output_1d(&v[0][j], 6);
-    for (int i = 0; i < 4; ++i) output_1d(&v[i][0], 1);
+    for (int i = 0; i < TM; ++i) output_1d(&v[i][0], 1);
     const REAL b0 = has_bias ? bias[bias_off + k] : (REAL)0;
     const int b = p / (TH * TW), t = p - b * TH * TW, th = t / TW;
     const int oy0 = tile_start(th, DH), ox0 = tile_start(t - th * TW, DW);
     __global REAL* dst = y + y_off + ((IDX)b * K + k) * OH * OW;
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < TM; ++i) {
         const int oy = oy0 + i * DH;
         if (oy >= OH) break;
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < TM; ++j) {
             const int ox = ox0 + j * DW;
             if (ox < OW) dst[oy * OW + ox] = v[i][j] + b0;
         }
     }
 }
 
-// Z[t][k][p] = (A E A^T)[t], E the 4x4 tile p of grad_output channel k (zeros past the
-// output's edge): the gradient of M in the forward's terms. 2-D range: p, k.
+// Z[s][t][k][l] = (A E A^T)[t], E the TMxTM tile p = s * L + l of grad_output channel k
+// (zeros past the output's edge): the gradient of M in the forward's terms. 2-D range: p, k.
 __kernel void winograd_grad_output(__global const REAL* restrict dy, const IDX dy_off,
                                    __global REAL* restrict z, const IDX z_off,
                                    const int B, const int K, const int OH, const int OW,
-                                   const int TH, const int TW, const int DH, const int DW)
+                                   const int TH, const int TW, const int DH, const int DW, const int L)
 {
     const int p = get_global_id(0), k = get_global_id(1);
     const int P = B * TH * TW;
@@ -185,23 +246,24 @@ __kernel void winograd_grad_output(__global const REAL* restrict dy, const IDX d
     const int oy0 = tile_start(th, DH), ox0 = tile_start(t - th * TW, DW);
     const __global REAL* src = dy + dy_off + ((IDX)b * K + k) * OH * OW;
     REAL v[6][6];
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < TM; ++i) {
         const int oy = oy0 + i * DH;
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < TM; ++j) {
             const int ox = ox0 + j * DW;
             v[i][j] = (oy < OH && ox < OW) ? src[oy * OW + ox] : (REAL)0;
         }
     }
-    for (int j = 0; j < 4; ++j) grad_output_1d(&v[0][j], 6);
+    for (int j = 0; j < TM; ++j) grad_output_1d(&v[0][j], 6);
     for (int i = 0; i < 6; ++i) grad_output_1d(&v[i][0], 1);
-    const IDX step = (IDX)K * P;
-    IDX dst = z_off + (IDX)k * P + p;
+    const int s = p / L;
+    const IDX step = (IDX)K * L;
+    IDX dst = z_off + ((IDX)s * 36 * K + k) * L + p - s * L;
     for (int i = 0; i < 6; ++i)
         for (int j = 0; j < 6; ++j, dst += step)
             z[dst] = v[i][j];
 }
 
-// grad_weight[k][ci] = G^T dU[.][k][ci] G: the 36 summed products back to 3x3 taps
+// grad_weight[k][ci] = G^T dU[.][k][ci] G: the 36 summed products back to FRxFR taps
 // (overwrites grad_weight). 2-D range: ci, k.
 __kernel void winograd_grad_filter(__global const REAL* restrict du, const IDX du_off,
                                    __global REAL* restrict dw, const IDX dw_off,
@@ -216,9 +278,9 @@ __kernel void winograd_grad_filter(__global const REAL* restrict du, const IDX d
         for (int j = 0; j < 6; ++j, src += step)
             v[i][j] = du[src];
     for (int j = 0; j < 6; ++j) grad_filter_1d(&v[0][j], 6);
-    for (int i = 0; i < 3; ++i) grad_filter_1d(&v[i][0], 1);
-    __global REAL* g = dw + dw_off + ((IDX)k * Ci + ci) * 9;
-    for (int i = 0; i < 3; ++i)
-        for (int j = 0; j < 3; ++j)
-            g[3 * i + j] = v[i][j];
+    for (int i = 0; i < FR; ++i) grad_filter_1d(&v[i][0], 1);
+    __global REAL* g = dw + dw_off + ((IDX)k * Ci + ci) * FR * FR;
+    for (int i = 0; i < FR; ++i)
+        for (int j = 0; j < FR; ++j)
+            g[FR * i + j] = v[i][j];
 }

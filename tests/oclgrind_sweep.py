@@ -50,6 +50,9 @@ SWEEP = [
      "single", None),
     ("winograd_dilated_overpad", (2, 4, 7, 9), (4, 2, 3, 3), dict(padding=((5, 1), (0, 3)), dilation=2, groups=2),
      "winograd", "per-group", None),
+    ("winograd_5x5_overpad", (2, 2, 9, 8), (3, 2, 5, 5), dict(padding=((5, 0), (1, 4))), "winograd", "single",
+     None),
+    ("winograd_split_k", (2, 1, 32, 32), (2, 1, 5, 5), dict(padding=2), "winograd", "single", None),
     # one image per chunk: grad-weight's 1240 floats (V, Z, dU at 256-element boundaries) fit, two do not
     ("winograd_chunked", (3, 2, 6, 5), (3, 2, 3, 3), dict(padding=1), "winograd", "single", 1240 * 4),
 ]

@@ -1,4 +1,6 @@
 """Each algorithm against the reference on every case it applies to; the planner's choices."""
+import re
+
 import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
@@ -20,6 +22,7 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
     # Winograd: partial tiles on every edge, dilation phases, padding past the dilated filter
     Case("winograd_g2_d2_overpad", 2, 6, 13, 11, 4, 3, 3, padding=((5, 1), (0, 3)), dilation=2, groups=2),
     Case("winograd_wide_d1x2", 3, 32, 10, 15, 20, 3, 3, padding=(1, 2), dilation=(1, 2)),
+    Case("winograd5_g2_d1x2_overpad", 2, 6, 14, 11, 4, 5, 5, padding=((5, 0), (1, 9)), dilation=(1, 2), groups=2),
     Case("dense_c6_s2", 2, 6, 9, 8, 5, 3, 3, stride=2, padding=1),
     # a few-channel stem: 16 filters (8 per work-item on GPUs), 7x7 taps, stride 2
     Case("stem_7x7_s2", 2, 3, 23, 18, 16, 7, 7, stride=2, padding=3),
@@ -84,7 +87,7 @@ def test_explain_fc_mode_names_the_gemm(queue):
 
 @pytest.mark.parametrize("case,algorithm", [(c, a) for c in CASES + EXTRA if c.options["groups"] > 1
                                             for a in ("im2col", "auto", "winograd")
-                                            if a != "winograd" or c.weight_shape[2:] == (3, 3) and
+                                            if a != "winograd" or c.weight_shape[2:] in ((3, 3), (5, 5)) and
                                             c.options["stride"] == 1], ids=repr)
 def test_per_group_queues_are_bit_identical(case, algorithm, queue):
     x, w, b, dy = case.data()
@@ -141,6 +144,29 @@ def test_winograd_chunks_and_workspace_fallback(queue):
                  "grad-weight")
     with pytest.raises(ValueError, match="Winograd workspace bytes, above the limit"):
         clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="winograd", workspace_limit=limit - 4)
+
+
+@pytest.mark.parametrize("case", [
+    Case("winograd_split_k_3x3", 6, 4, 37, 40, 6, 3, 3, padding=1, groups=2),
+    Case("winograd_split_k_5x5_d2", 5, 2, 40, 38, 3, 5, 5, padding=(4, 3), dilation=2)], ids=repr)
+def test_winograd_split_k_grad_weight_with_chunks(case, queue):
+    """Grad-weight over at least 2 x 256 tiles sums slices of them; chunks of 2 images
+    accumulate, and per-group queues give the same bits."""
+    x, w, b, dy = case.data()
+    opts = case.options
+    want = reference.conv2d_weight(x, w.shape, dy, **opts)
+    algo = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="winograd")._choice["backward_weight"][0]
+    two = algo._layout("backward_weight", 2)[-1] * 4   # bytes for chunks of 2 images
+    results = []
+    for queues in ("single", "per-group"):
+        p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="winograd", workspace_limit=two,
+                        queues=queues)
+        assert p._choice["backward_weight"][0].chunk["backward_weight"] == 2
+        text = p.explain()
+        assert "3 chunk(s) of 2 image(s)" in text and int(re.search(r"split-K into (\d+) slices", text)[1]) > 1
+        results.append(p.backward_weight(x, dy))
+        assert_close(results[-1], want, np.float32, f"grad-weight, {queues}")
+    np.testing.assert_array_equal(*results)
 
 
 def test_auto_passes_over_winograd_above_the_workspace_limit(queue):

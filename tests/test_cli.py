@@ -34,9 +34,10 @@ def test_info_names_devices_and_the_default(queue):
 def test_check_runs_every_algorithm(dtype):
     out = run(["-m", "clconv", "check", "--dtype", dtype])
     assert f"every pass in {dtype}" in out
-    for name in ("im2col", "im2col per-group", "fc", "1x1", "direct", "winograd"):
+    for name in ("im2col", "im2col per-group", "fc", "1x1", "direct", "direct few-channel", "winograd",
+                 "winograd 5x5"):
         assert f"  {name} " in out
-    assert out.count(" ok") == 24 and "all passes match" in out
+    assert out.count(" ok") == 32 and "all passes match" in out
 
 
 def test_bench_writes_json_and_chart(tmp_path):
@@ -69,7 +70,7 @@ def test_corrupt_or_foreign_cache_is_ignored_with_a_warning(tmp_path, monkeypatc
     for text in ("{not json", json.dumps({"version": 999, "entries": {}}), json.dumps([1, 2])):
         (tmp_path / "tuning.json").write_text(text)
         with pytest.warns(UserWarning, match="ignoring"):
-            p = clconv.plan((1, 2, 5, 5), (2, 2, 3, 3), queue=queue)
+            p = clconv.plan((1, 6, 5, 5), (2, 6, 3, 3), queue=queue)
         assert p.algorithms["forward"] == "im2col"
     tuning.store({"k": {"algorithm": "im2col"}})    # a corrupt file is replaced on the next store
     with warnings.catch_warnings():

@@ -1,4 +1,4 @@
-"""What every algorithm shares: buffer references and index-type choice."""
+"""What the algorithms share: buffer references, index-type choice, split-K sizes."""
 from collections import namedtuple
 
 import numpy as np
@@ -19,3 +19,21 @@ def idx_for(dtype, *refs):
     itemsize = np.dtype(dtype).itemsize
     return index_type(*(r.buf.size // itemsize for r in refs if r is not None))
 
+
+
+# Split-K for grad-weight GEMMs, whose result (filters x taps) is small and whose inner
+# dimension (positions) long: partial sums over slices of the positions, then an ordered
+# sum (sum_partials in kernels/im2col.cl). More work-groups, and shorter float32 sums.
+SPLIT_K_TARGET = 1 << 24   # aim for about this many partial-sum elements
+MIN_SLICE = 256            # shortest slice (GEMM K) worth a separate partial
+MAX_SLICES = 64
+
+
+def max_slices(outputs, positions):
+    """The most split-K slices worth cutting for ``outputs`` results summed over ``positions``."""
+    return max(1, min(MAX_SLICES, -(-SPLIT_K_TARGET // outputs), positions // MIN_SLICE))
+
+
+def largest_divisor_at_most(n, limit):
+    """Slices of ``n`` positions: the most, up to ``limit``, that divide them exactly."""
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)

@@ -16,12 +16,9 @@ the GEMMs read dY and write Y in place (the forward's bias is filled first).
 from ..bias import fill_bias
 from ..blas import grid_gemm
 from ..programs import INT32_MAX, get_kernel, launch
-from .common import Ref, idx_for
+from .common import Ref, idx_for, largest_divisor_at_most, max_slices
 
 TILE = (64, 4)             # work-group shape of the 2-D layout kernels
-SPLIT_K_TARGET = 1 << 24   # aim for about this many partial-sum elements in grad-weight
-MIN_SLICE = 256            # shortest split-K slice (GEMM K) worth a separate partial
-MAX_SLICES = 64
 
 
 class Im2col:
@@ -36,9 +33,8 @@ class Im2col:
         itemsize = dtype.itemsize
         self.rows = g.C * g.kh * g.kw
         per_image = (self.rows + g.K) * g.P
-        # grad-weight split-K: enough partial sums to fill the device, at most one slice per MIN_SLICE
-        # positions of the batch (a chunk's slices divide its positions exactly, so can be shorter)
-        self.max_slices = max(1, min(MAX_SLICES, -(-SPLIT_K_TARGET // (g.K * g.Kd)), g.N * g.P // MIN_SLICE))
+        # grad-weight split-K (a chunk's slices divide its positions exactly, so can be shorter)
+        self.max_slices = max_slices(g.K * g.Kd, g.N * g.P)
         partials = self.max_slices * g.K * g.Kd if self.max_slices > 1 else 0
         if (per_image + partials) * itemsize > workspace_limit:
             raise ValueError(f"one image of input {list(g.input_shape)} with weight {list(g.weight_shape)} needs "
@@ -47,9 +43,9 @@ class Im2col:
         # images per chunk: as many as the budget allows
         self.chunk = max(1, min(g.N, (workspace_limit // itemsize - partials) // per_image, INT32_MAX // g.P))
         # slices of a full chunk, and of a shorter last one (which can split into more)
-        self.slices = _largest_divisor_at_most(self.chunk * g.P, self.max_slices)
+        self.slices = largest_divisor_at_most(self.chunk * g.P, self.max_slices)
         last = g.N % self.chunk
-        self.last_slices = _largest_divisor_at_most(last * g.P, self.max_slices) if last else self.slices
+        self.last_slices = largest_divisor_at_most(last * g.P, self.max_slices) if last else self.slices
         most = max(self.slices, self.last_slices)
         wgrad_extra = most * g.K * g.Kd if most > 1 else 0
         self.workspace = {"forward": per_image * self.chunk, "backward_input": per_image * self.chunk,
@@ -158,6 +154,3 @@ class Im2col:
             launch(queue, reduce, (n,), (64,), ws, part, S, n,
                    dw.buf, dw.off, n0 > 0, what="grad-weight (sum of slices)")
 
-
-def _largest_divisor_at_most(n, limit):
-    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)

@@ -1,21 +1,28 @@
-"""Winograd F(4x4, 3x3) for 3x3 convolutions at stride 1 (any padding, dilation, groups).
+"""Winograd F(4x4, 3x3) and F(2x2, 5x5) for 3x3 and 5x5 convolutions at stride 1 (any
+padding, dilation, groups).
 
-A 4x4 output tile costs 36 multiplications per (filter, channel) pair instead of 144, so
-the GEMMs shrink 4x; the price is transforms that read and write each operand about 2.25x
-its size (kernels/winograd.cl has the math and the buffer layouts). Per chunk of images:
+Both transform 6x6 input patches: a 4x4 output tile of a 3x3 filter costs 36
+multiplications per (filter, channel) pair instead of 144, a 2x2 tile of a 5x5 filter 36
+instead of 100, so the GEMMs shrink 4x or 2.8x; the price is transforms that read and
+write each operand 2.25x (9x for 2x2 tiles) its size (kernels/winograd.cl has the math
+and the buffer layouts). Per chunk of images:
   forward        U = G w G^T; V = B^T x B; M[t, g] = U[t, g] @ V[t, g]; y = A^T M A (+ bias)
   grad-input     the forward pass of the transposed convolution (``g.transposed()``) over dy
   grad-weight    V = B^T x B; Z = A dy A^T; dU[t, g] (+)= Z[t, g] @ V[t, g]^T; dw = G^T dU G
+                 Many tiles are cut into S slices (split-K): partial sums of dU per slice in
+                 the same batched call, then an ordered sum. Besides filling the device, this
+                 keeps float32 sums short: F(2x2,5x5) on AlexNet's conv2 at batch 128 gave
+                 1.3e-4 of the largest gradient in one sum, 1.8e-5 in 28 slices (PoCL).
 The 36 tile positions t times the groups g are the batch of one strided-batched CLBlast
 GEMM (their operands are evenly spaced offsets into the workspace); with per-group queues,
 each group's 36 GEMMs run on its own queue.
 """
 from ..blas import grid_gemm
 from ..programs import INT32_MAX, get_kernel, launch
-from .common import Ref, idx_for
+from .common import Ref, idx_for, largest_divisor_at_most, max_slices
 
-TILE = 4                  # outputs per tile side: F(4x4, 3x3)
-T2 = (TILE + 2) ** 2      # 36 transformed values per tile
+ALPHA = 6                 # transformed values per tile side: F(4x4, 3x3) and F(2x2, 5x5)
+T2 = ALPHA ** 2           # 36 transformed values per tile
 MIN_CHANNELS = 16         # fewer channels or filters per group: the batched GEMMs are too thin to pay
 LOCAL = (64, 1)           # work-group of the transform kernels
 ALIGN = 256               # workspace regions start at multiples of this many elements (sub-buffer origins)
@@ -25,9 +32,10 @@ def _aligned(n):
     return -(-n // ALIGN) * ALIGN
 
 
-def _tiles(size, dilation):
-    """Tiles along an output axis of ``size``: each dilation phase of the axis gets whole tiles."""
-    return dilation * -(-(-(-size // dilation)) // TILE)
+def _tiles(size, dilation, tile):
+    """Tiles of ``tile`` outputs along an output axis of ``size``: each dilation phase of the
+    axis gets whole tiles."""
+    return dilation * -(-(-(-size // dilation)) // tile)
 
 
 class Winograd:
@@ -35,10 +43,11 @@ class Winograd:
 
     @staticmethod
     def applies(g):
-        if (g.kh, g.kw) != (3, 3) or g.stride != (1, 1):
-            return False, f"needs a 3x3 filter at stride 1 (got {g.kh}x{g.kw}, stride {g.stride})"
-        return True, ("3x3 at stride 1: Winograd F(4x4,3x3) needs 36 multiplications per 4x4 output tile "
-                      "where im2col's GEMM needs 144")
+        if (g.kh, g.kw) not in ((3, 3), (5, 5)) or g.stride != (1, 1):
+            return False, f"needs a 3x3 or 5x5 filter at stride 1 (got {g.kh}x{g.kw}, stride {g.stride})"
+        m = ALPHA + 1 - g.kh
+        return True, (f"{g.kh}x{g.kw} at stride 1: Winograd F({m}x{m},{g.kh}x{g.kw}) needs 36 multiplications per "
+                      f"{m}x{m} output tile where im2col's GEMM needs {m * m * g.kh * g.kw}")
 
     @staticmethod
     def preferred(g, pass_name, device):
@@ -50,15 +59,20 @@ class Winograd:
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False):
         self.g, self.dtype, self.per_group = g, dtype, per_group
+        self.tile = ALPHA + 1 - g.kh    # outputs per tile side
         # each pass runs over a convolution geometry: grad-input over the transposed one
         self.geometry = {"forward": g, "backward_input": g.transposed(), "backward_weight": g}
         # tiles (TH, TW) per image along the pass's output rows and columns
-        self.grid = {p: (_tiles(t.OH, t.dilation[0]), _tiles(t.OW, t.dilation[1])) for p, t in self.geometry.items()}
+        self.grid = {p: (_tiles(t.OH, t.dilation[0], self.tile), _tiles(t.OW, t.dilation[1], self.tile))
+                     for p, t in self.geometry.items()}
+        # grad-weight split-K over the tiles: slices of a chunk divide its tiles exactly
+        self.max_slices = max_slices(T2 * g.K * g.Cg, g.N * self._tiles_per_image("backward_weight"))
         self.chunk, self.layout, self.workspace = {}, {}, {}
         for pass_name, t in self.geometry.items():
             tiles, limit = self._tiles_per_image(pass_name), workspace_limit // dtype.itemsize
             per_image = T2 * tiles * (t.C + t.K)                      # V, and M (or Z)
-            B = max(1, min(g.N, (limit - T2 * t.K * t.Cg) // per_image, INT32_MAX // (T2 * max(t.C, t.K) * tiles)))
+            fixed = T2 * t.K * t.Cg * (1 + self._partials(pass_name))   # U (or dU, and the partial sums)
+            B = max(1, min(g.N, (limit - fixed) // per_image, INT32_MAX // (T2 * max(t.C, t.K) * tiles)))
             while B > 1 and self._layout(pass_name, B)[2] > limit:   # the estimate ignores alignment
                 B -= 1
             layout = self._layout(pass_name, B)
@@ -66,17 +80,27 @@ class Winograd:
                 raise ValueError(f"one image of input {list(g.input_shape)} with weight {list(g.weight_shape)} "
                                  f"needs {layout[2] * dtype.itemsize} Winograd workspace bytes, above the limit "
                                  f"of {workspace_limit} bytes")
-            self.chunk[pass_name], self.layout[pass_name], self.workspace[pass_name] = B, layout[:2], layout[2]
+            self.chunk[pass_name], self.layout[pass_name], self.workspace[pass_name] = B, layout[:-1], layout[-1]
+
+    def _partials(self, pass_name):
+        """Partial sums of dU the pass keeps, in units of dU: the most split-K slices, or none."""
+        return self.max_slices if pass_name == "backward_weight" and self.max_slices > 1 else 0
 
     def _layout(self, pass_name, B):
-        """(second, third, end) offsets of the workspace for chunks of B images. V (36, C, P)
-        comes first, at offset 0: it is the GEMM's B operand (see blas._in_place); then U
-        (36, K, Ci) and M (36, K, P), or for grad-weight Z (36, K, P) and dU (36, K, Ci)."""
+        """Offsets of the workspace regions after the first, then its end, for chunks of B
+        images. V (36, C, P) comes first, at offset 0: it is the GEMM's B operand (see
+        blas._in_place); then U (36, K, Ci) and M (36, K, P), or for grad-weight Z (36, K, P),
+        dU (36, K, Ci) and its partial sums (S, 36, K, Ci)."""
         t, P = self.geometry[pass_name], B * self._tiles_per_image(pass_name)
-        sizes = (T2 * t.K * t.Cg, T2 * t.K * P)[::-1 if pass_name == "backward_weight" else 1]
-        second = _aligned(T2 * t.C * P)
-        third = _aligned(second + sizes[0])
-        return second, third, third + sizes[1]
+        small = T2 * t.K * t.Cg
+        if pass_name == "backward_weight":
+            sizes = [T2 * t.K * P, small, small * self._partials(pass_name)]
+        else:
+            sizes = [small, T2 * t.K * P]
+        offsets = [_aligned(T2 * t.C * P)]
+        for size, following in zip(sizes, sizes[1:]):   # an empty last region needs no alignment
+            offsets.append(_aligned(offsets[-1] + size) if following else offsets[-1] + size)
+        return (*offsets, offsets[-1] + sizes[-1])
 
     def _tiles_per_image(self, pass_name):
         th, tw = self.grid[pass_name]
@@ -88,34 +112,45 @@ class Winograd:
         n = B * self._tiles_per_image(pass_name)
         mnk = (t.Kg, t.Cg, n) if pass_name == "backward_weight" else (t.Kg, n, t.Cg)
         flipped = " of the transposed convolution over grad_output" if pass_name == "backward_input" else ""
-        return (f"Winograd F(4x4,3x3){flipped}: transforms + {T2} x {t.groups} batched GEMMs per chunk, "
+        m, r = self.tile, self.g.kh
+        text = (f"Winograd F({m}x{m},{r}x{r}){flipped}: transforms + {T2} x {t.groups} batched GEMMs per chunk, "
                 f"{chunks} chunk(s) of {B} image(s), per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2]}")
+        if pass_name == "backward_weight" and self._slices(n) > 1:
+            text += f", split-K into {self._slices(n)} slices of the tiles summed in order"
+        return text
 
-    def _kernel(self, queue, name, idx):
-        return get_kernel(queue.context, "winograd.cl", name, self.dtype, IDX=idx)
+    def _slices(self, tiles):
+        """Split-K slices of a grad-weight chunk of ``tiles`` tiles."""
+        return largest_divisor_at_most(tiles, self.max_slices)
 
-    def _input(self, queue, idx, pass_name, x, n0, nb, ws, at):
-        """V (36, C, nb * tiles) at ``at`` from images n0 ... n0+nb-1 of ``x``."""
+    def _kernel(self, queue, name, idx, filename="winograd.cl"):
+        defines = {"FR": self.g.kh} if filename == "winograd.cl" else {}
+        return get_kernel(queue.context, filename, name, self.dtype, IDX=idx, **defines)
+
+    def _input(self, queue, idx, pass_name, x, n0, nb, ws, at, slices=1):
+        """V (slices, 36, C, nb * tiles / slices) at ``at`` from images n0 ... n0+nb-1 of ``x``."""
         t = self.geometry[pass_name]
         (pt, _), (pl, _) = t.pads
-        launch(queue, self._kernel(queue, "winograd_input", idx), (nb * self._tiles_per_image(pass_name), t.C),
+        P = nb * self._tiles_per_image(pass_name)
+        launch(queue, self._kernel(queue, "winograd_input", idx), (P, t.C),
                LOCAL, x.buf, x.off + n0 * t.C * t.H * t.W, ws, at, nb, t.C, t.H, t.W, *self.grid[pass_name],
-               pt, pl, *t.dilation, what="Winograd input transform")
+               pt, pl, *t.dilation, P // slices, what="Winograd input transform")
 
     def _tile_args(self, pass_name, nb):
         """The output-side kernels' tile arguments: images, channels, output size, tiles, dilation."""
         t = self.geometry[pass_name]
         return (nb, t.K, t.OH, t.OW) + self.grid[pass_name] + t.dilation
 
-    def _gemm(self, queue, ws, G, m, n, k, offsets, strides, positions, lds, **kw):
-        """The 36 x G GEMMs on workspace operands at ``offsets`` (A, B, C). ``strides``: from one
-        group to the next; ``positions``: from one tile position to the next, which is G groups,
-        so without per-group queues (tile position, group) is one evenly strided batch."""
+    def _gemm(self, queue, ws, G, m, n, k, offsets, strides, positions, lds, count=T2, **kw):
+        """The ``count`` (36 tile positions, or slices x 36) x G GEMMs on workspace operands at
+        ``offsets`` (A, B, C). ``strides``: from one group to the next; ``positions``: from one
+        tile position (or slice) to the next, which is G groups, so without per-group queues
+        (position, group) is one evenly strided batch."""
         if self.per_group and G > 1:
-            grid_gemm(queue, self.dtype, G, T2, m, n, k, ws, ws, ws, offsets, strides, positions, lds,
+            grid_gemm(queue, self.dtype, G, count, m, n, k, ws, ws, ws, offsets, strides, positions, lds,
                       per_group=True, **kw)
         else:
-            grid_gemm(queue, self.dtype, 1, T2 * G, m, n, k, ws, ws, ws, offsets, (0, 0, 0), strides, lds, **kw)
+            grid_gemm(queue, self.dtype, 1, count * G, m, n, k, ws, ws, ws, offsets, (0, 0, 0), strides, lds, **kw)
 
     def _convolve(self, queue, pass_name, x, w, bias, y, ws, what):
         """y = conv(x, w) (+ bias) over the pass's geometry, w flipped for grad-input."""
@@ -146,17 +181,25 @@ class Winograd:
         t, B = self.g, self.chunk["backward_weight"]
         idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
         Kg, Cg, tp = t.Kg, t.Cg, self._tiles_per_image("backward_weight")
-        z, du = self.layout["backward_weight"]
+        z, du, part = self.layout["backward_weight"]
         grad_output = self._kernel(queue, "winograd_grad_output", idx)
+        n = T2 * t.K * Cg   # elements of dU
         for n0 in range(0, t.N, B):
             nb = min(B, t.N - n0)
             P = nb * tp
-            self._input(queue, idx, "backward_weight", x, n0, nb, ws, 0)
+            S = self._slices(P)
+            L = P // S   # tiles per slice; V and Z slice-major: (S, 36, channels, L)
+            self._input(queue, idx, "backward_weight", x, n0, nb, ws, 0, S)
             launch(queue, grad_output, (P, t.K), LOCAL, dy.buf, dy.off + n0 * t.K * t.OH * t.OW, ws, z,
-                   *self._tile_args("backward_weight", nb), what="grad-weight (Winograd): grad_output transform")
-            self._gemm(queue, ws, t.groups, Kg, Cg, P, (z, 0, du), (Kg * P, Cg * P, Kg * Cg),
-                       (t.K * P, t.C * P, t.K * Cg), (P, P, Cg), beta=0.0 if n0 == 0 else 1.0, b_transp=True,
-                       what="grad-weight (Winograd)")
+                   *self._tile_args("backward_weight", nb), L,
+                   what="grad-weight (Winograd): grad_output transform")
+            # GEMM (slice, t, group) at index (s * 36 + t) * G + g: into dU, or its partial sums
+            self._gemm(queue, ws, t.groups, Kg, Cg, L, (z, 0, du if S == 1 else part),
+                       (Kg * L, Cg * L, Kg * Cg), (t.K * L, t.C * L, t.K * Cg), (L, L, Cg), count=S * T2,
+                       beta=1.0 if S == 1 and n0 > 0 else 0.0, b_transp=True, what="grad-weight (Winograd)")
+            if S > 1:
+                launch(queue, self._kernel(queue, "sum_partials", idx, "im2col.cl"), (n,), (64,), ws, part, S, n,
+                       ws, du, n0 > 0, what="grad-weight (Winograd): sum of slices")
         launch(queue, self._kernel(queue, "winograd_grad_filter", idx), (Cg, t.K), LOCAL, ws, du, dw.buf, dw.off,
                t.K, Cg, what="grad-weight (Winograd): filter transform")
 
