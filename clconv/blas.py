@@ -45,7 +45,7 @@ def _in_place(m, n, k, count, lds, offsets, strides, a_transp, b_transp, gemmk):
 
 
 def _gemmk(device, dtype):
-    """The Xgemm kernel variant in use (0 unless clconv applied a tuned GEMMK 1 set)."""
+    """The Xgemm kernel variant in use (0 unless clconv applied a GEMMK 1 set: tuned, or being tuned)."""
     return apply_tuned(device, dtype).get("Xgemm", {}).get("GEMMK", 0)
 
 

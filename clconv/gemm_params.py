@@ -99,7 +99,9 @@ _applied = {}   # (device.int_ptr, dtype) -> {kernel: params} applied in this pr
 
 
 def override(device, dtype, kernel, params):
-    """Make CLBlast use ``params`` for ``kernel`` on ``device`` (process-wide, from now on)."""
+    """Make CLBlast use ``params`` for ``kernel`` on ``device`` (process-wide, from now on).
+
+    This counts as the process's applied sets: stored ones are not applied on top of it."""
     pyclblast.override_parameters(device, kernel, PRECISION[np.dtype(dtype)], {k: int(v) for k, v in params.items()})
     _applied.setdefault((device.int_ptr, np.dtype(dtype)), {})[kernel] = params   # what blas.py guards against
 

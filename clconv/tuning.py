@@ -164,7 +164,8 @@ def tune_gemm(geometries, queue, dtype=np.float32, repeat=3, batch=10, save=True
     from .plan import Plan
     from .reference import TOLERANCE, normalised_error
     if gemm_params.ignore_tuned(queue.device, dtype):    # the baseline must be CLBlast's own parameters
-        raise RuntimeError("this process already applied stored CLBlast parameters; tune in a process of its own")
+        raise RuntimeError("this process already applied (or overrode) CLBlast parameters; tune in a process of "
+                           "its own")
     rng = np.random.default_rng(0)
     runs = []
     for g in geometries:

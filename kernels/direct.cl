@@ -1,7 +1,8 @@
-// Direct grouped convolution for groups with few taps: CG input channels per group
-// (CG == 1 is depthwise, with any channel multiplier KG = K / groups), weight
-// (K, CG, KH, KW). Memory-bound, so no GEMM: each output (or input-gradient)
-// element is a short dot product over its group's channels and the kernel taps.
+// Direct convolution for groups with few taps: CG input channels per group (CG == 1
+// is depthwise, with any channel multiplier KG = K / groups; groups == 1 a dense
+// convolution of a few channels), weight (K, CG, KH, KW). No GEMM: each output (or
+// input-gradient) element is a short dot product over its group's channels and the
+// kernel taps.
 #ifndef REAL
 #define REAL float
 #endif
@@ -52,7 +53,7 @@
 #define KG kg
 #endif
 
-#ifndef TX             // output tile of one work-group: TX x TY pixels of one (n, k) plane
+#ifndef TX             // output tile of one work-group: TX x TY pixels of KB (n, k) planes
 #define TX 32
 #endif
 #ifndef TY

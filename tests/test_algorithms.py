@@ -1,5 +1,6 @@
 """Each algorithm against the reference on every case it applies to; the planner's choices."""
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pyopencl as cl
@@ -24,7 +25,7 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
     Case("winograd_wide_d1x2", 3, 32, 10, 15, 20, 3, 3, padding=(1, 2), dilation=(1, 2)),
     Case("winograd5_g2_d1x2_overpad", 2, 6, 14, 11, 4, 5, 5, padding=((5, 0), (1, 9)), dilation=(1, 2), groups=2),
     Case("dense_c6_s2", 2, 6, 9, 8, 5, 3, 3, stride=2, padding=1),
-    # a few-channel stem: 16 filters (8 per work-item on GPUs), 7x7 taps, stride 2
+    # a few-channel stem: 16 filters, 7x7 taps, stride 2
     Case("stem_7x7_s2", 2, 3, 23, 18, 16, 7, 7, stride=2, padding=3),
 ]
 
@@ -167,6 +168,36 @@ def test_winograd_split_k_grad_weight_with_chunks(case, queue):
         results.append(p.backward_weight(x, dy))
         assert_close(results[-1], want, np.float32, f"grad-weight, {queues}")
     np.testing.assert_array_equal(*results)
+    # 4 bytes less: one image per chunk, and the partial sums still inside the limit
+    p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="winograd", workspace_limit=two - 4)
+    assert p._choice["backward_weight"][0].chunk["backward_weight"] == 1 and p.workspace_bytes <= two - 4
+    assert_close(p.backward_weight(x, dy), want, np.float32, "grad-weight, one image per chunk")
+
+
+@pytest.mark.parametrize("case", [next(c for c in EXTRA if c.name == "stem_7x7_s2"),
+                                  Case("grouped_kg4_s1", 2, 8, 13, 11, 8, 3, 3, padding=1, groups=2)], ids=repr)
+def test_direct_several_filters_per_work_item(case, queue):
+    """On a device of one compute unit every work-group count is enough: the forward kernel
+    takes the most filters per work-item it can (on GPUs staging the patch in local memory),
+    and so does the stride-1 grad-input."""
+    class OneUnit:
+        def __init__(self, q):
+            self._q, self.device = q, SimpleNamespace(max_compute_units=1, type=q.device.type,
+                                                      max_mem_alloc_size=q.device.max_mem_alloc_size,
+                                                      max_work_group_size=q.device.max_work_group_size)
+
+        def __getattr__(self, name):
+            return getattr(self._q, name)
+
+    x, w, b, dy = case.data()
+    opts = case.options
+    g = conv_geometry(x.shape, w.shape, **opts)
+    p = clconv.Plan(g, np.float32, OneUnit(queue), algorithm="direct")
+    algo = p._choice["forward"][0]
+    assert algo.kb["forward"] == min(16, g.Kg) and algo.kb["backward_input"] == (g.Cg if g.stride == (1, 1) else 1)
+    assert_close(p.forward(x, w, b, queue=queue), reference.conv2d(x, w, b, **opts), np.float32, "forward")
+    assert_close(p.backward_input(w, dy, queue=queue), reference.conv2d_input(x.shape, w, dy, **opts), np.float32,
+                 "grad-input")
 
 
 def test_auto_passes_over_winograd_above_the_workspace_limit(queue):

@@ -60,14 +60,11 @@ def test_grouped_1x1_batches_what_clblast_reads_correctly(groups, images, queue,
 
 
 GEMMK1_CODE = """
-import sys
 import numpy as np, pyopencl as cl, clconv
 from clconv import blas, gemm_params
 q = clconv.default_queue()
 params = next(p for p in gemm_params.candidates("Xgemm") if p["GEMMK"] == 1)
 gemm_params.override(q.device, np.float32, "Xgemm", params)
-if sys.argv[1] == "unguarded":
-    blas._gemmk = lambda device, dtype: 0
 M, N, K = 512, 1024, 512
 rng = np.random.default_rng(0)
 a, b = rng.standard_normal((2, M, K), np.float32), rng.standard_normal((2, K, N), np.float32)
@@ -86,12 +83,13 @@ print(np.abs(c - want).max() / np.abs(want).max())
 
 def test_gemm_at_offsets_under_a_gemmk1_set():
     """With a tuned GEMMK 1 set applied, CLBlast also reads A and writes C in place: all three
-    operands at offsets still give the right product (a process of its own: the set stays)."""
+    operands at offsets still give the right product (a process of its own: the set stays).
+    Without the workaround's A and C guard, the error was 1.0 on PoCL."""
     import os
     import subprocess
     import sys
     root = __import__("pathlib").Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-c", GEMMK1_CODE, "guarded"], cwd=root, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", GEMMK1_CODE], cwd=root, capture_output=True,
                           text=True, timeout=600, env={**os.environ})
     assert proc.returncode == 0, proc.stderr
     assert float(proc.stdout) <= 1e-5

@@ -36,7 +36,7 @@ def test_check_runs_every_algorithm(dtype):
     assert f"every pass in {dtype}" in out
     for name in ("im2col", "im2col per-group", "fc", "1x1", "direct", "direct few-channel", "winograd",
                  "winograd 5x5"):
-        assert f"  {name} " in out
+        assert f"  {name:18s} forward " in out
     assert out.count(" ok") == 32 and "all passes match" in out
 
 

@@ -20,12 +20,23 @@ def test_every_candidate_obeys_the_rules(kernel):
         assert gemm_params.valid(kernel, params, DEVICE), params
 
 
+GEMMK1 = dict(GEMMK=1, KREG=4, KWG=1, KWI=1, SA=0, SB=0)   # valid on the first candidate's tiles
+
+
+def test_gemmk1_base_is_valid():
+    assert gemm_params.valid("Xgemm", dict(gemm_params.candidates("Xgemm")[0], **GEMMK1), DEVICE)
+
+
 @pytest.mark.parametrize("kernel,change", [
     ("Xgemm", {"MWG": 48}),                       # 48 % (MDIMC * VWM = 64) != 0: CLBlast would compute garbage
     ("Xgemm", {"KWG": 16, "KWI": 3}),             # KWG % KWI != 0
     ("Xgemm", {"MWG": 128, "NWG": 128, "KWG": 64}),   # 64 KiB of local memory
     ("XgemmDirect", {"WGD": 24}),                 # 24 % (MDIMCD * VWMD = 32) != 0
-], ids=["xgemm_tile", "xgemm_kwi", "xgemm_local_memory", "direct_tile"])
+    ("Xgemm", dict(GEMMK1, MDIMA=8)),             # GEMMK 1: MDIMA must equal MDIMC (16)
+    ("Xgemm", dict(GEMMK1, KREG=2)),              # GEMMK 1: KREG % VWN (4) != 0
+    ("Xgemm", dict(GEMMK1, SA=1)),                # GEMMK 1 kernels use no local memory
+], ids=["xgemm_tile", "xgemm_kwi", "xgemm_local_memory", "direct_tile", "xgemm1_mdima", "xgemm1_kreg",
+        "xgemm1_local_memory"])
 def test_broken_sets_are_refused(kernel, change):
     params = dict(gemm_params.candidates(kernel)[0], **change)
     assert not gemm_params.valid(kernel, params, DEVICE)

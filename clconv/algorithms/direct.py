@@ -14,7 +14,8 @@ import pyopencl as cl
 from ..programs import get_kernel, launch, reduction_work_group
 from .common import idx_for
 
-MAX_TAPS = 64         # Cg * kh * kw above this: the private accumulators get too large
+MAX_TAPS = 64         # Cg * kh * kw above this (groups > 1): a GEMM pays again, and grad-weight's
+                      # private accumulators (one per tap) grow; forced dense ones may hold 196
 MAX_FILTERS = 64      # Kg above this: a GEMM over the group's filters pays again
 MAX_DENSE_CHANNELS = 4     # a dense convolution (groups == 1) of at most this many input channels,
 MAX_DENSE_TAPS = 4 * 7 * 7   # and taps, applies whatever its filters (stems)

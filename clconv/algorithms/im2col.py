@@ -11,7 +11,8 @@ Each GEMM covers all B*P positions of the chunk, and the groups are the batch of
 one strided-batched call (or, with per-group queues, one call per group on its
 own queue). Nothing is copied per group: every operand is an offset into its
 shared buffer. A chunk of one image needs no T: (1, K, P) is already (K, P), so
-the GEMMs read dY and write Y in place (the forward's bias is filled first).
+the forward writes Y in place (its bias filled first), and with one group the
+gradients' GEMMs read dY in place.
 """
 from ..bias import fill_bias
 from ..blas import grid_gemm
@@ -78,9 +79,10 @@ class Im2col:
 
     def _to_columns(self, queue, idx, dy, n0, B, ws, t):
         """dY of images n0 ... n0+B-1 (B, K, P) as (K, B*P): (buffer, offset) of T, or of dY
-        itself for one image."""
+        itself for one image of one group (with more groups, dY at an offset CLBlast might
+        misread would take one GEMM per group: see blas._in_place)."""
         g = self.g
-        if B == 1:
+        if B == 1 and g.groups == 1:
             return dy.buf, dy.off + n0 * g.K * g.P
         launch(queue, self._kernel(queue, "nchw_to_cnhw", idx), (B * g.P, g.K), TILE,
                dy.buf, dy.off + n0 * g.K * g.P, ws, t, B, g.K, g.P,

@@ -13,9 +13,9 @@ and the buffer layouts). Per chunk of images:
                  the same batched call, then an ordered sum. Besides filling the device, this
                  keeps float32 sums short: F(2x2,5x5) on AlexNet's conv2 at batch 128 gave
                  1.3e-4 of the largest gradient in one sum, 1.8e-5 in 28 slices (PoCL).
-The 36 tile positions t times the groups g are the batch of one strided-batched CLBlast
-GEMM (their operands are evenly spaced offsets into the workspace); with per-group queues,
-each group's 36 GEMMs run on its own queue.
+The 36 tile positions t (times the S slices of a split grad-weight) times the groups g are
+the batch of one strided-batched CLBlast GEMM (their operands are evenly spaced offsets into
+the workspace); with per-group queues, each group's GEMMs run on its own queue.
 """
 from ..blas import grid_gemm
 from ..programs import INT32_MAX, get_kernel, launch
@@ -73,12 +73,12 @@ class Winograd:
             per_image = T2 * tiles * (t.C + t.K)                      # V, and M (or Z)
             fixed = T2 * t.K * t.Cg * (1 + self._partials(pass_name))   # U (or dU, and the partial sums)
             B = max(1, min(g.N, (limit - fixed) // per_image, INT32_MAX // (T2 * max(t.C, t.K) * tiles)))
-            while B > 1 and self._layout(pass_name, B)[2] > limit:   # the estimate ignores alignment
+            while B > 1 and self._layout(pass_name, B)[-1] > limit:   # the estimate ignores alignment
                 B -= 1
             layout = self._layout(pass_name, B)
-            if layout[2] > limit:
+            if layout[-1] > limit:
                 raise ValueError(f"one image of input {list(g.input_shape)} with weight {list(g.weight_shape)} "
-                                 f"needs {layout[2] * dtype.itemsize} Winograd workspace bytes, above the limit "
+                                 f"needs {layout[-1] * dtype.itemsize} Winograd workspace bytes, above the limit "
                                  f"of {workspace_limit} bytes")
             self.chunk[pass_name], self.layout[pass_name], self.workspace[pass_name] = B, layout[:-1], layout[-1]
 
@@ -90,7 +90,8 @@ class Winograd:
         """Offsets of the workspace regions after the first, then its end, for chunks of B
         images. V (36, C, P) comes first, at offset 0: it is the GEMM's B operand (see
         blas._in_place); then U (36, K, Ci) and M (36, K, P), or for grad-weight Z (36, K, P),
-        dU (36, K, Ci) and its partial sums (S, 36, K, Ci)."""
+        dU (36, K, Ci) and its partial sums (S, 36, K, Ci), V and Z then stored slice-major
+        (S, 36, channels, P / S)."""
         t, P = self.geometry[pass_name], B * self._tiles_per_image(pass_name)
         small = T2 * t.K * t.Cg
         if pass_name == "backward_weight":
@@ -113,10 +114,12 @@ class Winograd:
         mnk = (t.Kg, t.Cg, n) if pass_name == "backward_weight" else (t.Kg, n, t.Cg)
         flipped = " of the transposed convolution over grad_output" if pass_name == "backward_input" else ""
         m, r = self.tile, self.g.kh
-        text = (f"Winograd F({m}x{m},{r}x{r}){flipped}: transforms + {T2} x {t.groups} batched GEMMs per chunk, "
-                f"{chunks} chunk(s) of {B} image(s), per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2]}")
-        if pass_name == "backward_weight" and self._slices(n) > 1:
-            text += f", split-K into {self._slices(n)} slices of the tiles summed in order"
+        S = self._slices(n) if pass_name == "backward_weight" else 1
+        count = f"{S} x {T2}" if S > 1 else f"{T2}"
+        text = (f"Winograd F({m}x{m},{r}x{r}){flipped}: transforms + {count} x {t.groups} batched GEMMs per "
+                f"chunk, {chunks} chunk(s) of {B} image(s), per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2] // S}")
+        if S > 1:
+            text += f", split-K into {S} slices of the tiles summed in order"
         return text
 
     def _slices(self, tiles):
