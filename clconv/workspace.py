@@ -21,7 +21,11 @@ _entries = OrderedDict()   # queue.int_ptr -> [queue, buffer or None, lock]
 
 @contextmanager
 def workspace(queue, nbytes, what=""):
-    """Hold this queue's workspace (at least ``nbytes``) while enqueuing a pass."""
+    """Hold this queue's workspace (at least ``nbytes``) while enqueuing a pass. A pass
+    with no workspace gets None and holds nothing."""
+    if not nbytes:
+        yield None
+        return
     with _lock:
         entry = _entries.get(queue.int_ptr)
         if entry is None:
@@ -30,7 +34,7 @@ def workspace(queue, nbytes, what=""):
         while len(_entries) > MAX_QUEUES:
             _entries.popitem(last=False)
     with entry[2]:
-        if nbytes and (entry[1] is None or entry[1].size < nbytes):
+        if entry[1] is None or entry[1].size < nbytes:
             entry[1] = None
             try:
                 entry[1] = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE, nbytes)

@@ -118,6 +118,7 @@ class Direct:
                    "backward_input": _filters_per_item(self.transposed, self.tiles["backward_input"], units)
                    if self.transposed else 1}
         self.specs = {id(t): self._specs(t) for t in (g, self.transposed) if t}   # per launch geometry
+        self._kernels = {}   # (context, name, idx, geometry, KB) -> (kernel, WG): ~20 defines to look up per launch
         # enough work-groups in stage 1 to fill the device (about 4 per compute unit), each
         # slice keeping at least 1024 positions, as many as the workspace holds; fixed per
         # device and limit, so deterministic
@@ -163,12 +164,18 @@ class Direct:
         sizes are compiled in (loops unrolled, divisions folded) except for the grad-weight
         partials on CPUs, where unrolling their accumulators measured 1.2-1.5x slower (PoCL)."""
         g = g or self.g
+        key = (queue.context.int_ptr, name, idx, id(g), kb, tile)
+        found = self._kernels.get(key)
+        if found:
+            return found
         wg = reduction_work_group(queue.device)
         tx, ty, ph, pw, ry = tile or self.tiles["forward"]
         constants = {} if name == "direct_weight_partial" and not self.staged else self.specs[id(g)][1]
-        return get_kernel(queue.context, "direct.cl", name, self.dtype, IDX=idx, TAPS=self.taps, WG=wg, TX=tx,
-                          TY=ty, PH=ph, PW=pw, RY=ry, KB=kb, STAGE=int(self.staged),
-                          FLIP=int(g is self.transposed), **constants), wg
+        found = self._kernels[key] = (
+            get_kernel(queue.context, "direct.cl", name, self.dtype, IDX=idx, TAPS=self.taps, WG=wg, TX=tx, TY=ty,
+                       PH=ph, PW=pw, RY=ry, KB=kb, STAGE=int(self.staged), FLIP=int(g is self.transposed),
+                       **constants), wg)
+        return found
 
     def _forward(self, queue, g, tile, kb, x, w, bias, y, what):
         """direct_forward over geometry ``g``; the transposed geometry flips the weights."""

@@ -97,7 +97,6 @@ class Im2col:
         g, B = self.g, self.chunk
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
         Kg, Kd = g.Kg, g.Kd
-        to_nchw = self._kernel(queue, "cnhw_to_nchw", idx)
         b = bias if bias is not None else w
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
@@ -113,9 +112,8 @@ class Im2col:
                 continue
             self._group_gemm(queue, Kg, ld, Kd, w.buf, ws, ws, (w.off, col, t), (Kg * Kd, Kd * ld, Kg * ld),
                              (Kd, ld, ld), what="forward")
-            launch(queue, to_nchw, (ld, g.K), TILE, ws, t, y.buf, y.off + n0 * g.K * g.P,
-                   b.buf, b.off, int(bias is not None), nb, g.K, g.P,
-                   what="output layout")
+            launch(queue, self._kernel(queue, "cnhw_to_nchw", idx), (ld, g.K), TILE, ws, t, y.buf,
+                   y.off + n0 * g.K * g.P, b.buf, b.off, int(bias is not None), nb, g.K, g.P, what="output layout")
 
     def backward_input(self, queue, w, dy, dx, ws):
         g, B = self.g, self.chunk
