@@ -18,8 +18,9 @@ import pyclblast
 # Kernel -> its parameter names, and candidate sets in that order. The starting points are
 # CLBlast's own tuned sets for recent NVIDIA GPUs (its database, generic NVIDIA, Ampere,
 # Ada), plus a 128x128 tile for large GEMMs; then GEMMK=1 sets (CLBlast's second tiled
-# kernel: no local memory, KREG values of k in registers), the first of which ran a
-# pointwise-sized GEMM 1.3x faster than CLBlast's own choice on an H200.
+# kernel: no local memory, KREG values of k in registers): the first ran a pointwise-sized
+# GEMM 1.3x faster than CLBlast's own choice on an H200 in one experiment, though over all
+# the workloads' GEMM passes no GEMMK=1 set won there.
 PARAMETERS = {
     "Xgemm": ("GEMMK", "KREG", "KWG", "KWI", "MDIMA", "MDIMC", "MWG", "NDIMB", "NDIMC", "NWG", "SA", "SB",
               "STRM", "STRN", "VWM", "VWN"),

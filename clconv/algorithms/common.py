@@ -20,7 +20,6 @@ def idx_for(dtype, *refs):
     return index_type(*(r.buf.size // itemsize for r in refs if r is not None))
 
 
-
 # Split-K for grad-weight GEMMs, whose result (filters x taps) is small and whose inner
 # dimension (positions) long: partial sums over slices of the positions, then an ordered
 # sum (sum_partials in kernels/im2col.cl). More work-groups, and shorter float32 sums.

@@ -100,20 +100,19 @@ class Im2col:
         b = bias if bias is not None else w
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
-            col, t, ld = 0, self.rows * nb * g.P, nb * g.P
+            col, ld = 0, nb * g.P
             self._im2col(queue, idx, x, n0, nb, ws, col)
-            if nb == 1:   # straight into Y
-                y_n = Ref(y.buf, y.off + n0 * g.K * g.P)
-                if bias is not None:
-                    fill_bias(queue, self.dtype, y_n, bias, 1, g.K, g.P)
-                self._group_gemm(queue, Kg, ld, Kd, w.buf, ws, y.buf, (w.off, col, y_n.off),
-                                 (Kg * Kd, Kd * ld, Kg * ld), (Kd, ld, ld), beta=float(bias is not None),
-                                 what="forward")
-                continue
-            self._group_gemm(queue, Kg, ld, Kd, w.buf, ws, ws, (w.off, col, t), (Kg * Kd, Kd * ld, Kg * ld),
-                             (Kd, ld, ld), what="forward")
-            launch(queue, self._kernel(queue, "cnhw_to_nchw", idx), (ld, g.K), TILE, ws, t, y.buf,
-                   y.off + n0 * g.K * g.P, b.buf, b.off, int(bias is not None), nb, g.K, g.P, what="output layout")
+            # one image: straight into Y, its bias filled first; more: into T, then the layout kernel
+            out = Ref(y.buf, y.off + n0 * g.K * g.P) if nb == 1 else Ref(ws, self.rows * ld)
+            if nb == 1 and bias is not None:
+                fill_bias(queue, self.dtype, out, bias, 1, g.K, g.P)
+            self._group_gemm(queue, Kg, ld, Kd, w.buf, ws, out.buf, (w.off, col, out.off),
+                             (Kg * Kd, Kd * ld, Kg * ld), (Kd, ld, ld), beta=float(nb == 1 and bias is not None),
+                             what="forward")
+            if nb > 1:
+                launch(queue, self._kernel(queue, "cnhw_to_nchw", idx), (ld, g.K), TILE, ws, out.off, y.buf,
+                       y.off + n0 * g.K * g.P, b.buf, b.off, int(bias is not None), nb, g.K, g.P,
+                       what="output layout")
 
     def backward_input(self, queue, w, dy, dx, ws):
         g, B = self.g, self.chunk

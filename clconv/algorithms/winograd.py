@@ -186,6 +186,7 @@ class Winograd:
         Kg, Cg, tp = t.Kg, t.Cg, self._tiles_per_image("backward_weight")
         z, du, part = self.layout["backward_weight"]
         grad_output = self._kernel(queue, "winograd_grad_output", idx)
+        reduce = self._kernel(queue, "sum_partials", idx, "im2col.cl") if self.max_slices > 1 else None
         n = T2 * t.K * Cg   # elements of dU
         for n0 in range(0, t.N, B):
             nb = min(B, t.N - n0)
@@ -201,8 +202,8 @@ class Winograd:
                        (Kg * L, Cg * L, Kg * Cg), (t.K * L, t.C * L, t.K * Cg), (L, L, Cg), count=S * T2,
                        beta=1.0 if S == 1 and n0 > 0 else 0.0, b_transp=True, what="grad-weight (Winograd)")
             if S > 1:
-                launch(queue, self._kernel(queue, "sum_partials", idx, "im2col.cl"), (n,), (64,), ws, part, S, n,
-                       ws, du, n0 > 0, what="grad-weight (Winograd): sum of slices")
+                launch(queue, reduce, (n,), (64,), ws, part, S, n, ws, du, n0 > 0,
+                       what="grad-weight (Winograd): sum of slices")
         launch(queue, self._kernel(queue, "winograd_grad_filter", idx), (Cg, t.K), LOCAL, ws, du, dw.buf, dw.off,
                t.K, Cg, what="grad-weight (Winograd): filter transform")
 
