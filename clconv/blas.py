@@ -1,4 +1,5 @@
-"""CLBlast GEMM through pyclblast, on raw buffers with explicit element offsets.
+"""GEMMs on raw buffers with explicit element offsets: CLBlast through pyclblast, or clconv's
+own kernel (:mod:`clconv.gemm`) where that one is faster; :func:`grid_gemm` decides.
 
 pyclblast takes ``Array`` objects but only uses ``base_data`` and ignores
 ``Array.offset``; we wrap each raw buffer in a minimal 2-D ``Array`` and always
@@ -10,6 +11,7 @@ import pyopencl as cl
 import pyopencl.array as cla
 from pyopencl.tools import context_dependent_memoize
 
+from . import gemm
 from .gemm_params import apply_tuned
 from .programs import ClconvError, record
 
@@ -94,7 +96,7 @@ def gemm_strided_batched(queue, dtype, m, n, k, count, a, a_off, lda, a_stride, 
     except (RuntimeError, cl.Error) as exc:
         raise ClconvError(f"clconv: {what}: CLBlast GEMM m={m} n={n} k={k} batch={count} "
                           f"(lda={lda}, ldb={ldb}, ldc={ldc}) failed: {exc}") from exc
-    record("gemm", event)
+    record("clblast_gemm", event)
     return event
 
 
@@ -116,7 +118,8 @@ def grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, offsets, group_str
               lds, *, beta=0.0, a_transp=False, b_transp=False, per_group=False, what=""):
     """Run one GEMM per (group, image) pair with offsets ``base + g * group_stride + i * image_stride``.
 
-    The smaller of the two dimensions becomes a (host-side, non-blocking) loop
+    Where clconv's own GEMM kernel is the better one (:func:`clconv.gemm.use_own`), the whole
+    grid is one launch of it. For CLBlast, the smaller of the two dimensions becomes a (host-side, non-blocking) loop
     and the other one the batch of a strided-batched GEMM, so there are
     min(groups, images) launches (the larger number where only that batch is
     one CLBlast reads correctly). ``offsets``, ``group_strides``,
@@ -127,11 +130,17 @@ def grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, offsets, group_str
     on ``queue`` so far, and ``queue`` waits for all of them before going on.
     CLBlast takes no wait list, hence the barriers.
     """
+    own = gemm.use_own(queue.device, m, n, k, groups * images)
+    flags = dict(beta=beta, a_transp=a_transp, b_transp=b_transp, what=what)
+
     def run(q, i, loop_strides, count, batch_strides):
         a_off, b_off, c_off = (o + i * s for o, s in zip(offsets, loop_strides))
-        gemm_strided_batched(q, dtype, m, n, k, count, a, a_off, lds[0], batch_strides[0],
-                             b, b_off, lds[1], batch_strides[1], c, c_off, lds[2], batch_strides[2],
-                             beta=beta, a_transp=a_transp, b_transp=b_transp, what=what)
+        if own:
+            gemm.grid_gemm(q, dtype, 1, count, m, n, k, a, b, c, (a_off, b_off, c_off), (0, 0, 0), batch_strides,
+                           lds, **flags)
+        else:
+            gemm_strided_batched(q, dtype, m, n, k, count, a, a_off, lds[0], batch_strides[0],
+                                 b, b_off, lds[1], batch_strides[1], c, c_off, lds[2], batch_strides[2], **flags)
 
     if per_group and groups > 1:
         ready = cl.enqueue_marker(queue)
@@ -143,6 +152,9 @@ def grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, offsets, group_str
             done.append(cl.enqueue_marker(q))
             q.flush()
         cl.enqueue_barrier(queue, wait_for=done)
+    elif own:
+        gemm.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, offsets, group_strides, image_strides, lds,
+                       **flags)
     else:
         # loop over the smaller dimension, unless its batch has strides CLBlast would misread
         # (_in_place; such a batch runs one GEMM at a time): then over the other one

@@ -55,6 +55,14 @@ SWEEP = [
     ("winograd_split_k", (2, 1, 32, 32), (2, 1, 5, 5), dict(padding=2), "winograd", "single", None),
     # one image per chunk: grad-weight's 1240 floats (V, Z, dU at 256-element boundaries) fit, two do not
     ("winograd_chunked", (3, 2, 6, 5), (3, 2, 3, 3), dict(padding=1), "winograd", "single", 1240 * 4),
+    # clconv's own GEMM kernel (kernels/gemm.cl) in place of CLBlast's (host-gemm mode too)
+    ("own_gemm_im2col_split_k", (2, 2, 16, 17), (3, 2, 3, 3), dict(padding=1, gemm="clconv"), "im2col", "single",
+     None),
+    ("own_gemm_1x1_groups_x_images", (3, 6, 3, 5), (4, 3, 1, 1), dict(groups=2, gemm="clconv"), "1x1", "single",
+     None),
+    ("own_gemm_fc_per_group", (3, 4, 3, 2), (6, 2, 3, 2), dict(groups=2, gemm="clconv"), "fc", "per-group", None),
+    ("own_gemm_winograd", (2, 4, 7, 9), (4, 2, 3, 3), dict(padding=1, groups=2, gemm="clconv"), "winograd",
+     "single", None),
 ]
 
 
@@ -95,6 +103,8 @@ def main():
     for name, xs, ws, opts, algorithm, queues, limit in SWEEP:
         opts = dict(opts)
         dtype = np.dtype(opts.pop("dtype", np.float32))
+        # Oclgrind calls itself every device type, GPU too: name the GEMM engine
+        os.environ["CLCONV_GEMM"] = opts.pop("gemm", "clblast")
         x = rng.standard_normal(xs).astype(dtype)
         w = rng.standard_normal(ws).astype(dtype)
         b = rng.standard_normal(ws[0]).astype(dtype)

@@ -31,15 +31,19 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
 
 
 def applicable():
+    """(case, algorithm, GEMM engine): the GEMM algorithms once with each engine."""
     for case in CASES + EXTRA:
         g = conv_geometry(case.input_shape, case.weight_shape, **case.options)
         for name, cls in ALGORITHMS.items():
             if cls.applies(g)[0]:
-                yield pytest.param(case, name, id=f"{name}-{case.name}")
+                for engine in ("clblast", "clconv") if name != "direct" else ("auto",):
+                    yield pytest.param(case, name, engine, id=f"{name}-{case.name}" + (
+                        f"-{engine}_gemm" if engine != "auto" else ""))
 
 
-@pytest.mark.parametrize("case,algorithm", list(applicable()))
-def test_algorithm_matches_reference(case, algorithm, queue):
+@pytest.mark.parametrize("case,algorithm,engine", list(applicable()))
+def test_algorithm_matches_reference(case, algorithm, engine, queue, monkeypatch):
+    monkeypatch.setenv("CLCONV_GEMM", engine)
     x, w, b, dy = case.data()
     opts = case.options
     p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm=algorithm)
@@ -90,7 +94,9 @@ def test_explain_fc_mode_names_the_gemm(queue):
                                             for a in ("im2col", "auto", "winograd")
                                             if a != "winograd" or c.weight_shape[2:] in ((3, 3), (5, 5)) and
                                             c.options["stride"] == 1], ids=repr)
-def test_per_group_queues_are_bit_identical(case, algorithm, queue):
+@pytest.mark.parametrize("engine", ["clblast", "clconv"], ids=lambda e: f"{e}_gemm")
+def test_per_group_queues_are_bit_identical(case, algorithm, engine, queue, monkeypatch):
+    monkeypatch.setenv("CLCONV_GEMM", engine)
     x, w, b, dy = case.data()
     opts = case.options
     dev = {k: cla.to_device(queue, v) for k, v in dict(x=x, w=w, b=b, dy=dy).items()}

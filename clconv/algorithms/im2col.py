@@ -1,4 +1,4 @@
-"""General algorithm: im2col + one strided-batched CLBlast GEMM over the groups per chunk.
+"""General algorithm: im2col + one batched GEMM over the groups per chunk.
 
 Workspace for a chunk of B images (see kernels/im2col.cl): col is (C*kh*kw) x (B*P)
 with group g owning rows g*Kd ... (g+1)*Kd - 1, and a (K, B*P) buffer T holds

@@ -14,7 +14,7 @@ and the buffer layouts). Per chunk of images:
                  keeps float32 sums short: F(2x2,5x5) on AlexNet's conv2 at batch 128 gave
                  1.3e-4 of the largest gradient in one sum, 1.8e-5 in 28 slices (PoCL).
 The 36 tile positions t (times the S slices of a split grad-weight) times the groups g are
-the batch of one strided-batched CLBlast GEMM (their operands are evenly spaced offsets into
+the batch of one batched GEMM (their operands are evenly spaced offsets into
 the workspace); with per-group queues, each group's GEMMs run on its own queue.
 """
 from ..blas import grid_gemm

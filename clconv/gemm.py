@@ -1,0 +1,81 @@
+"""clconv's own GEMM kernel (kernels/gemm.cl), and when it runs instead of CLBlast's.
+
+CLBlast's tiled GEMM first copies operands whose sizes are not multiples of its tiles into
+padded buffers, one launch each, and its batched call covers one batch stride; its kernel is
+the faster one on large square products. Ours reads the operands in place, edges guarded,
+and runs a whole (groups x images) grid of GEMMs in one launch. On an H200 (one run, float32):
+  batched pointwise shapes (M, N, K = 512, 784, 256 x 64)   0.59 ms, CLBlast 0.88
+  Winograd 5x5 forward (128, 3136, 48 x 72)                  0.18 ms, CLBlast 0.42
+  Winograd 3x3 grad-weight (192, 192, 1024 x 576)            1.87 ms, CLBlast 2.60
+  one 4096^3 product                                         5.07 ms, CLBlast 4.45
+so GPUs use ours unless all of M, N and K are large, or the grid of tiles is too small to keep
+the device busy (the 7x7 stem's split-K grad-weight, 147 work-groups of 64 on 132 compute units:
+0.057 ms, CLBlast 0.027). CPUs (PoCL) keep CLBlast, whose kernels suit them better.
+``CLCONV_GEMM=clblast`` or ``=clconv`` forces one.
+"""
+import functools
+import os
+
+import numpy as np
+import pyopencl as cl
+
+from .programs import get_kernel, index_type, launch
+
+LARGE = 1024          # CLBlast when M, N and K are all at least this,
+MIN_ITEMS_PER_CU = 128   # or when our grid has fewer work-items per compute unit
+# (rows, columns) of C per work-group, and their relative speed on a 4096^3 SGEMM
+# (H200: 27.1, 25.1, 22.7 TFLOP/s): bigger tiles reuse more but leave more edge waste
+TILES = (((128, 128), 1.0), ((128, 64), 0.93), ((64, 64), 0.84))
+ENGINES = ("auto", "clconv", "clblast")
+
+
+def use_own(device, m, n, k, count):
+    """Whether ``count`` GEMMs of this size run on clconv's kernel (else CLBlast's)."""
+    engine = os.environ.get("CLCONV_GEMM", "auto")
+    if engine not in ENGINES:
+        raise ValueError(f"CLCONV_GEMM must be one of {ENGINES}, not {engine!r}")
+    if engine != "auto":
+        return engine == "clconv"
+    gpu, compute_units, _ = _facts(device)
+    if not gpu or min(m, n, k) >= LARGE:
+        return False
+    tm, tn = tile(device, m, n, count)
+    return -(-m // tm) * -(-n // tn) * count * (tm * tn // 64) >= MIN_ITEMS_PER_CU * compute_units
+
+
+@functools.lru_cache(maxsize=None)
+def _facts(device):
+    """(is a GPU, compute units, largest work-group) of ``device``, asked once (each is a driver call)."""
+    return bool(device.type & cl.device_type.GPU), device.max_compute_units, device.max_work_group_size
+
+
+@functools.lru_cache(maxsize=4096)
+def tile(device, m, n, count):
+    """The work-group tile (TM, TN) for ``count`` M x N products: least time in a simple model,
+    work-groups x tile area / speed, with at least one work-group per compute unit."""
+    _, compute_units, max_work_group = _facts(device)
+
+    def cost(option):
+        (tm, tn), speed = option
+        groups = -(-m // tm) * -(-n // tn) * count
+        return max(groups, compute_units) * tm * tn / speed
+    fitting = [t for t in TILES if t[0][0] * t[0][1] // 64 <= max_work_group] or TILES[-1:]
+    return min(fitting, key=cost)[0]
+
+
+def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, offsets, si, sj, lds, *, alpha=1.0, beta=0.0,
+              a_transp=False, b_transp=False, what=""):
+    """C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j] for i < gi, j < gj, in one launch.
+
+    Matrix (i, j) of an operand starts at element ``offset + i * si + j * sj`` of its buffer;
+    ``offsets``, ``si``, ``sj`` and ``lds`` are (A, B, C) triples. C matrices must not overlap.
+    """
+    tm, tn = tile(queue.device, m, n, gi * gj)
+    itemsize = np.dtype(dtype).itemsize
+    idx = index_type(a.size // itemsize, b.size // itemsize, c.size // itemsize)
+    kernel = get_kernel(queue.context, "gemm.cl", "gemm", dtype, TM=tm, TN=tn, A_TRANSP=int(a_transp),
+                        B_TRANSP=int(b_transp), IDX=idx)
+    groups = -(-m // tm) * -(-n // tn) * gi * gj
+    return launch(queue, kernel, (groups * tn // 8, tm // 8), (tn // 8, tm // 8), m, n, k, alpha, beta, gj,
+                  a, offsets[0], lds[0], si[0], sj[0], b, offsets[1], lds[1], si[1], sj[1],
+                  c, offsets[2], lds[2], si[2], sj[2], what=what)

@@ -1,0 +1,124 @@
+"""clconv's own GEMM kernel (clconv.gemm) against NumPy, and when it is used."""
+from collections import namedtuple
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+from clconv import gemm
+from helpers import assert_close
+
+GI, GJ = 2, 3   # a 2 x 3 grid of products
+
+
+@pytest.fixture(autouse=True)
+def fresh_tile_choices():
+    """Tile choices are cached; tests that restrict the tiles must not see (or leave) other choices."""
+    gemm.tile.cache_clear()
+    yield
+    gemm.tile.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("a_transp,b_transp", [(False, False), (True, False), (False, True), (True, True)],
+                         ids=["nn", "tn", "nt", "tt"])
+@pytest.mark.parametrize("tile", [t[0] for t in gemm.TILES], ids=lambda t: f"{t[0]}x{t[1]}")
+def test_grid_of_products_at_offsets(tile, a_transp, b_transp, dtype, queue, monkeypatch):
+    """Odd sizes (no dimension a multiple of a tile, K not of the slice depth), padded leading
+    dimensions, gaps between matrices, alpha and beta; C outside the products stays as it was."""
+    if dtype == np.float64 and "cl_khr_fp64" not in queue.device.extensions:
+        pytest.skip("no float64 on this device")
+    monkeypatch.setattr(gemm, "TILES", tuple(t for t in gemm.TILES if t[0] == tile))
+    m, n, k, pad, gap = 67, 130, 29, 3, 5
+    rng = np.random.default_rng(1)
+    a_shape, b_shape = (k, m) if a_transp else (m, k), (n, k) if b_transp else (k, n)
+    # one buffer: A, B and C each a (GI, GJ) grid of padded matrices, j fastest, with gaps
+    shapes = {"A": a_shape, "B": b_shape, "C": (m, n)}
+    lds = {x: s[1] + pad for x, s in shapes.items()}
+    sj = {x: s[0] * lds[x] + gap for x, s in shapes.items()}
+    si = {x: GJ * sj[x] + gap for x in shapes}
+    offsets, start = {}, 7
+    for x in "ABC":
+        offsets[x], start = start, start + GI * si[x]
+    host = rng.standard_normal(start).astype(dtype)
+
+    def view(x, h, i, j):   # a writable view of matrix (i, j) of operand x in h
+        (rows, cols), o = shapes[x], offsets[x] + i * si[x] + j * sj[x]
+        return h[o:o + rows * lds[x]].reshape(rows, lds[x])[:, :cols]
+
+    buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+    alpha, beta = 1.5, -0.5
+    gemm.grid_gemm(queue, np.dtype(dtype), GI, GJ, m, n, k, buf, buf, buf, tuple(offsets.values()),
+                   tuple(si.values()), tuple(sj.values()), tuple(lds.values()), alpha=alpha, beta=beta,
+                   a_transp=a_transp, b_transp=b_transp, what="test")
+    got = np.empty_like(host)
+    cl.enqueue_copy(queue, got, buf)
+    want = host.astype(np.float64)
+    for i in range(GI):
+        for j in range(GJ):
+            a, b = view("A", host, i, j).astype(np.float64), view("B", host, i, j).astype(np.float64)
+            c = view("C", want, i, j)
+            c[...] = alpha * ((a.T if a_transp else a) @ (b.T if b_transp else b)) + beta * c
+    assert_close(got, want, dtype, f"grid GEMM {tile}")
+    touched = np.zeros(start, bool)
+    for i in range(GI):
+        for j in range(GJ):
+            view("C", touched, i, j)[...] = True
+    assert np.array_equal(got[~touched], host[~touched]), "written outside the C matrices"
+
+
+def test_beta_zero_ignores_what_c_held(queue):
+    """With beta 0, C is overwritten: NaNs already there do not leak into the result."""
+    m, n, k = 9, 11, 5
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    host = np.concatenate([a.ravel(), b.ravel(), np.full(m * n, np.nan, np.float32)])
+    buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+    gemm.grid_gemm(queue, np.dtype(np.float32), 1, 1, m, n, k, buf, buf, buf, (0, a.size, a.size + b.size),
+                   (0, 0, 0), (0, 0, 0), (k, n, n), what="test")
+    c = np.empty(m * n, np.float32)
+    cl.enqueue_copy(queue, c, buf, src_offset=4 * (a.size + b.size))
+    assert_close(c.reshape(m, n), a.astype(np.float64) @ b, np.float32, "GEMM over NaNs")
+
+
+Device = namedtuple("Device", "type max_compute_units max_work_group_size")   # what clconv.gemm asks
+
+
+def _device(gpu=True, compute_units=132, max_work_group_size=1024):
+    """A stand-in device (an H200's numbers by default)."""
+    return Device(cl.device_type.GPU if gpu else cl.device_type.CPU, compute_units, max_work_group_size)
+
+
+@pytest.mark.parametrize("m,n,k,count,engine,own", [
+    (512, 784, 256, 64, "auto", True),       # a pointwise convolution's products
+    (147, 12544, 64, 1, "auto", True),       # the 7x7 stem's grad-input: 588 work-groups of 64
+    (64, 147, 256, 49, "auto", False),       # its split-K grad-weight: 147 work-groups of 64, too few
+    (1600, 4096, 9216, 1, "auto", False),    # fully-connected mode: every dimension large
+    (1600, 4096, 9216, 1, "clconv", True),
+    (512, 784, 256, 64, "clblast", False),
+], ids=["short_k", "stem_grad_input", "small_grid", "all_large", "forced_clconv", "forced_clblast"])
+def test_engine_choice(m, n, k, count, engine, own, monkeypatch):
+    monkeypatch.setenv("CLCONV_GEMM", engine)
+    assert gemm.use_own(_device(), m, n, k, count) is own
+    if engine == "auto":
+        assert gemm.use_own(_device(gpu=False), m, n, k, count) is False   # CPUs keep CLBlast
+
+
+def test_engine_choice_rejects_unknown_names(monkeypatch):
+    monkeypatch.setenv("CLCONV_GEMM", "cublas")
+    with pytest.raises(ValueError, match="CLCONV_GEMM must be one of"):
+        gemm.use_own(_device(), 8, 8, 8, 1)
+
+
+@pytest.mark.parametrize("m,n,count,want", [
+    (512, 256, 64, (128, 128)),     # exact multiples: the largest tile
+    (512, 784, 64, (128, 64)),      # 784 columns: 64-wide tiles waste less
+    (192, 192, 576, (64, 64)),      # 192 = 1.5 x 128
+    (64, 12544, 1, (64, 64)),       # 64 rows
+], ids=["multiples", "ragged_n", "ragged_both", "short_m"])
+def test_tile_choice(m, n, count, want):
+    assert gemm.tile(_device(), m, n, count) == want
+
+
+def test_tile_fits_the_work_group_limit():
+    assert gemm.tile(_device(max_work_group_size=128), 4096, 4096, 1) == (128, 64)
