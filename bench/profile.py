@@ -3,9 +3,10 @@
     python -m bench.profile [--workload NAME ...] [--size cpu|gpu]
 
 Runs every pass once to warm up, then once on a profiling queue, and sums the
-device time of each enqueued kernel or CLBlast GEMM by name. CLBlast returns the
-event of its last kernel only: its helper kernels (padding, transposes), when it
-runs any, are not counted, so "gemm" can be an underestimate.
+device time of each enqueued kernel or CLBlast GEMM by name ("gemm" is clconv's own
+GEMM kernel, "clblast_gemm" CLBlast's). CLBlast returns the event of its last kernel
+only: its helper kernels (padding, transposes), when it runs any, are not counted,
+so "clblast_gemm" can be an underestimate.
 """
 import argparse
 from collections import defaultdict

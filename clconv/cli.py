@@ -92,8 +92,10 @@ def cmd_tune_gemm(args):
     return 0
 
 
-CHECKS = [  # (algorithm [and queues], input, weight, options): every algorithm at least once
+CHECKS = [  # (algorithm [and queues or GEMM engine], input, weight, options): every algorithm at least once
     ("im2col", (2, 4, 9, 7), (6, 4, 3, 2), dict(stride=(2, 1), padding=((1, 0), (2, 1)))),
+    ("im2col clconv-GEMM", (2, 4, 9, 7), (6, 2, 3, 3), dict(padding=1, groups=2)),
+    ("im2col CLBlast-GEMM", (2, 4, 9, 7), (6, 2, 3, 3), dict(padding=1, groups=2)),
     ("im2col per-group", (2, 4, 9, 7), (6, 2, 3, 3), dict(padding="same", groups=2, dilation=2)),
     ("fc", (5, 6, 4, 3), (8, 3, 4, 3), dict(groups=2)),
     ("1x1", (3, 6, 5, 7), (9, 2, 1, 1), dict(groups=3)),
@@ -112,23 +114,32 @@ def cmd_check(args):
     print(f"checking every pass in {dtype} against the NumPy reference on {queue.device.name.strip()}")
     rng = np.random.default_rng(0)
     failed = 0
-    for name, xs, ws, opts in CHECKS:
-        algorithm, queues = name.split()[0], "per-group" if "per-group" in name else "single"
-        x, w = rng.standard_normal(xs).astype(dtype), rng.standard_normal(ws).astype(dtype)
-        b = rng.standard_normal(ws[0]).astype(dtype)
-        y = conv2d(x, w, b, **opts, algorithm=algorithm, queues=queues)
-        dy = rng.standard_normal(y.shape).astype(dtype)
-        for pass_name, got, want in [
-                ("forward", y, reference.conv2d(x, w, b, **opts)),
-                ("grad-input", conv2d_input(xs, w, dy, **opts, algorithm=algorithm, queues=queues),
-                 reference.conv2d_input(xs, w, dy, **opts)),
-                ("grad-weight", conv2d_weight(x, ws, dy, **opts, algorithm=algorithm, queues=queues),
-                 reference.conv2d_weight(x, ws, dy, **opts)),
-                ("grad-bias", conv2d_bias(dy), reference.conv2d_bias(dy))]:
-            err = float(reference.normalised_error(got, want))
-            ok = err <= reference.TOLERANCE[dtype]
-            failed += not ok
-            print(f"  {name:18s} {pass_name:12s} normalised max error {err:.1e}  {'ok' if ok else 'FAILED'}")
+    engine = os.environ.get("CLCONV_GEMM")
+    try:
+        for name, xs, ws, opts in CHECKS:
+            algorithm, queues = name.split()[0], "per-group" if "per-group" in name else "single"
+            os.environ["CLCONV_GEMM"] = ("clconv" if "clconv-GEMM" in name else "clblast" if "CLBlast-GEMM" in name
+                                         else engine or "auto")
+            x, w = rng.standard_normal(xs).astype(dtype), rng.standard_normal(ws).astype(dtype)
+            b = rng.standard_normal(ws[0]).astype(dtype)
+            y = conv2d(x, w, b, **opts, algorithm=algorithm, queues=queues)
+            dy = rng.standard_normal(y.shape).astype(dtype)
+            for pass_name, got, want in [
+                    ("forward", y, reference.conv2d(x, w, b, **opts)),
+                    ("grad-input", conv2d_input(xs, w, dy, **opts, algorithm=algorithm, queues=queues),
+                     reference.conv2d_input(xs, w, dy, **opts)),
+                    ("grad-weight", conv2d_weight(x, ws, dy, **opts, algorithm=algorithm, queues=queues),
+                     reference.conv2d_weight(x, ws, dy, **opts)),
+                    ("grad-bias", conv2d_bias(dy), reference.conv2d_bias(dy))]:
+                err = float(reference.normalised_error(got, want))
+                ok = err <= reference.TOLERANCE[dtype]
+                failed += not ok
+                print(f"  {name:20s} {pass_name:12s} normalised max error {err:.1e}  {'ok' if ok else 'FAILED'}")
+    finally:   # the GEMM engine setting as it was
+        if engine is None:
+            os.environ.pop("CLCONV_GEMM", None)
+        else:
+            os.environ["CLCONV_GEMM"] = engine
     print("all passes match" if not failed else f"{failed} check(s) FAILED")
     return 1 if failed else 0
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pyopencl.array as cla
 
-from .programs import ClconvError
+from .programs import ClconvError, recording
 
 VERSION = 1
 # tune-gemm stores its sets only when they score below this: on a busy 2-core CPU a set that
@@ -149,7 +149,7 @@ def tune_gemm(geometries, queue, dtype=np.float32, repeat=3, batch=10, save=True
     """Search CLBlast GEMM parameters on the GEMM passes of ``geometries``; store the winners.
 
     One kernel at a time (tiled Xgemm, then XgemmDirect): each candidate runs every pass
-    the planner runs with GEMMs, its results are compared with those of CLBlast's own
+    whose GEMMs CLBlast runs (on GPUs most run on clconv's own kernel), its results are compared with those of CLBlast's own
     parameters, and it scores the geometric mean of its per-pass time ratios to them (so
     a small pass counts as much as a large one). The best correct set of each kernel
     stays applied, even when it is slower than CLBlast's own (which cannot be restored);
@@ -176,7 +176,13 @@ def tune_gemm(geometries, queue, dtype=np.float32, repeat=3, batch=10, save=True
         fns = {"forward": lambda p=p, x=x, w=w, y=y: p.forward(x, w, out=y),
                "backward_input": lambda p=p, w=w, dy=dy, dx=dx: p.backward_input(w, dy, out=dx),
                "backward_weight": lambda p=p, x=x, dy=dy, dw=dw: p.backward_weight(x, dy, out=dw)}
-        runs += [fns[name] for name, algo in p.algorithms.items() if algo != "direct"]
+        for name in p.algorithms:
+            with recording() as events:
+                fns[name]()
+            if any(kind == "clblast_gemm" for kind, _ in events):
+                runs.append(fns[name])
+    if not runs:
+        raise RuntimeError("no pass of these workloads runs a CLBlast GEMM on this device: nothing to tune")
 
     def measure():
         """Per-pass ms (best of ``repeat`` batches) and each pass's result."""
