@@ -9,9 +9,11 @@ and runs a whole (groups x images) grid of GEMMs in one launch. On an H200 (one 
   Winograd 3x3 grad-weight (192, 192, 1024 x 576)            1.87 ms, CLBlast 2.60
   one 4096^3 product                                         5.07 ms, CLBlast 4.45
 so GPUs use ours unless all of M, N and K are large, or the grid of tiles is too small to keep
-the device busy (the 7x7 stem's split-K grad-weight, 147 work-groups of 64 on 132 compute units:
-0.057 ms, CLBlast 0.027). CPUs (PoCL) keep CLBlast, whose kernels suit them better.
-``CLCONV_GEMM=clblast`` or ``=clconv`` forces one.
+the device busy while the work is large. The 7x7 stem's split-K grad-weight (0.24 GFLOP, 147
+work-groups of 64 on 132 compute units) takes 0.057 ms of device time on ours, 0.026 on CLBlast's,
+but a CLBlast call costs about 30 us more on the host, and per call, interleaved on one H200
+machine, ours ran it in 0.078 ms against 0.096-0.136. CPUs (PoCL) keep CLBlast, whose kernels
+suit them better. ``CLCONV_GEMM=clblast`` or ``=clconv`` forces one.
 """
 import functools
 import os
@@ -21,8 +23,9 @@ import pyopencl as cl
 
 from .programs import get_kernel, index_type, launch
 
-LARGE = 1024          # CLBlast when M, N and K are all at least this,
+LARGE = 1024             # CLBlast when M, N and K are all at least this,
 MIN_ITEMS_PER_CU = 128   # or when our grid has fewer work-items per compute unit
+SMALL_WORK = 1 << 29     # and the GEMMs more floating-point operations than this
 # (rows, columns) of C per work-group, and their relative speed on a 4096^3 SGEMM
 # (H200: 27.1, 25.1, 22.7 TFLOP/s): bigger tiles reuse more but leave more edge waste
 TILES = (((128, 128), 1.0), ((128, 64), 0.93), ((64, 64), 0.84))
@@ -40,7 +43,8 @@ def use_own(device, m, n, k, count):
     if not gpu or min(m, n, k) >= LARGE:
         return False
     tm, tn = tile(device, m, n, count)
-    return -(-m // tm) * -(-n // tn) * count * (tm * tn // 64) >= MIN_ITEMS_PER_CU * compute_units
+    items = -(-m // tm) * -(-n // tn) * count * (tm * tn // 64)
+    return items >= MIN_ITEMS_PER_CU * compute_units or 2 * m * n * k * count <= SMALL_WORK
 
 
 @functools.lru_cache(maxsize=None)

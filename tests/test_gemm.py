@@ -92,11 +92,13 @@ def _device(gpu=True, compute_units=132, max_work_group_size=1024):
 @pytest.mark.parametrize("m,n,k,count,engine,own", [
     (512, 784, 256, 64, "auto", True),       # a pointwise convolution's products
     (147, 12544, 64, 1, "auto", True),       # the 7x7 stem's grad-input: 588 work-groups of 64
-    (64, 147, 256, 49, "auto", False),       # its split-K grad-weight: 147 work-groups of 64, too few
+    (64, 147, 256, 49, "auto", True),        # its split-K grad-weight: few work-groups, but little work
+    (64, 147, 12544, 64, "auto", False),     # the same at batch 64: few work-groups and 15 GFLOP
     (1600, 4096, 9216, 1, "auto", False),    # fully-connected mode: every dimension large
     (1600, 4096, 9216, 1, "clconv", True),
     (512, 784, 256, 64, "clblast", False),
-], ids=["short_k", "stem_grad_input", "small_grid", "all_large", "forced_clconv", "forced_clblast"])
+], ids=["short_k", "stem_grad_input", "small_grid_little_work", "small_grid", "all_large", "forced_clconv",
+        "forced_clblast"])
 def test_engine_choice(m, n, k, count, engine, own, monkeypatch):
     monkeypatch.setenv("CLCONV_GEMM", engine)
     assert gemm.use_own(_device(), m, n, k, count) is own
