@@ -60,6 +60,12 @@ class Plan:
         # the tuning cache decides only what the caller left open (an explicit queues= choice stands)
         winners = self._tuned_winners() if algorithm == "auto" and queues == "single" and tuned else {}
         self._choice = {p: self._choose(p, algorithm, winners.get(p)) for p in PASSES}
+        # what each call needs, worked out once: (algorithm, name for messages, workspace bytes)
+        g = geometry
+        self._converts = self.dtype != self.compute_dtype   # float16 arrays, float32 algorithms
+        self._runs = {p: (algo, f"{p} of input {list(g.input_shape)} with weight {list(g.weight_shape)} [{algo.name}]",
+                          self._workspace_elements(p) * self.compute_dtype.itemsize)
+                      for p, (algo, _) in self._choice.items()}
 
     def _tuned_winners(self):
         """{pass: entry} from the tuning cache; with CLCONV_AUTOTUNE=1, missing passes are timed now."""
@@ -151,12 +157,9 @@ class Plan:
         float16 arrays are converted to float32 copies after the algorithm's own workspace,
         the algorithm runs on those, and its result is rounded back into the last array.
         """
-        algo = self._choice[pass_name][0]
-        g = self.geometry
-        what = f"{pass_name} of input {list(g.input_shape)} with weight {list(g.weight_shape)} [{algo.name}]"
-        nbytes = self._workspace_elements(pass_name) * self.compute_dtype.itemsize
+        algo, what, nbytes = self._runs[pass_name]
         with workspace(queue, nbytes, what) as ws:
-            if self.dtype == self.compute_dtype:
+            if not self._converts:
                 getattr(algo, pass_name)(queue, *refs, ws)
                 return
             sizes, copies, at = self._sizes(pass_name), [], algo.workspace[pass_name]
