@@ -20,6 +20,7 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
     Case("depthwise_big_batch", 5, 4, 23, 29, 4, 3, 3, stride=2, padding=1, groups=4),
     Case("split_k_g2", 4, 4, 17, 19, 6, 3, 3, padding=1, groups=2),
     Case("split_k_1x1_g1", 6, 5, 13, 11, 7, 1, 1),
+    Case("k1x1_per_image_g2", 5, 4, 16, 17, 6, 1, 1, groups=2),   # 272 positions: per-image grad-weight
     # Winograd: partial tiles on every edge, dilation phases, padding past the dilated filter
     Case("winograd_g2_d2_overpad", 2, 6, 13, 11, 4, 3, 3, padding=((5, 1), (0, 3)), dilation=2, groups=2),
     Case("winograd_wide_d1x2", 3, 32, 10, 15, 20, 3, 3, padding=(1, 2), dilation=(1, 2)),
@@ -132,6 +133,23 @@ def test_split_k_grad_weight_with_chunks(images_per_chunk, queue):
     assert p._choice["backward_weight"][0].chunk == images_per_chunk
     assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **case.options), np.float32,
                  "grad-weight")
+
+
+@pytest.mark.parametrize("images", [5, 2])
+def test_1x1_grad_weight_per_image_partials_in_chunks(images, queue):
+    """One partial sum per image (no layout copies), as many images per launch as the workspace
+    holds, later chunks added on; images of fewer than 256 positions take the im2col layout."""
+    case = next(c for c in EXTRA if c.name == "k1x1_per_image_g2")
+    x, w, b, dy = case.data()
+    g = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="1x1").geometry
+    p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="1x1",
+                    workspace_limit=images * g.K * g.Cg * 4)
+    assert p._choice["backward_weight"][0].images == images
+    assert f"partial sums of {images} image(s) per launch" in p.explain()
+    want = reference.conv2d_weight(x, w.shape, dy, **case.options)
+    assert_close(p.backward_weight(x, dy), want, np.float32, "grad-weight")
+    small = next(c for c in EXTRA if c.name == "k1x1_g3_batch5")   # 3 x 7 positions per image
+    assert "1x1: im2col" in clconv.plan(small.input_shape, small.weight_shape, **small.options, queue=queue).explain()
 
 
 def test_winograd_chunks_and_workspace_fallback(queue):
