@@ -130,7 +130,7 @@ def grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, offsets, group_str
     on ``queue`` so far, and ``queue`` waits for all of them before going on.
     CLBlast takes no wait list, hence the barriers.
     """
-    own = gemm.use_own(queue.device, m, n, k, groups * images)
+    own = gemm.use_own(queue.device, m, n, k, groups * images, dtype.itemsize)
     flags = dict(beta=beta, a_transp=a_transp, b_transp=b_transp, what=what)
 
     def run(q, i, loop_strides, count, batch_strides):

@@ -84,7 +84,11 @@ def cmd_tune_gemm(args):
             tqdm.write(f"{name:16s} {shown}", file=sys.stdout)
         # GPU passes take milliseconds: time batches of 10 back-to-back calls; CPU ones need no batching
         batch = 10 if queue.device.type & cl.device_type.GPU else 1
-        entry = tuning.tune_gemm(geometries, queue, batch=batch, progress=progress)
+        try:
+            entry = tuning.tune_gemm(geometries, queue, batch=batch, progress=progress)
+        except RuntimeError as exc:   # nothing to tune here, or this process already applied parameters
+            print(f"tune-gemm: {exc}", file=sys.stderr)
+            return 1
     print(f"{len(entry['default_ms'])} GEMM passes of {len(geometries)} workload(s): geometric mean time ratio "
           f"of the tuned parameters to CLBlast's own {entry['score']}")
     kept = ", ".join(entry["overrides"]) or f"none (their score is not below {tuning.GEMM_GAIN})"

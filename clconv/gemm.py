@@ -21,7 +21,7 @@ import os
 import numpy as np
 import pyopencl as cl
 
-from .programs import get_kernel, index_type, launch
+from .programs import ClconvError, get_kernel, index_type, launch
 
 LARGE = 1024             # CLBlast when M, N and K are all at least this,
 MIN_ITEMS_PER_CU = 128   # or when our grid has fewer work-items per compute unit
@@ -29,42 +29,61 @@ SMALL_WORK = 1 << 29     # and the GEMMs more floating-point operations than thi
 # (rows, columns) of C per work-group, and their relative speed on a 4096^3 SGEMM
 # (H200: 27.1, 25.1, 22.7 TFLOP/s): bigger tiles reuse more but leave more edge waste
 TILES = (((128, 128), 1.0), ((128, 64), 0.93), ((64, 64), 0.84))
+TK = 8                   # depth of the kernel's slices (kernels/gemm.cl)
+PAD = 4                  # its local-memory row padding
 ENGINES = ("auto", "clconv", "clblast")
 
 
-def use_own(device, m, n, k, count):
+def engine():
+    """The GEMM engine asked for by ``CLCONV_GEMM`` ("auto" when unset or empty)."""
+    name = os.environ.get("CLCONV_GEMM", "").strip().lower() or "auto"
+    if name not in ENGINES:
+        raise ValueError(f"CLCONV_GEMM must be one of {ENGINES}, not {os.environ['CLCONV_GEMM']!r}")
+    return name
+
+
+def use_own(device, m, n, k, count, itemsize=4):
     """Whether ``count`` GEMMs of this size run on clconv's kernel (else CLBlast's)."""
-    engine = os.environ.get("CLCONV_GEMM", "auto")
-    if engine not in ENGINES:
-        raise ValueError(f"CLCONV_GEMM must be one of {ENGINES}, not {engine!r}")
-    if engine != "auto":
-        return engine == "clconv"
-    gpu, compute_units, _ = _facts(device)
-    if not gpu or min(m, n, k) >= LARGE:
+    name = engine()
+    if name != "auto":
+        return name == "clconv"
+    gpu, compute_units, _, _, _ = _facts(device)
+    chosen = tile(device, m, n, count, itemsize) if gpu and min(m, n, k) < LARGE else None
+    if chosen is None:
         return False
-    tm, tn = tile(device, m, n, count)
+    tm, tn = chosen
     items = -(-m // tm) * -(-n // tn) * count * (tm * tn // 64)
     return items >= MIN_ITEMS_PER_CU * compute_units or 2 * m * n * k * count <= SMALL_WORK
 
 
 @functools.lru_cache(maxsize=None)
 def _facts(device):
-    """(is a GPU, compute units, largest work-group) of ``device``, asked once (each is a driver call)."""
-    return bool(device.type & cl.device_type.GPU), device.max_compute_units, device.max_work_group_size
+    """(is a GPU, compute units, largest work-group, its largest sides, local memory bytes) of
+    ``device``, asked once (each is a driver call)."""
+    return (bool(device.type & cl.device_type.GPU), device.max_compute_units, device.max_work_group_size,
+            tuple(device.max_work_item_sizes), device.local_mem_size)
+
+
+def fits(device, tm, tn, itemsize=4):
+    """Whether the device can run a TM x TN tile: its work-group and local memory."""
+    _, _, max_group, max_sides, local = _facts(device)
+    return (tm * tn // 64 <= max_group and tn // 8 <= max_sides[0] and tm // 8 <= max_sides[1]
+            and 2 * TK * (tm + tn + 2 * PAD) * itemsize <= local)
 
 
 @functools.lru_cache(maxsize=4096)
-def tile(device, m, n, count):
+def tile(device, m, n, count, itemsize=4):
     """The work-group tile (TM, TN) for ``count`` M x N products: least time in a simple model,
-    work-groups x tile area / speed, with at least one work-group per compute unit."""
-    _, compute_units, max_work_group = _facts(device)
+    work-groups x tile area / speed, with at least one work-group per compute unit; None when
+    no tile fits the device."""
+    compute_units = _facts(device)[1]
 
     def cost(option):
         (tm, tn), speed = option
         groups = -(-m // tm) * -(-n // tn) * count
         return max(groups, compute_units) * tm * tn / speed
-    fitting = [t for t in TILES if t[0][0] * t[0][1] // 64 <= max_work_group] or TILES[-1:]
-    return min(fitting, key=cost)[0]
+    fitting = [t for t in TILES if fits(device, *t[0], itemsize)]
+    return min(fitting, key=cost)[0] if fitting else None
 
 
 def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, offsets, si, sj, lds, *, alpha=1.0, beta=0.0,
@@ -74,8 +93,13 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, offsets, si, sj, lds, *, a
     Matrix (i, j) of an operand starts at element ``offset + i * si + j * sj`` of its buffer;
     ``offsets``, ``si``, ``sj`` and ``lds`` are (A, B, C) triples. C matrices must not overlap.
     """
-    tm, tn = tile(queue.device, m, n, gi * gj)
+    assert (gi == 1 or si[2]) and (gj == 1 or sj[2]), "GEMMs into one C would race"
     itemsize = np.dtype(dtype).itemsize
+    chosen = tile(queue.device, m, n, gi * gj, itemsize)
+    if chosen is None:
+        raise ClconvError(f"clconv: {what}: no tile of clconv's GEMM kernel fits {queue.device.name.strip()} "
+                          f"(work-group and local-memory limits); unset CLCONV_GEMM=clconv to use CLBlast's")
+    tm, tn = chosen
     idx = index_type(a.size // itemsize, b.size // itemsize, c.size // itemsize)
     kernel = get_kernel(queue.context, "gemm.cl", "gemm", dtype, TM=tm, TN=tn, A_TRANSP=int(a_transp),
                         B_TRANSP=int(b_transp), IDX=idx)

@@ -11,7 +11,7 @@ from collections import OrderedDict
 import numpy as np
 import pyopencl.array as cla
 
-from . import storage, tuning
+from . import gemm, storage, tuning
 from .algorithms.common import Ref, ref
 from .algorithms.direct import Direct
 from .algorithms.fc import FullyConnected
@@ -51,6 +51,7 @@ class Plan:
             raise ValueError(f"queues must be one of {QUEUES}, got {queues!r}")
         self.queues = queues
         check_dtype_supported(self.dtype, queue.device)
+        gemm.engine()   # a bad CLCONV_GEMM is refused here, not in the middle of a pass
         self.workspace_limit = workspace_limit or default_workspace_limit(queue.device)
         if self.workspace_limit > queue.device.max_mem_alloc_size:
             raise ValueError(f"workspace_limit {self.workspace_limit} is above the device's largest "

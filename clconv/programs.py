@@ -88,8 +88,7 @@ def _scalar_arg_dtypes(kernel):
 
 
 def reduction_work_group(device, limit=256):
-    """Work-group size of our reductions and other 1-D kernels: the largest power of two <= limit the
-    device allows."""
+    """Work-group size of our reduction kernels: the largest power of two <= limit the device allows."""
     return 1 << (min(limit, device.max_work_group_size).bit_length() - 1)
 
 

@@ -18,10 +18,10 @@
 #ifndef IDX            // index type: int when every buffer has < 2^31 elements, else long
 #define IDX long
 #endif
-#ifndef TM             // rows of C per work-group (a multiple of 8)
+#ifndef TM             // rows of C per work-group (a multiple of 8 that divides TK * 64)
 #define TM 128
 #endif
-#ifndef TN             // columns of C per work-group (a multiple of 8)
+#ifndef TN             // columns of C per work-group (the same rules)
 #define TN 128
 #endif
 #ifndef TK             // depth of the slices staged in local memory
@@ -44,6 +44,9 @@
 #define A_PER (TM * TK / WG)        // A values each work-item stages per slice
 #define B_PER (TN * TK / WG)
 #define PAD 4                       // keeps the transposing local stores off one bank, rows 16-byte aligned
+#if TM % 8 || TN % 8 || (TM * TK) % WG || (TN * TK) % WG
+#error "each work-item must stage whole parts of a slice: TM and TN multiples of 8 dividing TK * 64"
+#endif
 
 // Element e (< TM*TK) of an A slice, in the order that keeps global reads contiguous:
 // along k when A is stored M x K, along m when stored K x M.

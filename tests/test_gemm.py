@@ -81,12 +81,14 @@ def test_beta_zero_ignores_what_c_held(queue):
     assert_close(c.reshape(m, n), a.astype(np.float64) @ b, np.float32, "GEMM over NaNs")
 
 
-Device = namedtuple("Device", "type max_compute_units max_work_group_size")   # what clconv.gemm asks
+# what clconv.gemm asks of a device
+Device = namedtuple("Device", "type max_compute_units max_work_group_size max_work_item_sizes local_mem_size")
 
 
-def _device(gpu=True, compute_units=132, max_work_group_size=1024):
+def _device(gpu=True, compute_units=132, max_work_group_size=1024, local_mem_size=48 * 1024):
     """A stand-in device (an H200's numbers by default)."""
-    return Device(cl.device_type.GPU if gpu else cl.device_type.CPU, compute_units, max_work_group_size)
+    return Device(cl.device_type.GPU if gpu else cl.device_type.CPU, compute_units, max_work_group_size,
+                  (1024, 1024, 64), local_mem_size)
 
 
 @pytest.mark.parametrize("m,n,k,count,engine,own", [
@@ -106,10 +108,18 @@ def test_engine_choice(m, n, k, count, engine, own, monkeypatch):
         assert gemm.use_own(_device(gpu=False), m, n, k, count) is False   # CPUs keep CLBlast
 
 
-def test_engine_choice_rejects_unknown_names(monkeypatch):
+@pytest.mark.parametrize("value,engine", [("", "auto"), (" CLBlast ", "clblast"), ("clconv", "clconv")])
+def test_engine_names(value, engine, monkeypatch):
+    monkeypatch.setenv("CLCONV_GEMM", value)
+    assert gemm.engine() == engine
+
+
+def test_unknown_engine_is_refused_when_planning(queue, monkeypatch):
+    """Before anything is enqueued: at plan time."""
+    import clconv
     monkeypatch.setenv("CLCONV_GEMM", "cublas")
     with pytest.raises(ValueError, match="CLCONV_GEMM must be one of"):
-        gemm.use_own(_device(), 8, 8, 8, 1)
+        clconv.plan((1, 2, 5, 5), (3, 2, 3, 3), queue=queue)
 
 
 @pytest.mark.parametrize("m,n,count,want", [
@@ -122,5 +132,19 @@ def test_tile_choice(m, n, count, want):
     assert gemm.tile(_device(), m, n, count) == want
 
 
-def test_tile_fits_the_work_group_limit():
+def test_tile_fits_the_work_group_and_local_memory():
     assert gemm.tile(_device(max_work_group_size=128), 4096, 4096, 1) == (128, 64)
+    # float64: 128x128 stages 33792 bytes, 128x64 25600, 64x64 17408
+    assert gemm.tile(_device(local_mem_size=32 * 1024), 4096, 4096, 1, 8) == (128, 64)
+    assert gemm.tile(_device(local_mem_size=16 * 1024), 4096, 4096, 1, 8) is None
+    assert not gemm.use_own(_device(local_mem_size=16 * 1024), 512, 784, 256, 64, 8)   # so CLBlast runs it
+
+
+def test_tune_gemm_needs_a_pass_that_clblast_runs(queue, monkeypatch):
+    """tune-gemm times only passes whose GEMMs CLBlast runs: with every GEMM on clconv's own
+    kernel there is nothing to tune, and it says so."""
+    from clconv import tuning
+    from clconv.geometry import conv_geometry
+    monkeypatch.setenv("CLCONV_GEMM", "clconv")
+    with pytest.raises(RuntimeError, match="nothing to tune"):
+        tuning.tune_gemm([conv_geometry((2, 8, 9, 9), (8, 8, 3, 3), 1, 1, 1, 1)], queue, save=False)

@@ -17,8 +17,10 @@ The 36 tile positions t (times the S slices of a split grad-weight) times the gr
 the batch of one batched GEMM (their operands are evenly spaced offsets into
 the workspace); with per-group queues, each group's GEMMs run on its own queue.
 """
+import pyopencl as cl
+
 from ..blas import grid_gemm
-from ..programs import INT32_MAX, get_kernel, launch, reduction_work_group
+from ..programs import INT32_MAX, get_kernel, launch
 from .common import Ref, idx_for, largest_divisor_at_most, max_slices
 
 ALPHA = 6                 # transformed values per tile side: F(4x4, 3x3) and F(2x2, 5x5)
@@ -59,7 +61,7 @@ class Winograd:
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False):
         self.g, self.dtype, self.per_group = g, dtype, per_group
-        self.local = (reduction_work_group(device, LOCAL), 1)
+        self._locals = {}   # kernel -> its work-group
         self.tile = ALPHA + 1 - g.kh    # outputs per tile side
         # each pass runs over a convolution geometry: grad-input over the transposed one
         self.geometry = {"forward": g, "backward_input": g.transposed(), "backward_weight": g}
@@ -131,13 +133,22 @@ class Winograd:
         defines = {"FR": self.g.kh} if filename == "winograd.cl" else {}
         return get_kernel(queue.context, filename, name, self.dtype, IDX=idx, **defines)
 
+    def _local(self, kernel, device):
+        """A transform kernel's work-group: up to LOCAL, within what the kernel allows on ``device``."""
+        local = self._locals.get(kernel)
+        if local is None:
+            limit = min(LOCAL, kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device))
+            local = self._locals[kernel] = (1 << (limit.bit_length() - 1), 1)
+        return local
+
     def _input(self, queue, idx, pass_name, x, n0, nb, ws, at, slices=1):
         """V (slices, 36, C, nb * tiles / slices) at ``at`` from images n0 ... n0+nb-1 of ``x``."""
         t = self.geometry[pass_name]
         (pt, _), (pl, _) = t.pads
         P = nb * self._tiles_per_image(pass_name)
-        launch(queue, self._kernel(queue, "winograd_input", idx), (P, t.C),
-               self.local, x.buf, x.off + n0 * t.C * t.H * t.W, ws, at, nb, t.C, t.H, t.W, *self.grid[pass_name],
+        knl = self._kernel(queue, "winograd_input", idx)
+        launch(queue, knl, (P, t.C), self._local(knl, queue.device), x.buf, x.off + n0 * t.C * t.H * t.W, ws, at,
+               nb, t.C, t.H, t.W, *self.grid[pass_name],
                pt, pl, *t.dilation, P // slices, what="Winograd input transform")
 
     def _tile_args(self, pass_name, nb):
@@ -162,8 +173,9 @@ class Winograd:
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
         G, Ko, Ci, tp = t.groups, t.Kg, t.Cg, self._tiles_per_image(pass_name)
         u, m = self.layout[pass_name]
-        launch(queue, self._kernel(queue, "winograd_filter", idx), (Ci, t.K), self.local,
-               w.buf, w.off, ws, u, t.K, Ko, Ci, int(pass_name == "backward_input"), what=f"{what}: filter transform")
+        knl = self._kernel(queue, "winograd_filter", idx)
+        launch(queue, knl, (Ci, t.K), self._local(knl, queue.device), w.buf, w.off, ws, u, t.K, Ko, Ci,
+               int(pass_name == "backward_input"), what=f"{what}: filter transform")
         output = self._kernel(queue, "winograd_output", idx)
         b = bias if bias is not None else w
         for n0 in range(0, t.N, B):
@@ -172,7 +184,8 @@ class Winograd:
             self._input(queue, idx, pass_name, x, n0, nb, ws, 0)
             self._gemm(queue, ws, G, Ko, P, Ci, (u, 0, m), (Ko * Ci, Ci * P, Ko * P),
                        (t.K * Ci, t.C * P, t.K * P), (Ci, P, P), what=what)
-            launch(queue, output, (P, t.K), self.local, ws, m, y.buf, y.off + n0 * t.K * t.OH * t.OW,
+            launch(queue, output, (P, t.K), self._local(output, queue.device), ws, m,
+                   y.buf, y.off + n0 * t.K * t.OH * t.OW,
                    b.buf, b.off, int(bias is not None), *self._tile_args(pass_name, nb), what=f"{what}: output transform")
 
     def forward(self, queue, x, w, bias, y, ws):
@@ -195,7 +208,8 @@ class Winograd:
             S = self._slices(P)
             L = P // S   # tiles per slice; V and Z slice-major: (S, 36, channels, L)
             self._input(queue, idx, "backward_weight", x, n0, nb, ws, 0, S)
-            launch(queue, grad_output, (P, t.K), self.local, dy.buf, dy.off + n0 * t.K * t.OH * t.OW, ws, z,
+            launch(queue, grad_output, (P, t.K), self._local(grad_output, queue.device),
+                   dy.buf, dy.off + n0 * t.K * t.OH * t.OW, ws, z,
                    *self._tile_args("backward_weight", nb), L,
                    what="grad-weight (Winograd): grad_output transform")
             # GEMM (slice, t, group) at index (s * 36 + t) * G + g: into dU, or its partial sums
@@ -205,6 +219,7 @@ class Winograd:
             if S > 1:
                 launch(queue, reduce, (n,), (64,), ws, part, S, n, ws, du, n0 > 0,
                        what="grad-weight (Winograd): sum of slices")
-        launch(queue, self._kernel(queue, "winograd_grad_filter", idx), (Cg, t.K), self.local, ws, du, dw.buf, dw.off,
-               t.K, Cg, what="grad-weight (Winograd): filter transform")
+        knl = self._kernel(queue, "winograd_grad_filter", idx)
+        launch(queue, knl, (Cg, t.K), self._local(knl, queue.device), ws, du, dw.buf, dw.off, t.K, Cg,
+               what="grad-weight (Winograd): filter transform")
 
