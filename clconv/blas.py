@@ -119,8 +119,8 @@ def grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, offsets, group_str
     """Run one GEMM per (group, image) pair with offsets ``base + g * group_stride + i * image_stride``.
 
     Where clconv's own GEMM kernel is the better one (:func:`clconv.gemm.use_own`), the whole
-    grid is one launch of it. For CLBlast, the smaller of the two dimensions becomes a (host-side, non-blocking) loop
-    and the other one the batch of a strided-batched GEMM, so there are
+    grid is one launch of it. For CLBlast, the smaller of the two dimensions becomes a
+    (host-side, non-blocking) loop and the other one the batch of a strided-batched GEMM, so there are
     min(groups, images) launches (the larger number where only that batch is
     one CLBlast reads correctly). ``offsets``, ``group_strides``,
     ``image_strides`` and ``lds`` are (A, B, C) triples.

@@ -3,7 +3,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from ..programs import index_type
+from ..programs import get_kernel, index_type, launch
 
 Ref = namedtuple("Ref", "buf off")
 Ref.__doc__ = "A raw OpenCL buffer and an element offset into it."
@@ -36,3 +36,9 @@ def max_slices(outputs, positions):
 def largest_divisor_at_most(n, limit):
     """Slices of ``n`` positions: the most, up to ``limit``, that divide them exactly."""
     return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
+
+
+def sum_partials(queue, dtype, idx, part, S, n, out, accumulate, what):
+    """out (n,) (+)= the S partial sums part (S, n), in order (kernels/im2col.cl); both are Refs."""
+    knl = get_kernel(queue.context, "im2col.cl", "sum_partials", dtype, IDX=idx)
+    launch(queue, knl, (n,), (64,), part.buf, part.off, S, n, out.buf, out.off, int(accumulate), what=what)

@@ -17,7 +17,7 @@ gradients' GEMMs read dY in place.
 from ..bias import fill_bias
 from ..blas import grid_gemm
 from ..programs import INT32_MAX, get_kernel, launch
-from .common import Ref, idx_for, largest_divisor_at_most, max_slices
+from .common import Ref, idx_for, largest_divisor_at_most, max_slices, sum_partials
 
 TILE = (64, 4)             # work-group shape of the 2-D layout kernels
 
@@ -132,7 +132,6 @@ class Im2col:
         g, B = self.g, self.chunk
         idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
         G, Kg, Kd = g.groups, g.Kg, g.Kd
-        reduce = self._kernel(queue, "sum_partials", idx)
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
             ld = nb * g.P
@@ -150,6 +149,5 @@ class Im2col:
                       group_strides=(Kg * ld, Kd * ld, Kg * Kd), image_strides=(L, L, g.K * Kd),
                       lds=(ld, ld, Kd), b_transp=True, per_group=self.per_group, what="grad-weight (split-K)")
             n = g.K * Kd
-            launch(queue, reduce, (n,), (64,), ws, part, S, n,
-                   dw.buf, dw.off, n0 > 0, what="grad-weight (sum of slices)")
+            sum_partials(queue, self.dtype, idx, Ref(ws, part), S, n, dw, n0 > 0, "grad-weight (sum of slices)")
 

@@ -15,8 +15,7 @@ kernel is the (C, N*H*W) layout that makes it one GEMM per group.
 """
 from ..bias import prefill_bias
 from ..blas import grid_gemm
-from ..programs import get_kernel, launch
-from .common import MIN_SLICE, Ref, idx_for, max_slices
+from .common import MIN_SLICE, Ref, idx_for, max_slices, sum_partials
 from .im2col import Im2col
 
 
@@ -73,12 +72,10 @@ class Pointwise:
             return
         g, B, n = self.g, self.images, self.g.K * self.g.Cg
         idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
-        reduce = get_kernel(queue.context, "im2col.cl", "sum_partials", self.dtype, IDX=idx)
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
             grid_gemm(queue, self.dtype, g.groups, nb, g.Kg, g.Cg, g.P, dy.buf, x.buf, ws,
                       offsets=(dy.off + n0 * g.K * g.P, x.off + n0 * g.C * g.P, 0),
                       group_strides=(g.Kg * g.P, g.Cg * g.P, g.Kg * g.Cg), image_strides=(g.K * g.P, g.C * g.P, n),
                       lds=(g.P, g.P, g.Cg), b_transp=True, per_group=self.per_group, what="grad-weight (1x1)")
-            launch(queue, reduce, (n,), (64,), ws, 0, nb, n, dw.buf, dw.off, n0 > 0,
-                   what="grad-weight (1x1, sum of images)")
+            sum_partials(queue, self.dtype, idx, Ref(ws, 0), nb, n, dw, n0 > 0, "grad-weight (1x1, sum of images)")

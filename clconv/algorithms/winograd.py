@@ -21,7 +21,7 @@ import pyopencl as cl
 
 from ..blas import grid_gemm
 from ..programs import INT32_MAX, get_kernel, launch
-from .common import Ref, idx_for, largest_divisor_at_most, max_slices
+from .common import Ref, idx_for, largest_divisor_at_most, max_slices, sum_partials
 
 ALPHA = 6                 # transformed values per tile side: F(4x4, 3x3) and F(2x2, 5x5)
 T2 = ALPHA ** 2           # 36 transformed values per tile
@@ -129,9 +129,8 @@ class Winograd:
         """Split-K slices of a grad-weight chunk of ``tiles`` tiles."""
         return largest_divisor_at_most(tiles, self.max_slices)
 
-    def _kernel(self, queue, name, idx, filename="winograd.cl"):
-        defines = {"FR": self.g.kh} if filename == "winograd.cl" else {}
-        return get_kernel(queue.context, filename, name, self.dtype, IDX=idx, **defines)
+    def _kernel(self, queue, name, idx):
+        return get_kernel(queue.context, "winograd.cl", name, self.dtype, IDX=idx, FR=self.g.kh)
 
     def _local(self, kernel, device):
         """A transform kernel's work-group: up to LOCAL, within what the kernel allows on ``device``."""
@@ -185,8 +184,8 @@ class Winograd:
             self._gemm(queue, ws, G, Ko, P, Ci, (u, 0, m), (Ko * Ci, Ci * P, Ko * P),
                        (t.K * Ci, t.C * P, t.K * P), (Ci, P, P), what=what)
             launch(queue, output, (P, t.K), self._local(output, queue.device), ws, m,
-                   y.buf, y.off + n0 * t.K * t.OH * t.OW,
-                   b.buf, b.off, int(bias is not None), *self._tile_args(pass_name, nb), what=f"{what}: output transform")
+                   y.buf, y.off + n0 * t.K * t.OH * t.OW, b.buf, b.off, int(bias is not None),
+                   *self._tile_args(pass_name, nb), what=f"{what}: output transform")
 
     def forward(self, queue, x, w, bias, y, ws):
         self._convolve(queue, "forward", x, w, bias, y, ws, "forward (Winograd)")
@@ -200,7 +199,6 @@ class Winograd:
         Kg, Cg, tp = t.Kg, t.Cg, self._tiles_per_image("backward_weight")
         z, du, part = self.layout["backward_weight"]
         grad_output = self._kernel(queue, "winograd_grad_output", idx)
-        reduce = self._kernel(queue, "sum_partials", idx, "im2col.cl") if self.max_slices > 1 else None
         n = T2 * t.K * Cg   # elements of dU
         for n0 in range(0, t.N, B):
             nb = min(B, t.N - n0)
@@ -217,8 +215,8 @@ class Winograd:
                        (Kg * L, Cg * L, Kg * Cg), (t.K * L, t.C * L, t.K * Cg), (L, L, Cg), count=S * T2,
                        beta=1.0 if S == 1 and n0 > 0 else 0.0, b_transp=True, what="grad-weight (Winograd)")
             if S > 1:
-                launch(queue, reduce, (n,), (64,), ws, part, S, n, ws, du, n0 > 0,
-                       what="grad-weight (Winograd): sum of slices")
+                sum_partials(queue, self.dtype, idx, Ref(ws, part), S, n, Ref(ws, du), n0 > 0,
+                             "grad-weight (Winograd): sum of slices")
         knl = self._kernel(queue, "winograd_grad_filter", idx)
         launch(queue, knl, (Cg, t.K), self._local(knl, queue.device), ws, du, dw.buf, dw.off, t.K, Cg,
                what="grad-weight (Winograd): filter transform")
