@@ -45,8 +45,12 @@ def engine():
 def use_own(device, m, n, k, count, itemsize=4):
     """Whether ``count`` GEMMs of this size run on clconv's kernel (else CLBlast's)."""
     name = engine()
-    if name != "auto":
-        return name == "clconv"
+    return name == "clconv" if name != "auto" else _own_pays(device, m, n, k, count, itemsize)
+
+
+@functools.lru_cache(maxsize=4096)
+def _own_pays(device, m, n, k, count, itemsize):
+    """The "auto" rule of :func:`use_own` (asked on every GEMM call: cached)."""
     gpu, compute_units, _, _, _ = _facts(device)
     chosen = tile(device, m, n, count, itemsize) if gpu and min(m, n, k) < LARGE else None
     if chosen is None:

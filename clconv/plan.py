@@ -159,6 +159,9 @@ class Plan:
         the algorithm runs on those, and its result is rounded back into the last array.
         """
         algo, what, nbytes = self._runs[pass_name]
+        if not nbytes:   # no workspace to hold (and so no float16 copies)
+            getattr(algo, pass_name)(queue, *refs, None)
+            return
         with workspace(queue, nbytes, what) as ws:
             if not self._converts:
                 getattr(algo, pass_name)(queue, *refs, ws)
@@ -217,26 +220,25 @@ def prepare(queue, plan, arrays, shapes, out, out_shape):
     ``plan`` gives the dtype, context and fallback queue; without one (grad-bias)
     they come from the arrays. Returns (queue, dict of device arrays incl. "out", numpy_mode).
     """
-    for name, a in arrays.items():
-        if a is not None:
-            check_type(name, a)
-    check_same_dtype(**arrays, out=out)
-    given = [a for a in arrays.values() if a is not None]
-    queue = pick_queue(queue, *given, out, default=plan.queue if plan else None)
-    dtype = given[0].dtype
+    given = {name: a for name, a in arrays.items() if a is not None}
+    for name, a in given.items():
+        check_type(name, a)
+    check_same_dtype(**given, out=out)
+    queue = pick_queue(queue, *given.values(), out, default=plan.queue if plan else None)
+    context = queue.context
+    dtype = next(iter(given.values())).dtype
     if plan is not None:
-        if queue.context != plan.context:
+        if context != plan.context:
             raise ValueError("the queue belongs to another OpenCL context than this plan")
         if dtype != plan.dtype:
             raise TypeError(f"this plan is for {plan.dtype}, got arrays of dtype {dtype}")
     else:
         check_dtype_supported(dtype, queue.device)
     check_queue(queue)
-    for name, a in arrays.items():
-        if a is not None:
-            check_array(name, a, shapes[name], queue.context)
-    check_out(out, out_shape, dtype, queue.context, arrays)
-    numpy_mode = not any(is_device_array(a) for a in given)
+    for name, a in given.items():
+        check_array(name, a, shapes[name], context)
+    check_out(out, out_shape, dtype, context, given)
+    numpy_mode = not any(is_device_array(a) for a in given.values())
     dev = {name: a if a is None or is_device_array(a) else cla.to_device(queue, np.ascontiguousarray(a))
            for name, a in arrays.items()}
     dev["out"] = out if is_device_array(out) else cla.empty(queue, out_shape, dtype)

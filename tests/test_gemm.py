@@ -13,10 +13,13 @@ GI, GJ = 2, 3   # a 2 x 3 grid of products
 
 @pytest.fixture(autouse=True)
 def fresh_tile_choices():
-    """Tile choices are cached; tests that restrict the tiles must not see (or leave) other choices."""
+    """Tile and engine choices are cached; tests that restrict the tiles must not see (or leave)
+    other choices."""
     gemm.tile.cache_clear()
+    gemm._own_pays.cache_clear()
     yield
     gemm.tile.cache_clear()
+    gemm._own_pays.cache_clear()
 
 
 # every tile in float32; float64 on the smallest (each tile, layout and dtype is a kernel build)
