@@ -28,9 +28,9 @@ MIN_SLICE = 256            # shortest slice (GEMM K) worth a separate partial
 MAX_SLICES = 64
 
 
-def max_slices(outputs, positions):
+def max_slices(outputs, positions, min_slice=MIN_SLICE, most=MAX_SLICES):
     """The most split-K slices worth cutting for ``outputs`` results summed over ``positions``."""
-    return max(1, min(MAX_SLICES, -(-SPLIT_K_TARGET // outputs), positions // MIN_SLICE))
+    return max(1, min(most, -(-SPLIT_K_TARGET // outputs), positions // min_slice))
 
 
 def largest_divisor_at_most(n, limit):
