@@ -159,9 +159,6 @@ class Plan:
         the algorithm runs on those, and its result is rounded back into the last array.
         """
         algo, what, nbytes = self._runs[pass_name]
-        if not nbytes:   # no workspace to hold (and so no float16 copies)
-            getattr(algo, pass_name)(queue, *refs, None)
-            return
         with workspace(queue, nbytes, what) as ws:
             if not self._converts:
                 getattr(algo, pass_name)(queue, *refs, ws)
