@@ -1,8 +1,10 @@
-"""What the algorithms share: buffer references, index-type choice, split-K sizes."""
+"""What the algorithms share: buffer references, index-type choice, split-K sizes, batched
+GEMMs over (position, group) grids."""
 from collections import namedtuple
 
 import numpy as np
 
+from ..blas import grid_gemm
 from ..programs import get_kernel, index_type, launch
 
 Ref = namedtuple("Ref", "buf off")
@@ -42,3 +44,15 @@ def sum_partials(queue, dtype, idx, part, S, n, out, accumulate, what):
     """out (n,) (+)= the S partial sums part (S, n), in order (kernels/im2col.cl); both are Refs."""
     knl = get_kernel(queue.context, "im2col.cl", "sum_partials", dtype, IDX=idx)
     launch(queue, knl, (n,), (64,), part.buf, part.off, S, n, out.buf, out.off, int(accumulate), what=what)
+
+
+def position_gemm(queue, dtype, per_group, ws, G, count, m, n, k, offsets, strides, positions, lds, **kw):
+    """The ``count`` x G GEMMs of a transform algorithm (Winograd's tile positions, FFT's
+    frequencies) on workspace operands at ``offsets`` (A, B, C). ``strides``: from one group to
+    the next; ``positions``: from one position to the next, which is G groups, so without
+    per-group queues (position, group) is one evenly strided batch."""
+    if per_group and G > 1:
+        grid_gemm(queue, dtype, G, count, m, n, k, ws, ws, ws, offsets, strides, positions, lds,
+                  per_group=True, **kw)
+    else:
+        grid_gemm(queue, dtype, 1, count * G, m, n, k, ws, ws, ws, offsets, (0, 0, 0), strides, lds, **kw)

@@ -19,9 +19,8 @@ the workspace); with per-group queues, each group's GEMMs run on its own queue.
 """
 import pyopencl as cl
 
-from ..blas import grid_gemm
 from ..programs import INT32_MAX, get_kernel, launch
-from .common import Ref, idx_for, largest_divisor_at_most, max_slices, sum_partials
+from .common import Ref, idx_for, largest_divisor_at_most, max_slices, position_gemm, sum_partials
 
 ALPHA = 6                 # transformed values per tile side: F(4x4, 3x3) and F(2x2, 5x5)
 T2 = ALPHA ** 2           # 36 transformed values per tile
@@ -156,15 +155,9 @@ class Winograd:
         return (nb, t.K, t.OH, t.OW) + self.grid[pass_name] + t.dilation
 
     def _gemm(self, queue, ws, G, m, n, k, offsets, strides, positions, lds, count=T2, **kw):
-        """The ``count`` (36 tile positions, or slices x 36) x G GEMMs on workspace operands at
-        ``offsets`` (A, B, C). ``strides``: from one group to the next; ``positions``: from one
-        tile position (or slice) to the next, which is G groups, so without per-group queues
-        (position, group) is one evenly strided batch."""
-        if self.per_group and G > 1:
-            grid_gemm(queue, self.dtype, G, count, m, n, k, ws, ws, ws, offsets, strides, positions, lds,
-                      per_group=True, **kw)
-        else:
-            grid_gemm(queue, self.dtype, 1, count * G, m, n, k, ws, ws, ws, offsets, (0, 0, 0), strides, lds, **kw)
+        """The ``count`` (36 tile positions, or slices x 36) x G GEMMs: see position_gemm."""
+        position_gemm(queue, self.dtype, self.per_group, ws, G, count, m, n, k, offsets, strides, positions, lds,
+                      **kw)
 
     def _convolve(self, queue, pass_name, x, w, bias, y, ws, what):
         """y = conv(x, w) (+ bias) over the pass's geometry, w flipped for grad-input."""
