@@ -1,6 +1,6 @@
 """Where each pass spends its device time: OpenCL profiling events per kernel.
 
-    python -m bench.profile [--workload NAME ...] [--size cpu|gpu]
+    python -m bench.profile [--workload NAME ...] [--size cpu|gpu] [--algorithm NAME]
 
 Runs every pass once to warm up, then once on a profiling queue, and sums the
 device time of each enqueued kernel or CLBlast GEMM by name ("gemm" is clconv's own
@@ -21,11 +21,12 @@ from clconv.programs import recording
 from .run import load_workloads
 
 
-def profile(w, size, queue):
+def profile(w, size, queue, algorithm="auto"):
     s = w[size]
     x = cla.to_device(queue, np.random.default_rng(0).standard_normal((s["N"], s["C"], s["H"], s["W"]), np.float32))
     wt = cla.to_device(queue, np.ones((s["K"], s["C"] // s["groups"], s["kh"], s["kw"]), np.float32))
-    p = clconv.plan(x.shape, wt.shape, s["stride"], s["padding"], s["dilation"], s["groups"], queue=queue)
+    p = clconv.plan(x.shape, wt.shape, s["stride"], s["padding"], s["dilation"], s["groups"], queue=queue,
+                     algorithm=algorithm)
     dy = cla.to_device(queue, np.ones(p.geometry.output_shape, np.float32))
     passes = {"forward": lambda: p.forward(x, wt), "backward_input": lambda: p.backward_input(wt, dy),
               "backward_weight": lambda: p.backward_weight(x, dy)}
@@ -49,6 +50,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.splitlines()[0])
     ap.add_argument("--workload", action="append")
     ap.add_argument("--size", choices=("cpu", "gpu"))
+    ap.add_argument("--algorithm", default="auto", help="force an algorithm (see clconv.plan)")
     args = ap.parse_args(argv)
     device = clconv.default_queue().device
     queue = cl.CommandQueue(clconv.default_context(), device,
@@ -57,7 +59,7 @@ def main(argv=None):
     print(f"device: {device.name}; sizes: {size}; device time per pass (ms) by kernel")
     for w in load_workloads():
         if not args.workload or w["name"] in args.workload:
-            print("\n".join(profile(w, size, queue)), flush=True)
+            print("\n".join(profile(w, size, queue, args.algorithm)), flush=True)
     return 0
 
 

@@ -107,6 +107,7 @@ CHECKS = [  # (algorithm [and queues or GEMM engine], input, weight, options): e
     ("direct few-channel", (2, 3, 13, 11), (8, 3, 7, 7), dict(stride=2, padding=3)),
     ("winograd", (2, 32, 9, 10), (32, 16, 3, 3), dict(padding=(1, 2), dilation=(1, 2), groups=2)),
     ("winograd 5x5", (2, 16, 11, 9), (16, 16, 5, 5), dict(padding=2)),
+    ("fft", (2, 6, 12, 9), (4, 3, 5, 3), dict(padding=(2, 0), dilation=(1, 2), groups=2)),
 ]
 
 

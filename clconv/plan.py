@@ -15,6 +15,7 @@ from . import gemm, storage, tuning
 from .algorithms.common import Ref, ref
 from .algorithms.direct import Direct
 from .algorithms.fc import FullyConnected
+from .algorithms.fft import FFT
 from .algorithms.im2col import Im2col
 from .algorithms.pointwise import Pointwise
 from .algorithms.winograd import Winograd
@@ -25,7 +26,7 @@ from .validate import (check_array, check_out, check_queue, check_same_dtype, ch
 from .workspace import workspace
 
 # In order of preference: the first that applies is chosen by algorithm="auto".
-ALGORITHMS = {cls.name: cls for cls in (FullyConnected, Pointwise, Direct, Winograd, Im2col)}
+ALGORITHMS = {cls.name: cls for cls in (FullyConnected, Pointwise, Direct, FFT, Winograd, Im2col)}
 QUEUES = ("single", "per-group")
 PASSES = ("forward", "backward_input", "backward_weight")
 
@@ -265,7 +266,7 @@ def plan(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, *
          queue=None, algorithm="auto", queues="single", workspace_limit=None):
     """Build a reusable :class:`Plan` for input (N, C, H, W) and weight (K, C/groups, kh, kw).
 
-    ``algorithm``: "auto" or one of "fc", "1x1", "direct", "winograd", "im2col" (ValueError if
+    ``algorithm``: "auto" or one of "fc", "1x1", "direct", "fft", "winograd", "im2col" (ValueError if
     it does not apply). ``queues``: "single" or "per-group" (each group's GEMMs on
     their own in-order queue). ``workspace_limit``: bytes of the algorithm's workspace per pass
     (for float16 arrays, their float32 copies come on top).

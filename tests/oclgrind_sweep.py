@@ -58,6 +58,10 @@ SWEEP = [
     ("winograd_split_k", (2, 1, 32, 32), (2, 1, 5, 5), dict(padding=2), "winograd", "single", None),
     # one image per chunk: grad-weight's 1240 floats (V, Z, dU at 256-element boundaries) fit, two do not
     ("winograd_chunked", (3, 2, 6, 5), (3, 2, 3, 3), dict(padding=1), "winograd", "single", 1240 * 4),
+    ("fft_dilated_overpad_per_group", (2, 4, 6, 5), (4, 2, 3, 2), dict(padding=((4, 0), (1, 2)), dilation=(1, 2),
+                                                                      groups=2), "fft", "per-group", None),
+    # one image per chunk: every pass's spectra of one image (1184-1264 floats) fit, of two (1760-1856) do not
+    ("fft_chunked", (3, 2, 5, 4), (3, 2, 3, 3), dict(padding=1), "fft", "single", 1500 * 4),
     # clconv's own GEMM kernel (kernels/gemm.cl) in place of CLBlast's: in the host-gemm run only,
     # which has every check (Oclgrind simulates its 64-256 work-item groups slowly)
     ("own_gemm_im2col_split_k", (2, 2, 16, 17), (3, 2, 3, 3), dict(padding=1, gemm="clconv"), "im2col", "single",

@@ -28,6 +28,8 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
     Case("dense_c6_s2", 2, 6, 9, 8, 5, 3, 3, stride=2, padding=1),
     # a few-channel stem: 16 filters, 7x7 taps, stride 2
     Case("stem_7x7_s2", 2, 3, 23, 18, 16, 7, 7, stride=2, padding=3),
+    # AlexNet conv2 in small: 5x5 on 27x27 (32x32 FFT frames), 16 channels and filters per group
+    Case("fft_g2_5x5_27", 2, 32, 27, 27, 32, 5, 5, padding=2, groups=2),
 ]
 
 
@@ -73,6 +75,19 @@ def test_auto_choice(case, expected, queue):
     assert set(p.algorithms.values()) == {expected}
 
 
+def test_auto_choice_of_fft(queue):
+    """5x5 on 27x27 images: the FFT's GEMMs need 3 multiplications per output against Winograd's 9;
+    on CPUs only its grad-weight pays."""
+    case = next(c for c in EXTRA if c.name == "fft_g2_5x5_27")
+    p = clconv.plan(case.input_shape, case.weight_shape, **case.options, queue=queue)
+    gpu = bool(queue.device.type & cl.device_type.GPU)
+    other = "fft" if gpu else "winograd"
+    assert p.algorithms == {"forward": other, "backward_input": other, "backward_weight": "fft"}
+    assert "32x32 frames, 3.0 multiplications per output" in p.explain()
+    if not gpu:
+        assert "(not fft: on CPUs only its grad-weight pays" in p.explain()
+
+
 @pytest.mark.parametrize("case", ["g1_k3x3_s1_p1", "k1x1_s2", "fc_mode_padded", "stem_7x7_s2"])
 def test_auto_choice_for_few_channels(case, queue):
     """Dense convolutions of at most 4 input channels: the direct forward on GPUs, im2col otherwise."""
@@ -91,10 +106,19 @@ def test_explain_fc_mode_names_the_gemm(queue):
     assert "covers the whole input 6x6" in text and p.workspace_bytes == 0
 
 
-@pytest.mark.parametrize("case,algorithm", [(c, a) for c in CASES + EXTRA if c.options["groups"] > 1
-                                            for a in ("im2col", "auto", "winograd")
-                                            if a != "winograd" or c.weight_shape[2:] in ((3, 3), (5, 5)) and
-                                            c.options["stride"] == 1], ids=repr)
+def _grouped_runs():
+    """(case, algorithm) for the grouped cases: im2col and auto always, Winograd where it applies,
+    the FFT on the cases meant for it."""
+    for c in CASES + EXTRA:
+        if c.options["groups"] > 1:
+            yield from ((c, "im2col"), (c, "auto"))
+            if c.options["stride"] == 1 and c.weight_shape[2:] in ((3, 3), (5, 5)):
+                yield c, "winograd"
+            if c.name.startswith(("winograd", "fft")):
+                yield c, "fft"
+
+
+@pytest.mark.parametrize("case,algorithm", list(_grouped_runs()), ids=repr)
 @pytest.mark.parametrize("engine", ["clblast", "clconv"], ids=lambda e: f"{e}_gemm")
 def test_per_group_queues_are_bit_identical(case, algorithm, engine, queue, monkeypatch):
     monkeypatch.setenv("CLCONV_GEMM", engine)
@@ -171,6 +195,25 @@ def test_winograd_chunks_and_workspace_fallback(queue):
                  "grad-weight")
     with pytest.raises(ValueError, match="Winograd workspace bytes, above the limit"):
         clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="winograd", workspace_limit=limit - 4)
+
+
+def test_fft_chunks_float64_and_workspace_limit(queue):
+    """One image per chunk: grad-weight's per-frequency sums add on across chunks."""
+    case = next(c for c in EXTRA if c.name == "winograd5_g2_d1x2_overpad")
+    opts = case.options
+    one = clconv.plan((1,) + case.input_shape[1:], case.weight_shape, **opts, queue=queue, algorithm="fft")
+    limit = one.workspace_bytes
+    dtypes = [np.float32] + ([np.float64] if "cl_khr_fp64" in queue.device.extensions else [])
+    for dtype in dtypes:
+        x, w, b, dy = case.data(dtype)
+        p = clconv.plan(x.shape, w.shape, **opts, dtype=dtype, queue=queue, algorithm="fft",
+                        workspace_limit=limit * np.dtype(dtype).itemsize // 4)
+        assert p.explain().count("2 chunk(s) of 1 image(s)") == 3
+        assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), dtype, "forward")
+        assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), dtype, "grad-input")
+        assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **opts), dtype, "grad-weight")
+    with pytest.raises(ValueError, match="FFT workspace bytes, above the limit"):
+        clconv.plan(case.input_shape, case.weight_shape, **opts, queue=queue, algorithm="fft", workspace_limit=limit - 4)
 
 
 @pytest.mark.parametrize("case", [

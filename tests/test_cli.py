@@ -35,9 +35,9 @@ def test_check_runs_every_algorithm(dtype):
     out = run(["-m", "clconv", "check", "--dtype", dtype])
     assert f"every pass in {dtype}" in out
     for name in ("im2col", "im2col clconv-GEMM", "im2col CLBlast-GEMM", "im2col per-group", "fc", "1x1", "direct",
-                 "direct few-channel", "winograd", "winograd 5x5"):
+                 "direct few-channel", "winograd", "winograd 5x5", "fft"):
         assert f"  {name:20s} forward " in out
-    assert out.count(" ok") == 40 and "all passes match" in out
+    assert out.count(" ok") == 44 and "all passes match" in out
 
 
 def test_bench_writes_json_and_chart(tmp_path):

@@ -1,0 +1,225 @@
+"""FFT convolution for stride-1 convolutions whose padded images fit a 64x64 frame (any
+padding, dilation, groups).
+
+Each image plane is padded into an FH x FW frame (powers of two) and transformed once; a
+filter is transformed once per call. Per frequency, the products summed over channels
+(or images) are one complex GEMM, run as a real GEMM on stacked real and imaginary parts
+(kernels/fft.cl has the math and the layouts). With F = FH * (FW/2 + 1) kept frequencies, a
+(filter, channel) pair costs 4F real multiplications per image where im2col's GEMM costs
+kh*kw per output pixel: AlexNet's 5x5 conv2 on 27x27 images (a 32x32 frame) needs 3.0 per
+output, against Winograd F(2x2,5x5)'s 9 and im2col's 25. Per chunk of images:
+  forward        X = DFT(x); W = DFT(w); Y[f, g] = [Wr Wi][f, g] @ [[Xr Xi]; [Xi -Xr]][f, g];
+                 y = IDFT(Y) (+ bias)
+  grad-input     the forward pass of the transposed convolution (``g.transposed()``) over dy
+  grad-weight    X = DFT(x); DY = DFT(dy); dW[f, g] (+)= [DYr DYi][f, g] @ [[Xr Xi]; [Xi -Xr]][f, g]^T;
+                 dw = taps of IDFT(dW)
+The F frequencies times the groups are the batch of one batched GEMM; with per-group queues
+each group's GEMMs run on its own queue. Grad-weight sums over 2 x (images per chunk) per
+GEMM, chunks added on.
+"""
+import numpy as np
+import pyopencl as cl
+from pyopencl.tools import context_dependent_memoize
+
+from ..programs import INT32_MAX, ClconvError, get_kernel, launch
+from .common import Ref, idx_for, position_gemm
+
+MAX_FRAME = 64        # frame side, at most: one frame row lives in a work-item's registers
+MIN_FRAME = 4
+MIN_CHANNELS = 16     # fewer channels or filters per group: the per-frequency GEMMs are too thin
+MAX_GROUP = 256       # work-items per work-group of the image transforms, at most
+ALIGN = 256           # workspace regions start at multiples of this many elements (sub-buffer origins)
+
+
+def _aligned(n):
+    return -(-n // ALIGN) * ALIGN
+
+
+def _pow2_at_least(n):
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@context_dependent_memoize
+def _phases(context, n, dtype):
+    """Device buffers of cos(2 pi j / n) and -sin(2 pi j / n), j < n (the filter transform's table)."""
+    angles = 2 * np.pi * np.arange(n) / n
+    return tuple(cl.Buffer(context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=v.astype(dtype))
+                 for v in (np.cos(angles), -np.sin(angles)))
+
+
+def frame(g):
+    """(FH, FW): the smallest power-of-two frame (at least MIN_FRAME) that holds the padded
+    input of the forward and of the transposed convolution, so no output index wraps."""
+    (pt, pb), (pl, pr) = g.pads
+    eh, ew = g.dilation[0] * (g.kh - 1), g.dilation[1] * (g.kw - 1)
+    return (_pow2_at_least(max(MIN_FRAME, g.H + pt + pb, g.H + eh)),
+            _pow2_at_least(max(MIN_FRAME, g.W + pl + pr, g.W + ew)))
+
+
+def _frequencies(g):
+    fh, fw = frame(g)
+    return fh * (fw // 2 + 1)
+
+
+def multiplications_per_output(g, pass_name):
+    """Real multiplications of the per-frequency GEMMs per output pixel and (filter, channel) pair."""
+    pixels = g.H * g.W if pass_name == "backward_input" else g.OH * g.OW
+    return 4 * _frequencies(g) / pixels
+
+
+class FFT:
+    name = "fft"
+
+    @staticmethod
+    def applies(g):
+        if g.stride != (1, 1):
+            return False, f"needs stride 1 (got {g.stride})"
+        fh, fw = frame(g)
+        if max(fh, fw) > MAX_FRAME:
+            return False, f"its padded images need a {fh}x{fw} frame, above {MAX_FRAME}x{MAX_FRAME}"
+        return True, (f"stride 1, {fh}x{fw} frames: {multiplications_per_output(g, 'forward'):.1f} multiplications "
+                      f"per output where im2col's GEMM needs {g.kh * g.kw}")
+
+    @staticmethod
+    def preferred(g, pass_name, device):
+        """Whether "auto" should pick this algorithm for ``pass_name`` on ``device`` (it applies
+        either way): when its GEMMs need at most half the multiplications of the next choice
+        (Winograd's for 3x3 and 5x5 filters, else im2col's), which pays for its transforms."""
+        if pass_name != "backward_weight" and not device.type & cl.device_type.GPU:
+            return False, ("on CPUs only its grad-weight pays: the filter transform, once per call, costs more "
+                           "than its GEMMs save (PoCL, AlexNet conv2 at batch 8: forward 175-214 ms, grad-input "
+                           "202-228 ms, against Winograd's 130 and 137; grad-weight 85-123 ms against 190)")
+        if min(g.Cg, g.Kg) < MIN_CHANNELS:
+            return False, (f"fewer than {MIN_CHANNELS} channels or filters per group (Cg = {g.Cg}, Kg = {g.Kg}): "
+                           "its per-frequency GEMMs would be too thin")
+        fft = multiplications_per_output(g, pass_name)
+        other, name = (36 / (7 - g.kh) ** 2, "Winograd") if (g.kh, g.kw) in ((3, 3), (5, 5)) else (g.kh * g.kw,
+                                                                                                    "im2col")
+        if fft > other / 2:
+            return False, (f"{fft:.1f} multiplications per output, more than half of {name}'s {other:.1f}: "
+                           "not worth its transforms")
+        return True, ""
+
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False):
+        self.g, self.dtype, self.per_group = g, dtype, per_group
+        self.fh, self.fw = frame(g)
+        self.F = _frequencies(g)
+        # images per work-group of the image and of the output transforms: within MAX_GROUP
+        # work-items and the device's local memory (each frame's half spectrum, real and
+        # imaginary parts). More images per group make longer runs in the spectra's rows (H200,
+        # AlexNet conv2: image transforms 1.4x faster with 8 than 4), but the output transform
+        # was fastest with 4 (1.3x faster than 8).
+        spectrum = 2 * self.fh * (self.fw // 2 + 1) * dtype.itemsize
+        fits = [nb for nb in (8, 4, 2, 1) if nb == 1 or (
+            nb * self.fh <= min(MAX_GROUP, device.max_work_group_size) and nb * spectrum <= device.local_mem_size // 2)]
+        self.nb, self.nbo = fits[0], min(4, fits[0])
+        # each pass runs over a convolution geometry: grad-input over the transposed one
+        self.geometry = {"forward": g, "backward_input": g.transposed(), "backward_weight": g}
+        self.chunk, self.layout, self.workspace = {}, {}, {}
+        for pass_name, t in self.geometry.items():
+            limit = workspace_limit // dtype.itemsize
+            per_image = self.F * 2 * (2 * t.C + t.K)        # the image spectra, rotated, and the products
+            B = max(1, min(g.N, (limit - self.F * t.K * 2 * t.Cg) // per_image,
+                           INT32_MAX // (self.F * 2 * 2 * max(t.C, t.K))))
+            while B > 1 and self._layout(pass_name, B)[-1] > limit:   # the estimate ignores alignment
+                B -= 1
+            layout = self._layout(pass_name, B)
+            if layout[-1] > limit:
+                raise ValueError(f"one image of input {list(g.input_shape)} with weight {list(g.weight_shape)} "
+                                 f"needs {layout[-1] * dtype.itemsize} FFT workspace bytes, above the limit "
+                                 f"of {workspace_limit} bytes")
+            self.chunk[pass_name], self.layout[pass_name], self.workspace[pass_name] = B, layout[:-1], layout[-1]
+
+    def _layout(self, pass_name, B):
+        """Offsets of the workspace regions after the first, then its end, for chunks of B
+        images. The rotated image spectra X (F, 2C, 2B) come first, at offset 0: they are the
+        GEMM's B operand (see blas._in_place); then for the convolutions the filter spectra
+        (F, K, 2Cg) and the products Y (F, K, 2B), for grad-weight DY (F, K, 2B) and dW (F, K, 2Cg)."""
+        t, F = self.geometry[pass_name], self.F
+        filters, images = F * t.K * 2 * t.Cg, F * t.K * 2 * B
+        second, third = (images, filters) if pass_name == "backward_weight" else (filters, images)
+        first = _aligned(F * 2 * t.C * 2 * B)
+        return first, _aligned(first + second), _aligned(first + second) + third
+
+    def describe(self, pass_name):
+        t, B = self.geometry[pass_name], self.chunk[pass_name]
+        chunks = -(-t.N // B) if t.N else 0
+        mnk = (t.Kg, 2 * t.Cg, 2 * B) if pass_name == "backward_weight" else (t.Kg, 2 * B, 2 * t.Cg)
+        flipped = " of the transposed convolution over grad_output" if pass_name == "backward_input" else ""
+        return (f"FFT{flipped}: {self.fh}x{self.fw} frames, {multiplications_per_output(self.g, pass_name):.1f} "
+                f"multiplications per output; transforms + {self.F} x {t.groups} batched GEMMs per chunk, "
+                f"{chunks} chunk(s) of {B} image(s), per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2]}")
+
+    def _kernel(self, queue, name, idx):
+        knl = get_kernel(queue.context, "fft.cl", name, self.dtype, IDX=idx, FH=self.fh, FW=self.fw,
+                         NB=self.nb, NBO=self.nbo)
+        need = {"fft_image": self.nb * self.fh, "fft_output": self.nbo * self.fh}.get(name, 0)
+        if need:
+            allowed = knl.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, queue.device)
+            if allowed < need:
+                raise ClconvError(f"clconv: {name} for {self.fh}x{self.fw} frames needs work-groups of "
+                                  f"{need}, the device allows {allowed}")
+        return knl
+
+    def _images(self, queue, idx, x, n0, nb, C, H, W, pads, Cg, ws, at, rotated, what):
+        """Spectra (F, rows, 2 nb) at ``at`` of images n0 ... n0+nb-1 of ``x`` (C channels of
+        H x W at (top, left) = ``pads`` in the frame), with rotated rows (groups of Cg) when
+        ``rotated``."""
+        launch(queue, self._kernel(queue, "fft_image", idx), (nb, self.fh, C), (self.nb, self.fh, 1),
+               x.buf, x.off + n0 * C * H * W, ws, at, nb, C, H, W, *pads, Cg, int(rotated),
+               what=f"{what}: image transform")
+
+    def _gemm(self, queue, ws, t, m, n, k, offsets, strides, lds, **kw):
+        """The F x G per-frequency GEMMs; ``strides`` from one group to the next, G of them
+        from one frequency to the next."""
+        position_gemm(queue, self.dtype, self.per_group, ws, t.groups, self.F, m, n, k, offsets, strides,
+                      tuple(s * t.groups for s in strides), lds, **kw)
+
+    def _convolve(self, queue, pass_name, x, w, bias, y, ws, what):
+        """y = conv(x, w) (+ bias) over the pass's geometry, w flipped for grad-input."""
+        t, B = self.geometry[pass_name], self.chunk[pass_name]
+        idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
+        u, m = self.layout[pass_name]
+        twr, twi = _phases(queue.context, max(self.fh, self.fw), self.dtype)
+        launch(queue, self._kernel(queue, "fft_filter", idx), (t.Cg, self.fw // 2 + 1, t.K), None, w.buf, w.off, ws,
+               u, twr, twi, t.K, t.Kg, t.Cg, t.kh, t.kw, *t.dilation, int(pass_name == "backward_input"),
+               what=f"{what}: filter transform")
+        output = self._kernel(queue, "fft_output", idx)
+        b = bias if bias is not None else w
+        for n0 in range(0, t.N, B):
+            nb = min(B, t.N - n0)
+            self._images(queue, idx, x, n0, nb, t.C, t.H, t.W, (t.pads[0][0], t.pads[1][0]), t.Cg, ws, 0, True,
+                         what)
+            # per (frequency, group): Y (Kg, 2nb) = W (Kg, 2Cg) @ X rotated (2Cg, 2nb)
+            self._gemm(queue, ws, t, t.Kg, 2 * nb, 2 * t.Cg, (u, 0, m),
+                       (t.Kg * 2 * t.Cg, 2 * t.Cg * 2 * nb, t.Kg * 2 * nb), (2 * t.Cg, 2 * nb, 2 * nb), what=what)
+            launch(queue, output, (nb, self.fh, t.K), (self.nbo, self.fh, 1), ws, m,
+                   y.buf, y.off + n0 * t.K * t.OH * t.OW, b.buf, b.off, int(bias is not None), nb, t.K, t.OH, t.OW,
+                   t.K * t.OH * t.OW, t.OH * t.OW, 1, 1, what=f"{what}: output transform")
+
+    def forward(self, queue, x, w, bias, y, ws):
+        self._convolve(queue, "forward", x, w, bias, y, ws, "forward (FFT)")
+
+    def backward_input(self, queue, w, dy, dx, ws):
+        self._convolve(queue, "backward_input", dy, w, None, dx, ws, "grad-input (FFT)")
+
+    def backward_weight(self, queue, x, dy, dw, ws):
+        t, B = self.g, self.chunk["backward_weight"]
+        idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
+        d, s = self.layout["backward_weight"]
+        what = "grad-weight (FFT)"
+        for n0 in range(0, t.N, B):
+            nb = min(B, t.N - n0)
+            self._images(queue, idx, x, n0, nb, t.C, t.H, t.W, (t.pads[0][0], t.pads[1][0]), t.Cg, ws, 0, True,
+                         what)
+            self._images(queue, idx, dy, n0, nb, t.K, t.OH, t.OW, (0, 0), t.Kg, ws, d, False, what)
+            # per (frequency, group): dW (Kg, 2Cg) (+)= DY (Kg, 2nb) @ (X rotated (2Cg, 2nb))^T
+            self._gemm(queue, ws, t, t.Kg, 2 * t.Cg, 2 * nb, (d, 0, s),
+                       (t.Kg * 2 * nb, 2 * t.Cg * 2 * nb, t.Kg * 2 * t.Cg), (2 * nb, 2 * nb, 2 * t.Cg),
+                       beta=1.0 if n0 > 0 else 0.0, b_transp=True, what=what)
+        # the taps: IDFT(dW) on the dilated filter grid, as the output transform with the
+        # channels for images: tap (ci, k) to dw (k, ci)
+        taps = t.kh * t.kw
+        launch(queue, self._kernel(queue, "fft_output", idx), (t.Cg, self.fh, t.K), (self.nbo, self.fh, 1),
+               ws, s, dw.buf, dw.off, dw.buf, dw.off, 0, t.Cg, t.K, t.kh, t.kw, taps, t.Cg * taps, *t.dilation,
+               what=f"{what}: filter transform")

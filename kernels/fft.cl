@@ -1,0 +1,266 @@
+// FFT transforms of the fft algorithm (clconv/algorithms/fft.py).
+//
+// At stride 1 a convolution is a correlation: y[i] = sum_u x[i + u*D] w[u], per axis. With x
+// padded into an FH x FW frame (x[y][x] at frame row y + PT, column x + PL, zeros around) no
+// output index wraps, so with X, W the 2-D DFTs of the frame and of the (dilated) filter,
+//   forward       Y[n][k]  = sum_c X[n][c] conj(W[k][c])      y = IDFT(Y), top-left OH x OW
+//   grad-weight   dW[k][c] = sum_n X[n][c] conj(DY[n][k])     dw = IDFT(dW), top-left taps
+// (grad-input is the forward pass of the transposed convolution). Real data have Hermitian
+// spectra: only the FH x (FW/2 + 1) frequencies f = fy * HW + fx are kept.
+//
+// Per frequency and group, each sum is one real GEMM over stacked real and imaginary parts:
+// a spectrum row [re | im] of B images or Cg channels, and for X a second, "rotated" row
+// [im | -re], so that [Wr Wi] @ [[Xr Xi]; [Xi -Xr]] = [Re | Im] of conj(W) X. Buffers, with
+// b the image within the chunk of B and rows the channels, each row 2B long:
+//   S[f][row][2B]            spectra of images: row = channel (plain), or for the rotated
+//                            layout rows g*2Cg + cg (plain) and g*2Cg + Cg + cg (rotated)
+//   WS[f][k][2Cg]            filter spectra (or the grad-weight's summed products)
+//
+// Specialised by the host with prepended #defines; the defaults below are for reading.
+#ifndef REAL
+#define REAL float
+#endif
+#ifndef IDX            // index type: int when every buffer has < 2^31 elements, else long
+#define IDX long
+#endif
+#ifndef FH             // frame rows and columns: powers of two
+#define FH 32
+#endif
+#ifndef FW
+#define FW 32
+#endif
+#ifndef NB             // images per work-group of the image transforms
+#define NB 8
+#endif
+#ifndef NBO            // and of the output transforms
+#define NBO 4
+#endif
+#define HW (FW / 2 + 1)                 // kept columns of a spectrum
+#define FT (FH > FW ? FH : FW)          // twiddle table length
+
+// tw[j] = exp(-2 pi i j / FT), j < n, filled by the whole work-group (id of count)
+inline void twiddles(__local REAL* twr, __local REAL* twi, const int n, const int id, const int count)
+{
+    for (int j = id; j < n; j += count) {
+        twr[j] = cospi((REAL)(2 * j) / FT);
+        twi[j] = -sinpi((REAL)(2 * j) / FT);
+    }
+}
+
+#define LOG2(n) ((n) >= 64 ? 6 : (n) >= 32 ? 5 : (n) >= 16 ? 4 : (n) >= 8 ? 3 : (n) >= 4 ? 2 : 1)
+
+inline int reverse_bits(int i, const int bits)
+{
+    int r = 0;
+    for (int b = 0; b < bits; ++b, i >>= 1) r = (r << 1) | (i & 1);
+    return r;
+}
+
+// In-place DFT of length n (a power of two dividing FT, at most 64) of re[] + i im[]: radix 2,
+// decimation in time. Every loop has a constant trip count, so once unrolled every index is a
+// constant and the arrays stay in registers.
+static inline __attribute__((always_inline)) void fft(REAL* re, REAL* im, const int n,
+                                                      __local const REAL* twr, __local const REAL* twi)
+{
+    const int bits = LOG2(n);
+    #pragma unroll
+    for (int i = 0; i < n; ++i) {
+        const int r = reverse_bits(i, bits);
+        if (i < r) {
+            const REAL a = re[i], b = im[i];
+            re[i] = re[r]; im[i] = im[r]; re[r] = a; im[r] = b;
+        }
+    }
+    #pragma unroll
+    for (int stage = 0; stage < bits; ++stage) {
+        #pragma unroll
+        for (int j = 0; j < n / 2; ++j) {   // butterfly j joins a and a + span, span = 2^stage
+            const int span = 1 << stage, k = j & (span - 1);
+            const int a = ((j >> stage) << (stage + 1)) + k, b = a + span;
+            const REAL wr = twr[k * (FT >> (stage + 1))], wi = twi[k * (FT >> (stage + 1))];
+            const REAL tr = re[b] * wr - im[b] * wi, ti = re[b] * wi + im[b] * wr;
+            re[b] = re[a] - tr; im[b] = im[a] - ti;
+            re[a] += tr; im[a] += ti;
+        }
+    }
+}
+
+// The spectra of B images of C channels, each H x W placed at (PT, PL) in the frame, into S
+// at s_off: rotated rows as well when `rotated` (then C = G * Cg). 3-D range: images
+// (rounded up to NB), FH, channels; work-group NB x FH x 1: NB images of one channel.
+__kernel void fft_image(__global const REAL* restrict x, const IDX x_off,
+                        __global REAL* restrict s, const IDX s_off,
+                        const int B, const int C, const int H, const int W, const int PT, const int PL,
+                        const int Cg, const int rotated)
+{
+    __local REAL twr[FT / 2], twi[FT / 2];
+    __local REAL spec[2][FH][HW][NB];   // first the NB planes as read, then their row transforms
+    __local REAL* plane = &spec[0][0][0][0];
+    const int b = get_local_id(0), r = get_local_id(1), id = r * NB + b;
+    const int n = get_global_id(0), c = get_global_id(2), n0 = get_group_id(0) * NB;
+    twiddles(twr, twi, FT / 2, id, NB * FH);
+    // the NB planes, each read whole and in order (H x W fits in its share: H <= FH, W <= FW)
+    const int HWn = H * W;
+    for (int e = id; e < NB * HWn; e += NB * FH) {
+        const int p = e / HWn;
+        plane[e] = n0 + p < B ? x[x_off + ((IDX)(n0 + p) * C + c) * HWn + e - p * HWn] : (REAL)0;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    // frame row r of plane b
+    REAL re[FW], im[FW];
+    const int y = r - PT;
+    const bool live = n < B && y >= 0 && y < H;
+    #pragma unroll
+    for (int i = 0; i < FW; ++i) {
+        const int xx = i - PL;
+        re[i] = (live && xx >= 0 && xx < W) ? plane[b * HWn + y * W + xx] : (REAL)0;
+        im[i] = 0;
+    }
+    if (live)
+        fft(re, im, FW, twr, twi);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    #pragma unroll
+    for (int i = 0; i < HW; ++i) {
+        spec[0][r][i][b] = re[i];
+        spec[1][r][i][b] = im[i];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    // columns r, r + FH, ...
+    if (n >= B) return;
+    const int rows = rotated ? 2 * C : C;
+    const int row = rotated ? c + c / Cg * Cg : c;
+    const IDX fstep = (IDX)rows * 2 * B;
+    for (int fx = r; fx < HW; fx += FH) {
+        REAL cre[FH], cim[FH];
+        #pragma unroll
+        for (int i = 0; i < FH; ++i) {
+            cre[i] = spec[0][i][fx][b];
+            cim[i] = spec[1][i][fx][b];
+        }
+        fft(cre, cim, FH, twr, twi);
+        IDX dst = s_off + ((IDX)fx * rows + row) * 2 * B + n;
+        #pragma unroll
+        for (int fy = 0; fy < FH; ++fy, dst += HW * fstep) {
+            s[dst] = cre[fy];
+            s[dst + B] = cim[fy];
+            if (rotated) {
+                s[dst + (IDX)Cg * 2 * B] = cim[fy];
+                s[dst + (IDX)Cg * 2 * B + B] = -cre[fy];
+            }
+        }
+    }
+}
+
+// Filter spectra WS[f][k][2Ci] of K filters of Ci channels (KH x KW taps, DH x DW apart);
+// `flip`: of the transposed convolution (filter k, channel ci read from filter ci of k's group,
+// channel k % Ko, taps reversed). Direct sums, separable: per filter row u, its taps' sum at
+// column frequency fx, then that times exp(-2 pi i fy u DH / FH) into each row frequency fy.
+// Phase factors from the host's table tw[j] = exp(-2 pi i j / FT), j < FT. 3-D range: ci, fx (HW), k.
+__kernel void fft_filter(__global const REAL* restrict w, const IDX w_off,
+                         __global REAL* restrict ws, const IDX ws_off,
+                         __global const REAL* restrict twr, __global const REAL* restrict twi,
+                         const int K, const int Ko, const int Ci, const int KH, const int KW,
+                         const int DH, const int DW, const int flip)
+{
+    const int ci = get_global_id(0), fx = get_global_id(1), k = get_global_id(2);
+    if (ci >= Ci || fx >= HW || k >= K) return;
+    const int grp = k / Ko;
+    const __global REAL* g = w + w_off + (flip ? (IDX)(grp * Ci + ci) * Ko + (k - grp * Ko) : (IDX)k * Ci + ci) * KH * KW;
+    REAL sr[FH], si[FH];
+    #pragma unroll
+    for (int fy = 0; fy < FH; ++fy)
+        sr[fy] = si[fy] = 0;
+    for (int u = 0; u < KH; ++u) {
+        REAL rr = 0, ri = 0;   // row u's taps at column frequency fx
+        for (int v = 0; v < KW; ++v) {
+            const REAL tap = flip ? g[KH * KW - 1 - KW * u - v] : g[KW * u + v];
+            const int j = fx * v * DW % FW * (FT / FW);
+            rr += tap * twr[j];
+            ri += tap * twi[j];
+        }
+        #pragma unroll
+        for (int fy = 0; fy < FH; ++fy) {
+            const int j = fy * u * DH % FH * (FT / FH);
+            sr[fy] += rr * twr[j] - ri * twi[j];
+            si[fy] += rr * twi[j] + ri * twr[j];
+        }
+    }
+    IDX dst = ws_off + ((IDX)fx * K + k) * 2 * Ci + ci;
+    #pragma unroll
+    for (int fy = 0; fy < FH; ++fy, dst += (IDX)HW * K * 2 * Ci) {
+        ws[dst] = sr[fy];
+        ws[dst + Ci] = si[fy];
+    }
+}
+
+// y[n][k] = the OH x OW grid of IDFT(S[.][k] of image n) at rows 0, DH, ... and columns 0,
+// DW, ... (+ bias[k]), from S (plain rows, K of them), output (n, k) at y + n * SN + k * SK.
+// The convolutions' outputs are the top-left of the frame (DH = DW = 1); the grad-weight's
+// taps are its dilated filter grid, with n the channel. Overwrites y. 3-D range: images
+// (rounded up to NBO), FH, K; work-group NBO x FH x 1: NBO images of one output channel.
+__kernel void fft_output(__global const REAL* restrict s, const IDX s_off,
+                         __global REAL* restrict y, const IDX y_off,
+                         __global const REAL* restrict bias, const IDX bias_off, const int has_bias,
+                         const int B, const int K, const int OH, const int OW, const IDX SN, const IDX SK,
+                         const int DH, const int DW)
+{
+    __local REAL twr[FT / 2], twi[FT / 2];
+    __local REAL spec[2][FH][HW][NBO];   // column transforms of the NBO spectra, then the outputs
+    __local REAL* plane = &spec[0][0][0][0];
+    const int b = get_local_id(0), r = get_local_id(1), id = r * NBO + b;
+    const int n = get_global_id(0), k = get_global_id(2), n0 = get_group_id(0) * NBO;
+    twiddles(twr, twi, FT / 2, id, NBO * FH);
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    // inverse DFTs of columns r, r + FH, ...: conj(DFT(conj(.)))
+    const IDX fstep = (IDX)K * 2 * B;
+    for (int fx = r; fx < HW; fx += FH) {
+        REAL cre[FH], cim[FH];
+        IDX src = s_off + ((IDX)fx * K + k) * 2 * B + n;
+        #pragma unroll
+        for (int fy = 0; fy < FH; ++fy, src += HW * fstep) {
+            cre[fy] = n < B ? s[src] : (REAL)0;
+            cim[fy] = n < B ? -s[src + B] : (REAL)0;
+        }
+        fft(cre, cim, FH, twr, twi);
+        #pragma unroll
+        for (int i = 0; i < FH; ++i) {
+            spec[0][i][fx][b] = cre[i];
+            spec[1][i][fx][b] = -cim[i];
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    // output row r, frame row r * DH: the full row from its Hermitian half, inverse DFT, real part
+    const bool live = r < OH;
+    const int fr = live ? r * DH : 0;
+    REAL re[FW], im[FW];
+    #pragma unroll
+    for (int i = 0; i < HW; ++i) {
+        re[i] = spec[0][fr][i][b];
+        im[i] = -spec[1][fr][i][b];
+    }
+    #pragma unroll
+    for (int i = HW; i < FW; ++i) {
+        re[i] = spec[0][fr][FW - i][b];
+        im[i] = spec[1][fr][FW - i][b];
+    }
+    if (live)
+        fft(re, im, FW, twr, twi);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // the NBO output planes, each OH x OW (fits: OH <= FH, OW <= FW), then written whole and in order
+    const int HWn = OH * OW;
+    const REAL b0 = has_bias ? bias[bias_off + k] : (REAL)0;
+    #pragma unroll
+    for (int i = 0; i < FW; ++i)   // constant indices into re[]: the array stays in registers
+        if (live && i % DW == 0 && i / DW < OW)
+            plane[b * HWn + r * OW + i / DW] = re[i] / (FH * FW) + b0;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int e = id; e < NBO * HWn; e += NBO * FH) {
+        const int p = e / HWn;
+        if (n0 + p < B)
+            y[y_off + (n0 + p) * SN + k * SK + e - p * HWn] = plane[e];
+    }
+}
