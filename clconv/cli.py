@@ -86,7 +86,7 @@ def cmd_tune_gemm(args):
         batch = 10 if queue.device.type & cl.device_type.GPU else 1
         try:
             entry = tuning.tune_gemm(geometries, queue, batch=batch, progress=progress)
-        except RuntimeError as exc:   # nothing to tune here, or this process already applied parameters
+        except tuning.NothingToTune as exc:   # nothing to tune here, or this process already applied parameters
             print(f"tune-gemm: {exc}", file=sys.stderr)
             return 1
     print(f"{len(entry['default_ms'])} GEMM passes of {len(geometries)} workload(s): geometric mean time ratio "

@@ -105,7 +105,7 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, offsets, si, sj, lds, *, a
                           f"(work-group and local-memory limits); unset CLCONV_GEMM=clconv to use CLBlast's")
     tm, tn = chosen
     idx = index_type(a.size // itemsize, b.size // itemsize, c.size // itemsize)
-    kernel = get_kernel(queue.context, "gemm.cl", "gemm", dtype, TM=tm, TN=tn, A_TRANSP=int(a_transp),
+    kernel = get_kernel(queue.context, "gemm.cl", "gemm", dtype, TM=tm, TN=tn, TK=TK, PAD=PAD, A_TRANSP=int(a_transp),
                         B_TRANSP=int(b_transp), IDX=idx)
     groups = -(-m // tm) * -(-n // tn) * gi * gj
     return launch(queue, kernel, (groups * tn // 8, tm // 8), (tn // 8, tm // 8), m, n, k, alpha, beta, gj,

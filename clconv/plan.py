@@ -131,7 +131,7 @@ class Plan:
         """The pass's workspace in compute-dtype elements: the algorithm's own, then for
         float16 the float32 copies of its arrays."""
         own = self._choice[pass_name][0].workspace[pass_name]
-        return own if self.dtype == self.compute_dtype else own + sum(self._sizes(pass_name))
+        return own + sum(self._sizes(pass_name)) if self._converts else own
 
     @property
     def workspace_bytes(self):
@@ -142,7 +142,7 @@ class Plan:
         """A short account of the algorithm chosen for each pass and why."""
         g = self.geometry
         half = (" (stored as float16, computed in float32 on float32 copies in the workspace)"
-                if self.dtype != self.compute_dtype else "")
+                if self._converts else "")
         lines = [f"conv2d input {list(g.input_shape)} weight {list(g.weight_shape)} -> output "
                  f"{list(g.output_shape)}, stride {g.stride}, padding {g.pads}, dilation {g.dilation}, "
                  f"groups {g.groups}, {self.dtype}{half}, queues: {self.queues}"]

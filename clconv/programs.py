@@ -6,6 +6,7 @@ options); the cache lives on the context (pyopencl's context-dependent memoize).
 """
 import threading
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -87,8 +88,14 @@ def _scalar_arg_dtypes(kernel):
     return dtypes
 
 
+@lru_cache(maxsize=None)
+def work_group_limit(kernel, device):
+    """The largest work-group ``kernel`` may run in on ``device`` (asked once per pair)."""
+    return kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device)
+
+
 def reduction_work_group(device, limit=256):
-    """Work-group size of our reduction kernels: the largest power of two <= limit the device allows."""
+    """A work-group size: the largest power of two <= limit the device allows (our reductions, by default)."""
     return 1 << (min(limit, device.max_work_group_size).bit_length() - 1)
 
 

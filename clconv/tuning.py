@@ -145,6 +145,10 @@ def tune(g, dtype, queue, passes=PASSES, save=True, progress=None):
     return results
 
 
+class NothingToTune(RuntimeError):
+    """tune_gemm has nothing to do here: no CLBlast GEMM to time, or parameters already applied."""
+
+
 def tune_gemm(geometries, queue, dtype=np.float32, repeat=3, batch=10, save=True, progress=None):
     """Search CLBlast GEMM parameters on the GEMM passes of ``geometries``; store the winners.
 
@@ -164,7 +168,7 @@ def tune_gemm(geometries, queue, dtype=np.float32, repeat=3, batch=10, save=True
     from .plan import Plan
     from .reference import TOLERANCE, normalised_error
     if gemm_params.ignore_tuned(queue.device, dtype):    # the baseline must be CLBlast's own parameters
-        raise RuntimeError("this process already applied (or overrode) CLBlast parameters; tune in a process of "
+        raise NothingToTune("this process already applied (or overrode) CLBlast parameters; tune in a process of "
                            "its own")
     rng = np.random.default_rng(0)
     runs = []
@@ -182,7 +186,7 @@ def tune_gemm(geometries, queue, dtype=np.float32, repeat=3, batch=10, save=True
             if any(kind == "clblast_gemm" for kind, _ in events):
                 runs.append(fns[name])
     if not runs:
-        raise RuntimeError("no pass of these workloads runs a CLBlast GEMM on this device: nothing to tune")
+        raise NothingToTune("no pass of these workloads runs a CLBlast GEMM on this device: nothing to tune")
 
     def measure():
         """Per-pass ms (best of ``repeat`` batches) and each pass's result."""

@@ -4,7 +4,8 @@
 // padded into an FH x FW frame (x[y][x] at frame row y + PT, column x + PL, zeros around) no
 // output index wraps, so with X, W the 2-D DFTs of the frame and of the (dilated) filter,
 //   forward       Y[n][k]  = sum_c X[n][c] conj(W[k][c])      y = IDFT(Y), top-left OH x OW
-//   grad-weight   dW[k][c] = sum_n X[n][c] conj(DY[n][k])     dw = IDFT(dW), top-left taps
+//   grad-weight   dW[k][c] = sum_n X[n][c] conj(DY[n][k])     dw = IDFT(dW) on the filter's
+//                                                             (dilated) tap grid
 // (grad-input is the forward pass of the transposed convolution). Real data have Hermitian
 // spectra: only the FH x (FW/2 + 1) frequencies f = fy * HW + fx are kept.
 //

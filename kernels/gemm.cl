@@ -43,7 +43,9 @@
 #define WG (WX * WY)
 #define A_PER (TM * TK / WG)        // A values each work-item stages per slice
 #define B_PER (TN * TK / WG)
-#define PAD 4                       // keeps the transposing local stores off one bank, rows 16-byte aligned
+#ifndef PAD                         // keeps the transposing local stores off one bank, rows 16-byte aligned
+#define PAD 4
+#endif
 #if TM % 8 || TN % 8 || (TM * TK) % WG || (TN * TK) % WG
 #error "each work-item must stage whole parts of a slice: TM and TN multiples of 8 dividing TK * 64"
 #endif

@@ -9,6 +9,7 @@ import pytest
 
 import clconv
 from clconv import reference
+from clconv.device import has_fp64
 from clconv.geometry import conv_geometry
 from clconv.plan import ALGORITHMS
 from helpers import CASES, Case, assert_close
@@ -203,7 +204,7 @@ def test_fft_chunks_float64_and_workspace_limit(queue):
     opts = case.options
     one = clconv.plan((1,) + case.input_shape[1:], case.weight_shape, **opts, queue=queue, algorithm="fft")
     limit = one.workspace_bytes
-    dtypes = [np.float32] + ([np.float64] if "cl_khr_fp64" in queue.device.extensions else [])
+    dtypes = [np.float32] + ([np.float64] if has_fp64(queue.device) else [])
     for dtype in dtypes:
         x, w, b, dy = case.data(dtype)
         p = clconv.plan(x.shape, w.shape, **opts, dtype=dtype, queue=queue, algorithm="fft",
@@ -213,7 +214,8 @@ def test_fft_chunks_float64_and_workspace_limit(queue):
         assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), dtype, "grad-input")
         assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **opts), dtype, "grad-weight")
     with pytest.raises(ValueError, match="FFT workspace bytes, above the limit"):
-        clconv.plan(case.input_shape, case.weight_shape, **opts, queue=queue, algorithm="fft", workspace_limit=limit - 4)
+        clconv.plan(case.input_shape, case.weight_shape, **opts, queue=queue, algorithm="fft",
+                    workspace_limit=limit - 4)
 
 
 @pytest.mark.parametrize("case", [

@@ -21,7 +21,7 @@ import numpy as np
 import pyopencl as cl
 from pyopencl.tools import context_dependent_memoize
 
-from ..programs import INT32_MAX, ClconvError, get_kernel, launch
+from ..programs import INT32_MAX, ClconvError, get_kernel, launch, work_group_limit
 from .common import Ref, idx_for, position_gemm
 
 MAX_FRAME = 64        # frame side, at most: one frame row lives in a work-item's registers
@@ -93,8 +93,10 @@ class FFT:
             return False, (f"fewer than {MIN_CHANNELS} channels or filters per group (Cg = {g.Cg}, Kg = {g.Kg}): "
                            "its per-frequency GEMMs would be too thin")
         fft = multiplications_per_output(g, pass_name)
-        other, name = (36 / (7 - g.kh) ** 2, "Winograd") if (g.kh, g.kw) in ((3, 3), (5, 5)) else (g.kh * g.kw,
-                                                                                                    "im2col")
+        if (g.kh, g.kw) in ((3, 3), (5, 5)):
+            other, name = 36 / (7 - g.kh) ** 2, "Winograd"
+        else:
+            other, name = g.kh * g.kw, "im2col"
         if fft > other / 2:
             return False, (f"{fft:.1f} multiplications per output, more than half of {name}'s {other:.1f}: "
                            "not worth its transforms")
@@ -153,9 +155,9 @@ class FFT:
     def _kernel(self, queue, name, idx):
         knl = get_kernel(queue.context, "fft.cl", name, self.dtype, IDX=idx, FH=self.fh, FW=self.fw,
                          NB=self.nb, NBO=self.nbo)
-        need = {"fft_image": self.nb * self.fh, "fft_output": self.nbo * self.fh}.get(name, 0)
-        if need:
-            allowed = knl.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, queue.device)
+        if name != "fft_filter":
+            need = (self.nb if name == "fft_image" else self.nbo) * self.fh
+            allowed = work_group_limit(knl, queue.device)
             if allowed < need:
                 raise ClconvError(f"clconv: {name} for {self.fh}x{self.fw} frames needs work-groups of "
                                   f"{need}, the device allows {allowed}")

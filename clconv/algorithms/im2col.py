@@ -41,7 +41,8 @@ class Im2col:
         # GPUs take up to 4x more, 4x shorter slices: more work-groups for few outputs (H200,
         # 7x7 stem: its GEMM 0.034 ms of device time in 196 slices, 0.055 in 49)
         gpu = bool(device.type & cl.device_type.GPU)
-        self.max_slices = max_slices(g.K * g.Kd, g.N * g.P, *((GPU_MIN_SLICE, GPU_MAX_SLICES) if gpu else ()))
+        self.max_slices = (max_slices(g.K * g.Kd, g.N * g.P, GPU_MIN_SLICE, GPU_MAX_SLICES) if gpu
+                           else max_slices(g.K * g.Kd, g.N * g.P))
         partials = self.max_slices * g.K * g.Kd if self.max_slices > 1 else 0
         if (per_image + partials) * itemsize > workspace_limit:
             raise ValueError(f"one image of input {list(g.input_shape)} with weight {list(g.weight_shape)} needs "

@@ -17,9 +17,8 @@ The 36 tile positions t (times the S slices of a split grad-weight) times the gr
 the batch of one batched GEMM (their operands are evenly spaced offsets into
 the workspace); with per-group queues, each group's GEMMs run on its own queue.
 """
-import pyopencl as cl
 
-from ..programs import INT32_MAX, get_kernel, launch
+from ..programs import INT32_MAX, get_kernel, launch, reduction_work_group, work_group_limit
 from .common import Ref, idx_for, largest_divisor_at_most, max_slices, position_gemm, sum_partials
 
 ALPHA = 6                 # transformed values per tile side: F(4x4, 3x3) and F(2x2, 5x5)
@@ -60,7 +59,6 @@ class Winograd:
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False):
         self.g, self.dtype, self.per_group = g, dtype, per_group
-        self._locals = {}   # kernel -> its work-group
         self.tile = ALPHA + 1 - g.kh    # outputs per tile side
         # each pass runs over a convolution geometry: grad-input over the transposed one
         self.geometry = {"forward": g, "backward_input": g.transposed(), "backward_weight": g}
@@ -131,13 +129,10 @@ class Winograd:
     def _kernel(self, queue, name, idx):
         return get_kernel(queue.context, "winograd.cl", name, self.dtype, IDX=idx, FR=self.g.kh)
 
-    def _local(self, kernel, device):
+    @staticmethod
+    def _local(kernel, device):
         """A transform kernel's work-group: up to LOCAL, within what the kernel allows on ``device``."""
-        local = self._locals.get(kernel)
-        if local is None:
-            limit = min(LOCAL, kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device))
-            local = self._locals[kernel] = (1 << (limit.bit_length() - 1), 1)
-        return local
+        return reduction_work_group(device, min(LOCAL, work_group_limit(kernel, device))), 1
 
     def _input(self, queue, idx, pass_name, x, n0, nb, ws, at, slices=1):
         """V (slices, 36, C, nb * tiles / slices) at ``at`` from images n0 ... n0+nb-1 of ``x``."""
