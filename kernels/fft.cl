@@ -34,19 +34,24 @@
 #define NB 8
 #endif
 #ifndef NBO            // and of the output transforms
-#define NBO 4
+#define NBO 8
 #endif
 #define HW (FW / 2 + 1)                 // kept columns of a spectrum
 #define FT (FH > FW ? FH : FW)          // twiddle table length
-
-// tw[j] = exp(-2 pi i j / FT), j < n, filled by the whole work-group (id of count)
-inline void twiddles(__local REAL* twr, __local REAL* twi, const int n, const int id, const int count)
-{
-    for (int j = id; j < n; j += count) {
-        twr[j] = cospi((REAL)(2 * j) / FT);
-        twi[j] = -sinpi((REAL)(2 * j) / FT);
-    }
-}
+#ifndef TW_RE          // the twiddles exp(-2 pi i j / FT), j < FT, as literals from the host (FT = 32 here)
+#define TW_RE 1.0f, 0.98078528f, 0.92387953f, 0.83146961f, 0.70710678f, 0.55557023f, 0.38268343f, 0.19509032f, \
+    0.0f, -0.19509032f, -0.38268343f, -0.55557023f, -0.70710678f, -0.83146961f, -0.92387953f, -0.98078528f, \
+    -1.0f, -0.98078528f, -0.92387953f, -0.83146961f, -0.70710678f, -0.55557023f, -0.38268343f, -0.19509032f, \
+    0.0f, 0.19509032f, 0.38268343f, 0.55557023f, 0.70710678f, 0.83146961f, 0.92387953f, 0.98078528f
+#define TW_IM 0.0f, -0.19509032f, -0.38268343f, -0.55557023f, -0.70710678f, -0.83146961f, -0.92387953f, \
+    -0.98078528f, -1.0f, -0.98078528f, -0.92387953f, -0.83146961f, -0.70710678f, -0.55557023f, -0.38268343f, \
+    -0.19509032f, 0.0f, 0.19509032f, 0.38268343f, 0.55557023f, 0.70710678f, 0.83146961f, 0.92387953f, \
+    0.98078528f, 1.0f, 0.98078528f, 0.92387953f, 0.83146961f, 0.70710678f, 0.55557023f, 0.38268343f, 0.19509032f
+#endif
+// In constant memory: read at constant indices (the FFTs, once unrolled) they fold into the
+// code as immediates; the filter transform reads them at indices uniform across a warp.
+__constant REAL TWR[FT] = {TW_RE};
+__constant REAL TWI[FT] = {TW_IM};
 
 #define LOG2(n) ((n) >= 64 ? 6 : (n) >= 32 ? 5 : (n) >= 16 ? 4 : (n) >= 8 ? 3 : (n) >= 4 ? 2 : 1)
 
@@ -59,9 +64,8 @@ inline int reverse_bits(int i, const int bits)
 
 // In-place DFT of length n (a power of two dividing FT, at most 64) of re[] + i im[]: radix 2,
 // decimation in time. Every loop has a constant trip count, so once unrolled every index is a
-// constant and the arrays stay in registers.
-static inline __attribute__((always_inline)) void fft(REAL* re, REAL* im, const int n,
-                                                      __local const REAL* twr, __local const REAL* twi)
+// constant, the arrays stay in registers and the twiddles are immediates (those of 1 skipped).
+static inline __attribute__((always_inline)) void fft(REAL* re, REAL* im, const int n)
 {
     const int bits = LOG2(n);
     #pragma unroll
@@ -78,77 +82,101 @@ static inline __attribute__((always_inline)) void fft(REAL* re, REAL* im, const 
         for (int j = 0; j < n / 2; ++j) {   // butterfly j joins a and a + span, span = 2^stage
             const int span = 1 << stage, k = j & (span - 1);
             const int a = ((j >> stage) << (stage + 1)) + k, b = a + span;
-            const REAL wr = twr[k * (FT >> (stage + 1))], wi = twi[k * (FT >> (stage + 1))];
-            const REAL tr = re[b] * wr - im[b] * wi, ti = re[b] * wi + im[b] * wr;
+            REAL tr = re[b], ti = im[b];
+            if (k) {
+                const REAL wr = TWR[k * (FT >> (stage + 1))], wi = TWI[k * (FT >> (stage + 1))];
+                tr = re[b] * wr - im[b] * wi;
+                ti = re[b] * wi + im[b] * wr;
+            }
             re[b] = re[a] - tr; im[b] = im[a] - ti;
             re[a] += tr; im[a] += ti;
         }
     }
 }
 
+// Two real sequences a, b at the cost of one complex DFT: with z = a + i b, Z = DFT(z) and
+// j = (n - k) % n, A[k] = (Z[k] + conj Z[j]) / 2 and B[k] = (Z[k] - conj Z[j]) / 2i.
+
 // The spectra of B images of C channels, each H x W placed at (PT, PL) in the frame, into S
 // at s_off: rotated rows as well when `rotated` (then C = G * Cg). 3-D range: images
-// (rounded up to NB), FH, channels; work-group NB x FH x 1: NB images of one channel.
+// (rounded up to NB), FH / 2, channels; work-group NB x FH/2 x 1: NB images of one channel.
+// Work-item (b, r) transforms frame rows 2r and 2r + 1 of image b as one complex row, then
+// the columns r, r + FH/2, ... below FW/2, column 0 (real) carrying the real column FW/2.
 __kernel void fft_image(__global const REAL* restrict x, const IDX x_off,
                         __global REAL* restrict s, const IDX s_off,
                         const int B, const int C, const int H, const int W, const int PT, const int PL,
                         const int Cg, const int rotated)
 {
-    __local REAL twr[FT / 2], twi[FT / 2];
     __local REAL spec[2][FH][HW][NB];   // first the NB planes as read, then their row transforms
     __local REAL* plane = &spec[0][0][0][0];
     const int b = get_local_id(0), r = get_local_id(1), id = r * NB + b;
     const int n = get_global_id(0), c = get_global_id(2), n0 = get_group_id(0) * NB;
-    twiddles(twr, twi, FT / 2, id, NB * FH);
     // the NB planes, each read whole and in order (H x W fits in its share: H <= FH, W <= FW)
     const int HWn = H * W;
-    for (int e = id; e < NB * HWn; e += NB * FH) {
+    for (int e = id; e < NB * HWn; e += NB * FH / 2) {
         const int p = e / HWn;
         plane[e] = n0 + p < B ? x[x_off + ((IDX)(n0 + p) * C + c) * HWn + e - p * HWn] : (REAL)0;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 
-    // frame row r of plane b
+    // frame rows 2r (as the real part) and 2r + 1 (the imaginary part) of plane b
     REAL re[FW], im[FW];
-    const int y = r - PT;
-    const bool live = n < B && y >= 0 && y < H;
+    const int y = 2 * r - PT;
+    const bool live0 = n < B && y >= 0 && y < H, live1 = n < B && y + 1 >= 0 && y + 1 < H;
     #pragma unroll
     for (int i = 0; i < FW; ++i) {
         const int xx = i - PL;
-        re[i] = (live && xx >= 0 && xx < W) ? plane[b * HWn + y * W + xx] : (REAL)0;
-        im[i] = 0;
+        const bool in = xx >= 0 && xx < W;
+        re[i] = live0 && in ? plane[b * HWn + y * W + xx] : (REAL)0;
+        im[i] = live1 && in ? plane[b * HWn + (y + 1) * W + xx] : (REAL)0;
     }
-    if (live)
-        fft(re, im, FW, twr, twi);
+    if (live0 || live1)
+        fft(re, im, FW);
     barrier(CLK_LOCAL_MEM_FENCE);
     #pragma unroll
     for (int i = 0; i < HW; ++i) {
-        spec[0][r][i][b] = re[i];
-        spec[1][r][i][b] = im[i];
+        const int j = (FW - i) % FW;
+        spec[0][2 * r][i][b] = (re[i] + re[j]) * (REAL)0.5;
+        spec[1][2 * r][i][b] = (im[i] - im[j]) * (REAL)0.5;
+        spec[0][2 * r + 1][i][b] = (im[i] + im[j]) * (REAL)0.5;
+        spec[1][2 * r + 1][i][b] = (re[j] - re[i]) * (REAL)0.5;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 
-    // columns r, r + FH, ...
     if (n >= B) return;
     const int rows = rotated ? 2 * C : C;
     const int row = rotated ? c + c / Cg * Cg : c;
-    const IDX fstep = (IDX)rows * 2 * B;
-    for (int fx = r; fx < HW; fx += FH) {
+    const IDX fstep = (IDX)rows * 2 * B, rot = (IDX)Cg * 2 * B;
+    for (int t = r; t < FW / 2; t += FH / 2) {
         REAL cre[FH], cim[FH];
         #pragma unroll
         for (int i = 0; i < FH; ++i) {
-            cre[i] = spec[0][i][fx][b];
-            cim[i] = spec[1][i][fx][b];
+            cre[i] = spec[0][i][t][b];
+            cim[i] = t ? spec[1][i][t][b] : spec[0][i][FW / 2][b];
         }
-        fft(cre, cim, FH, twr, twi);
-        IDX dst = s_off + ((IDX)fx * rows + row) * 2 * B + n;
+        fft(cre, cim, FH);
+        IDX dst = s_off + ((IDX)t * rows + row) * 2 * B + n;
+        const IDX nyquist = (IDX)(FW / 2) * fstep;   // column FW/2 from column 0
         #pragma unroll
         for (int fy = 0; fy < FH; ++fy, dst += HW * fstep) {
-            s[dst] = cre[fy];
-            s[dst + B] = cim[fy];
+            const int j = (FH - fy) % FH;
+            REAL vr = cre[fy], vi = cim[fy];
+            if (!t) {
+                const REAL nr = (cim[fy] + cim[j]) * (REAL)0.5, ni = (cre[j] - cre[fy]) * (REAL)0.5;
+                vr = (cre[fy] + cre[j]) * (REAL)0.5;
+                vi = (cim[fy] - cim[j]) * (REAL)0.5;
+                s[dst + nyquist] = nr;
+                s[dst + nyquist + B] = ni;
+                if (rotated) {
+                    s[dst + nyquist + rot] = ni;
+                    s[dst + nyquist + rot + B] = -nr;
+                }
+            }
+            s[dst] = vr;
+            s[dst + B] = vi;
             if (rotated) {
-                s[dst + (IDX)Cg * 2 * B] = cim[fy];
-                s[dst + (IDX)Cg * 2 * B + B] = -cre[fy];
+                s[dst + rot] = vi;
+                s[dst + rot + B] = -vr;
             }
         }
     }
@@ -158,10 +186,9 @@ __kernel void fft_image(__global const REAL* restrict x, const IDX x_off,
 // `flip`: of the transposed convolution (filter k, channel ci read from filter ci of k's group,
 // channel k % Ko, taps reversed). Direct sums, separable: per filter row u, its taps' sum at
 // column frequency fx, then that times exp(-2 pi i fy u DH / FH) into each row frequency fy.
-// Phase factors from the host's table tw[j] = exp(-2 pi i j / FT), j < FT. 3-D range: ci, fx (HW), k.
+// 3-D range: ci, fx (HW), k.
 __kernel void fft_filter(__global const REAL* restrict w, const IDX w_off,
                          __global REAL* restrict ws, const IDX ws_off,
-                         __global const REAL* restrict twr, __global const REAL* restrict twi,
                          const int K, const int Ko, const int Ci, const int KH, const int KW,
                          const int DH, const int DW, const int flip)
 {
@@ -178,14 +205,14 @@ __kernel void fft_filter(__global const REAL* restrict w, const IDX w_off,
         for (int v = 0; v < KW; ++v) {
             const REAL tap = flip ? g[KH * KW - 1 - KW * u - v] : g[KW * u + v];
             const int j = fx * v * DW % FW * (FT / FW);
-            rr += tap * twr[j];
-            ri += tap * twi[j];
+            rr += tap * TWR[j];
+            ri += tap * TWI[j];
         }
         #pragma unroll
         for (int fy = 0; fy < FH; ++fy) {
             const int j = fy * u * DH % FH * (FT / FH);
-            sr[fy] += rr * twr[j] - ri * twi[j];
-            si[fy] += rr * twi[j] + ri * twr[j];
+            sr[fy] += rr * TWR[j] - ri * TWI[j];
+            si[fy] += rr * TWI[j] + ri * TWR[j];
         }
     }
     IDX dst = ws_off + ((IDX)fx * K + k) * 2 * Ci + ci;
@@ -200,66 +227,78 @@ __kernel void fft_filter(__global const REAL* restrict w, const IDX w_off,
 // DW, ... (+ bias[k]), from S (plain rows, K of them), output (n, k) at y + n * SN + k * SK.
 // The convolutions' outputs are the top-left of the frame (DH = DW = 1); the grad-weight's
 // taps are its dilated filter grid, with n the channel. Overwrites y. 3-D range: images
-// (rounded up to NBO), FH, K; work-group NBO x FH x 1: NBO images of one output channel.
+// (rounded up to NBO), FH / 2, K; work-group NBO x FH/2 x 1: NBO images of one output channel.
+// Inverse DFTs as conj(DFT(conj(.))). Work-item (b, r) inverts columns r, r + FH/2, ... below
+// FW/2 (column 0 carrying column FW/2: both invert to real columns), then output rows 2r and
+// 2r + 1 as one complex row (both real: the second rides as the imaginary part).
 __kernel void fft_output(__global const REAL* restrict s, const IDX s_off,
                          __global REAL* restrict y, const IDX y_off,
                          __global const REAL* restrict bias, const IDX bias_off, const int has_bias,
                          const int B, const int K, const int OH, const int OW, const IDX SN, const IDX SK,
                          const int DH, const int DW)
 {
-    __local REAL twr[FT / 2], twi[FT / 2];
     __local REAL spec[2][FH][HW][NBO];   // column transforms of the NBO spectra, then the outputs
     __local REAL* plane = &spec[0][0][0][0];
     const int b = get_local_id(0), r = get_local_id(1), id = r * NBO + b;
     const int n = get_global_id(0), k = get_global_id(2), n0 = get_group_id(0) * NBO;
-    twiddles(twr, twi, FT / 2, id, NBO * FH);
-    barrier(CLK_LOCAL_MEM_FENCE);
 
-    // inverse DFTs of columns r, r + FH, ...: conj(DFT(conj(.)))
     const IDX fstep = (IDX)K * 2 * B;
-    for (int fx = r; fx < HW; fx += FH) {
+    for (int t = r; t < FW / 2; t += FH / 2) {
         REAL cre[FH], cim[FH];
-        IDX src = s_off + ((IDX)fx * K + k) * 2 * B + n;
+        IDX src = s_off + ((IDX)t * K + k) * 2 * B + n;
+        const IDX nyquist = (IDX)(FW / 2) * fstep;   // column FW/2 from column 0
         #pragma unroll
         for (int fy = 0; fy < FH; ++fy, src += HW * fstep) {
-            cre[fy] = n < B ? s[src] : (REAL)0;
-            cim[fy] = n < B ? -s[src + B] : (REAL)0;
+            REAL vr = n < B ? s[src] : (REAL)0, vi = n < B ? s[src + B] : (REAL)0;
+            if (!t && n < B) {   // column 0 + i column FW/2
+                vr -= s[src + nyquist + B];
+                vi += s[src + nyquist];
+            }
+            cre[fy] = vr;
+            cim[fy] = -vi;
         }
-        fft(cre, cim, FH, twr, twi);
+        fft(cre, cim, FH);
         #pragma unroll
         for (int i = 0; i < FH; ++i) {
-            spec[0][i][fx][b] = cre[i];
-            spec[1][i][fx][b] = -cim[i];
+            spec[0][i][t][b] = cre[i];
+            spec[1][i][t][b] = t ? -cim[i] : (REAL)0;
+            if (!t) {
+                spec[0][i][FW / 2][b] = -cim[i];
+                spec[1][i][FW / 2][b] = 0;
+            }
         }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 
-    // output row r, frame row r * DH: the full row from its Hermitian half, inverse DFT, real part
-    const bool live = r < OH;
-    const int fr = live ? r * DH : 0;
+    // output rows 2r and 2r + 1, frame rows 2r * DH and (2r + 1) * DH: conj of Z = A + i B,
+    // each full row from its Hermitian half
+    const bool live0 = 2 * r < OH, live1 = 2 * r + 1 < OH;
+    const int fa = live0 ? 2 * r * DH : 0, fb = live1 ? (2 * r + 1) * DH : 0;
     REAL re[FW], im[FW];
     #pragma unroll
-    for (int i = 0; i < HW; ++i) {
-        re[i] = spec[0][fr][i][b];
-        im[i] = -spec[1][fr][i][b];
+    for (int i = 0; i < FW; ++i) {
+        const int m = i < HW ? i : FW - i, sign = i < HW ? 1 : -1;
+        const REAL ar = spec[0][fa][m][b], ai = sign * spec[1][fa][m][b];
+        const REAL br = live1 ? spec[0][fb][m][b] : (REAL)0, bi = live1 ? sign * spec[1][fb][m][b] : (REAL)0;
+        re[i] = ar - bi;
+        im[i] = -(ai + br);
     }
-    #pragma unroll
-    for (int i = HW; i < FW; ++i) {
-        re[i] = spec[0][fr][FW - i][b];
-        im[i] = spec[1][fr][FW - i][b];
-    }
-    if (live)
-        fft(re, im, FW, twr, twi);
+    if (live0)
+        fft(re, im, FW);
     barrier(CLK_LOCAL_MEM_FENCE);
     // the NBO output planes, each OH x OW (fits: OH <= FH, OW <= FW), then written whole and in order
     const int HWn = OH * OW;
     const REAL b0 = has_bias ? bias[bias_off + k] : (REAL)0;
     #pragma unroll
-    for (int i = 0; i < FW; ++i)   // constant indices into re[]: the array stays in registers
-        if (live && i % DW == 0 && i / DW < OW)
-            plane[b * HWn + r * OW + i / DW] = re[i] / (FH * FW) + b0;
+    for (int i = 0; i < FW; ++i)   // constant indices into re[], im[]: the arrays stay in registers
+        if (i % DW == 0 && i / DW < OW) {
+            if (live0)
+                plane[b * HWn + 2 * r * OW + i / DW] = re[i] / (FH * FW) + b0;
+            if (live1)
+                plane[b * HWn + (2 * r + 1) * OW + i / DW] = -im[i] / (FH * FW) + b0;
+        }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int e = id; e < NBO * HWn; e += NBO * FH) {
+    for (int e = id; e < NBO * HWn; e += NBO * FH / 2) {
         const int p = e / HWn;
         if (n0 + p < B)
             y[y_off + (n0 + p) * SN + k * SK + e - p * HWn] = plane[e];

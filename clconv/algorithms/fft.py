@@ -17,9 +17,10 @@ The F frequencies times the groups are the batch of one batched GEMM; with per-g
 each group's GEMMs run on its own queue. Grad-weight sums over 2 x (images per chunk) per
 GEMM, chunks added on.
 """
+import functools
+
 import numpy as np
 import pyopencl as cl
-from pyopencl.tools import context_dependent_memoize
 
 from ..programs import INT32_MAX, ClconvError, get_kernel, launch, work_group_limit
 from .common import Ref, idx_for, position_gemm
@@ -39,12 +40,16 @@ def _pow2_at_least(n):
     return 1 << max(0, (n - 1).bit_length())
 
 
-@context_dependent_memoize
-def _phases(context, n, dtype):
-    """Device buffers of cos(2 pi j / n) and -sin(2 pi j / n), j < n (the filter transform's table)."""
+@functools.lru_cache(maxsize=None)
+def _twiddles(n, dtype):
+    """#defines TW_RE and TW_IM: cos(2 pi j / n) and -sin(2 pi j / n), j < n, as C literals of ``dtype``."""
     angles = 2 * np.pi * np.arange(n) / n
-    return tuple(cl.Buffer(context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=v.astype(dtype))
-                 for v in (np.cos(angles), -np.sin(angles)))
+    suffix = "f" if dtype == np.float32 else ""
+    literals = {}
+    for name, values in (("TW_RE", np.cos(angles)), ("TW_IM", -np.sin(angles))):
+        values[np.abs(values) < 1e-12] = 0.0   # exact zeros where the angle is a multiple of pi / 2
+        literals[name] = ", ".join(f"{float(v)!r}{suffix}" for v in values)
+    return literals
 
 
 def frame(g):
@@ -106,15 +111,15 @@ class FFT:
         self.g, self.dtype, self.per_group = g, dtype, per_group
         self.fh, self.fw = frame(g)
         self.F = _frequencies(g)
-        # images per work-group of the image and of the output transforms: within MAX_GROUP
-        # work-items and the device's local memory (each frame's half spectrum, real and
-        # imaginary parts). More images per group make longer runs in the spectra's rows (H200,
-        # AlexNet conv2: image transforms 1.4x faster with 8 than 4), but the output transform
-        # was fastest with 4 (1.3x faster than 8).
+        # images per work-group of the image and of the output transforms (FH/2 work-items
+        # each): within MAX_GROUP work-items and the device's local memory (each frame's half
+        # spectrum, real and imaginary parts). More images per group make longer runs in the
+        # spectra's rows (H200, AlexNet conv2: image transforms 3-4x faster with 8 than 4);
+        # the output transforms take at most 8 (8 and 4 within 10%).
         spectrum = 2 * self.fh * (self.fw // 2 + 1) * dtype.itemsize
-        fits = [nb for nb in (8, 4, 2, 1) if nb == 1 or (
-            nb * self.fh <= min(MAX_GROUP, device.max_work_group_size) and nb * spectrum <= device.local_mem_size // 2)]
-        self.nb, self.nbo = fits[0], min(4, fits[0])
+        fits = [nb for nb in (16, 8, 4, 2, 1) if nb == 1 or (
+            nb * self.fh // 2 <= min(MAX_GROUP, device.max_work_group_size) and nb * spectrum <= device.local_mem_size)]
+        self.nb, self.nbo = fits[0], min(8, fits[0])
         # each pass runs over a convolution geometry: grad-input over the transposed one
         self.geometry = {"forward": g, "backward_input": g.transposed(), "backward_weight": g}
         self.chunk, self.layout, self.workspace = {}, {}, {}
@@ -154,9 +159,9 @@ class FFT:
 
     def _kernel(self, queue, name, idx):
         knl = get_kernel(queue.context, "fft.cl", name, self.dtype, IDX=idx, FH=self.fh, FW=self.fw,
-                         NB=self.nb, NBO=self.nbo)
+                         NB=self.nb, NBO=self.nbo, **_twiddles(max(self.fh, self.fw), self.dtype))
         if name != "fft_filter":
-            need = (self.nb if name == "fft_image" else self.nbo) * self.fh
+            need = (self.nb if name == "fft_image" else self.nbo) * self.fh // 2
             allowed = work_group_limit(knl, queue.device)
             if allowed < need:
                 raise ClconvError(f"clconv: {name} for {self.fh}x{self.fw} frames needs work-groups of "
@@ -167,7 +172,7 @@ class FFT:
         """Spectra (F, rows, 2 nb) at ``at`` of images n0 ... n0+nb-1 of ``x`` (C channels of
         H x W at (top, left) = ``pads`` in the frame), with rotated rows (groups of Cg) when
         ``rotated``."""
-        launch(queue, self._kernel(queue, "fft_image", idx), (nb, self.fh, C), (self.nb, self.fh, 1),
+        launch(queue, self._kernel(queue, "fft_image", idx), (nb, self.fh // 2, C), (self.nb, self.fh // 2, 1),
                x.buf, x.off + n0 * C * H * W, ws, at, nb, C, H, W, *pads, Cg, int(rotated),
                what=f"{what}: image transform")
 
@@ -182,9 +187,8 @@ class FFT:
         t, B = self.geometry[pass_name], self.chunk[pass_name]
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
         u, m = self.layout[pass_name]
-        twr, twi = _phases(queue.context, max(self.fh, self.fw), self.dtype)
         launch(queue, self._kernel(queue, "fft_filter", idx), (t.Cg, self.fw // 2 + 1, t.K), None, w.buf, w.off, ws,
-               u, twr, twi, t.K, t.Kg, t.Cg, t.kh, t.kw, *t.dilation, int(pass_name == "backward_input"),
+               u, t.K, t.Kg, t.Cg, t.kh, t.kw, *t.dilation, int(pass_name == "backward_input"),
                what=f"{what}: filter transform")
         output = self._kernel(queue, "fft_output", idx)
         b = bias if bias is not None else w
@@ -195,7 +199,7 @@ class FFT:
             # per (frequency, group): Y (Kg, 2nb) = W (Kg, 2Cg) @ X rotated (2Cg, 2nb)
             self._gemm(queue, ws, t, t.Kg, 2 * nb, 2 * t.Cg, (u, 0, m),
                        (t.Kg * 2 * t.Cg, 2 * t.Cg * 2 * nb, t.Kg * 2 * nb), (2 * t.Cg, 2 * nb, 2 * nb), what=what)
-            launch(queue, output, (nb, self.fh, t.K), (self.nbo, self.fh, 1), ws, m,
+            launch(queue, output, (nb, self.fh // 2, t.K), (self.nbo, self.fh // 2, 1), ws, m,
                    y.buf, y.off + n0 * t.K * t.OH * t.OW, b.buf, b.off, int(bias is not None), nb, t.K, t.OH, t.OW,
                    t.K * t.OH * t.OW, t.OH * t.OW, 1, 1, what=f"{what}: output transform")
 
@@ -222,6 +226,6 @@ class FFT:
         # the taps: IDFT(dW) on the dilated filter grid, as the output transform with the
         # channels for images: tap (ci, k) to dw (k, ci)
         taps = t.kh * t.kw
-        launch(queue, self._kernel(queue, "fft_output", idx), (t.Cg, self.fh, t.K), (self.nbo, self.fh, 1),
+        launch(queue, self._kernel(queue, "fft_output", idx), (t.Cg, self.fh // 2, t.K), (self.nbo, self.fh // 2, 1),
                ws, s, dw.buf, dw.off, dw.buf, dw.off, 0, t.Cg, t.K, t.kh, t.kw, taps, t.Cg * taps, *t.dilation,
                what=f"{what}: filter transform")
