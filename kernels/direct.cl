@@ -81,12 +81,16 @@
 #ifndef STAGE          // 1: stage each tile's patch in local memory (GPUs); 0: read global memory
 #define STAGE 1        //    directly, with no barriers (CPU devices, where caches do the staging)
 #endif
+#ifndef WSTAGE         // 1 (with STAGE): the forward's weights too, when they fit
+#define WSTAGE 1
+#endif
 
 // y[n, k, oy, ox] = bias[k] + sum over c < CG, i, j of
 //                   w[k, c, i, j] * x[n, (k / KG) * CG + c, oy*SH - PT + i*DH, ox*SW - PL + j*DW]
 // Work-group: a TX x TY output tile of KB planes (n, k0..k0+KB-1) of one group, group
-// id 2 = n * K / KB + k0 / KB; for each input channel of the group, the patch under
-// the tile is staged in local memory once and read by every tap of the KB filters.
+// id 2 = n * K / KB + k0 / KB; the KB filters' weights are staged in local memory, and
+// for each input channel of the group, the patch under the tile, read by every tap of
+// the KB filters.
 // FLIP: for stride 1, grad-input is this same sum over dy with each group's weight
 // transposed (its KG filters become the channels) and rotated by 180 degrees; the
 // host passes the transposed geometry (x = dy, y = dx, pads (KH-1)*DH - PT, ...),
@@ -119,6 +123,16 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
     REAL acc[KB][RY];
     for (int b = 0; b < KB; ++b)
         for (int r = 0; r < RY; ++r) acc[b][r] = has_bias ? bias[bias_off + k0 + b] : (REAL)0;
+#if STAGE && WSTAGE
+    __local REAL wl[CG * KH * KW][KB];   // the KB filters' weights, tap by tap
+    for (int e = lid; e < CG * KH * KW * KB; e += TX * TY) {   // read after the first barrier below
+        const int b = e % KB, ct = e / KB, c = ct / (KH * KW), t = ct % (KH * KW);
+        wl[ct][b] = w[w_off + WBASE(k0 + b, c) + TAP(t / KW, t % KW)];
+    }
+#define WEIGHT(b, c, i, j) wl[((c) * KH + (i)) * KW + (j)][b]
+#else
+#define WEIGHT(b, c, i, j) w[w_off + WBASE(k0 + (b), c) + TAP(i, j)]
+#endif
     for (int c = 0; c < CG; ++c) {
         const IDX xb = x_off + ((IDX)n * C + c0 + c) * H * W;
 #if STAGE
@@ -133,7 +147,7 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
                 REAL v[RY];    // each tap: RY patch values and KB weights, KB * RY products
                 for (int r = 0; r < RY; ++r) v[r] = patch[(ly + r * TY) * SH + i * DH][lx * SW + j * DW];
                 for (int b = 0; b < KB; ++b) {
-                    const REAL wv = w[w_off + WBASE(k0 + b, c) + TAP(i, j)];
+                    const REAL wv = WEIGHT(b, c, i, j);
                     for (int r = 0; r < RY; ++r) acc[b][r] += wv * v[r];
                 }
             }
@@ -148,7 +162,7 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
                     if (ix < 0 || ix >= W) continue;
                     const REAL v = x[xb + iy * W + ix];
                     for (int b = 0; b < KB; ++b)
-                        acc[b][r] += w[w_off + WBASE(k0 + b, c) + TAP(i, j)] * v;
+                        acc[b][r] += WEIGHT(b, c, i, j) * v;
                 }
             }
 #endif
