@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 import pyopencl as cl
+from pyopencl.tools import context_dependent_memoize
 
 from .programs import ClconvError, get_kernel, index_type, launch
 
@@ -90,6 +91,13 @@ def tile(device, m, n, count, itemsize=4):
     return min(fitting, key=cost)[0] if fitting else None
 
 
+@context_dependent_memoize
+def _kernel(context, dtype, tm, tn, a_transp, b_transp, idx):
+    """The GEMM kernel for a TM x TN tile (looked up on every call: positional and memoised)."""
+    return get_kernel(context, "gemm.cl", "gemm", dtype, TM=tm, TN=tn, TK=TK, PAD=PAD, A_TRANSP=int(a_transp),
+                      B_TRANSP=int(b_transp), IDX=idx)
+
+
 def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, offsets, si, sj, lds, *, alpha=1.0, beta=0.0,
               a_transp=False, b_transp=False, what=""):
     """C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j] for i < gi, j < gj, in one launch.
@@ -104,9 +112,10 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, offsets, si, sj, lds, *, a
         raise ClconvError(f"clconv: {what}: no tile of clconv's GEMM kernel fits {queue.device.name.strip()} "
                           f"(work-group and local-memory limits); unset CLCONV_GEMM=clconv to use CLBlast's")
     tm, tn = chosen
-    idx = index_type(a.size // itemsize, b.size // itemsize, c.size // itemsize)
-    kernel = get_kernel(queue.context, "gemm.cl", "gemm", dtype, TM=tm, TN=tn, TK=TK, PAD=PAD, A_TRANSP=int(a_transp),
-                        B_TRANSP=int(b_transp), IDX=idx)
+    shapes = ((k, m) if a_transp else (m, k), (n, k) if b_transp else (k, n), (m, n))   # as stored, row-major
+    idx = index_type(*(off + (gi - 1) * i + (gj - 1) * j + (rows - 1) * ld + cols
+                       for off, i, j, (rows, cols), ld in zip(offsets, si, sj, shapes, lds)))
+    kernel = _kernel(queue.context, np.dtype(dtype), tm, tn, bool(a_transp), bool(b_transp), idx)
     groups = -(-m // tm) * -(-n // tn) * gi * gj
     return launch(queue, kernel, (groups * tn // 8, tm // 8), (tn // 8, tm // 8), m, n, k, alpha, beta, gj,
                   a, offsets[0], lds[0], si[0], sj[0], b, offsets[1], lds[1], si[1], sj[1],

@@ -21,8 +21,8 @@ from .algorithms.pointwise import Pointwise
 from .algorithms.winograd import Winograd
 from .device import check_dtype_supported
 from .geometry import check_grad_output, conv_geometry
-from .validate import (check_array, check_out, check_queue, check_same_dtype, check_type, is_device_array,
-                       pick_queue)
+from .validate import (check_array, check_out, check_same_dtype, check_type, is_device_array, pick_queue,
+                       queue_context)
 from .workspace import workspace
 
 # In order of preference: the first that applies is chosen by algorithm="auto".
@@ -217,22 +217,22 @@ def prepare(queue, plan, arrays, shapes, out, out_shape):
 
     ``plan`` gives the dtype, context and fallback queue; without one (grad-bias)
     they come from the arrays. Returns (queue, dict of device arrays incl. "out", numpy_mode).
+    Every call of every pass runs this: it asks the driver nothing it already knows.
     """
     given = {name: a for name, a in arrays.items() if a is not None}
     for name, a in given.items():
         check_type(name, a)
     check_same_dtype(**given, out=out)
     queue = pick_queue(queue, *given.values(), out, default=plan.queue if plan else None)
-    context = queue.context
+    context = queue_context(queue)
     dtype = next(iter(given.values())).dtype
     if plan is not None:
-        if context != plan.context:
+        if queue is not plan.queue and context != plan.context:
             raise ValueError("the queue belongs to another OpenCL context than this plan")
         if dtype != plan.dtype:
             raise TypeError(f"this plan is for {plan.dtype}, got arrays of dtype {dtype}")
     else:
         check_dtype_supported(dtype, queue.device)
-    check_queue(queue)
     for name, a in given.items():
         check_array(name, a, shapes[name], context)
     check_out(out, out_shape, dtype, context, given)

@@ -119,7 +119,8 @@ def launch(queue, kernel, global_size, local_size, *args, what=""):
     except cl.Error as exc:
         raise ClconvError(f"clconv: {what or kernel.function_name}: launching {kernel.function_name} "
                           f"over {global_size} failed: {exc}") from exc
-    record(kernel.function_name, event)
+    if getattr(_recording, "events", None) is not None:   # the name is a driver query: only when recording
+        record(kernel.function_name, event)
     return event
 
 

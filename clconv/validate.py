@@ -4,6 +4,9 @@ Shape rules live in :mod:`clconv.geometry`; this module checks the arrays
 themselves: type, dtype, shape, context, layout, and that an output does not
 overlap an input.
 """
+import threading
+from collections import OrderedDict
+
 import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
@@ -83,7 +86,22 @@ def pick_queue(queue, *arrays, default=None):
     return default if default is not None else default_queue()
 
 
-def check_queue(queue):
-    """Raise unless ``queue`` is in-order (our passes rely on in-order execution)."""
+_QUEUES_KEPT = 16
+_queue_contexts = OrderedDict()   # queue.int_ptr -> (queue, its context); the queue kept alive
+_queue_lock = threading.Lock()
+
+
+def queue_context(queue):
+    """The context of ``queue``, after checking it is in-order (our passes rely on in-order
+    execution); asked of the driver once per queue, as every call needs both."""
+    entry = _queue_contexts.get(queue.int_ptr)
+    if entry is not None and entry[0] is queue:
+        return entry[1]
     if queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE:
         raise ValueError("clconv needs an in-order command queue; got an out-of-order queue")
+    context = queue.context
+    with _queue_lock:
+        _queue_contexts[queue.int_ptr] = (queue, context)
+        while len(_queue_contexts) > _QUEUES_KEPT:
+            _queue_contexts.popitem(last=False)
+    return context

@@ -8,7 +8,6 @@ for the last few queues used (``free_workspaces`` drops them all).
 import atexit
 import threading
 from collections import OrderedDict
-from contextlib import contextmanager
 
 import pyopencl as cl
 
@@ -16,37 +15,52 @@ from .programs import ClconvError
 
 MAX_QUEUES = 8
 _lock = threading.Lock()
-_entries = OrderedDict()   # queue.int_ptr -> [queue, buffer or None, lock]
+_entries = OrderedDict()   # queue.int_ptr -> [queue, buffer or None, its size in bytes, lock]
 
 
-@contextmanager
-def workspace(queue, nbytes, what=""):
-    """Hold this queue's workspace (at least ``nbytes``) while enqueuing a pass. A pass
-    with no workspace gets None and holds nothing."""
-    if not nbytes:
-        yield None
-        return
-    with _lock:
-        entry = _entries.get(queue.int_ptr)
-        if entry is None:
-            entry = _entries[queue.int_ptr] = [queue, None, threading.Lock()]   # keeps the queue alive
-        _entries.move_to_end(queue.int_ptr)
-        while len(_entries) > MAX_QUEUES:
-            _entries.popitem(last=False)
-    with entry[2]:
-        if entry[1] is None or entry[1].size < nbytes:
-            entry[1] = None
+class workspace:
+    """``with workspace(queue, nbytes, what) as ws``: hold this queue's workspace buffer (at
+    least ``nbytes``) while enqueuing a pass. A pass with no workspace gets None and holds
+    nothing. (A class, not a generator: every call of every pass enters one.)"""
+
+    def __init__(self, queue, nbytes, what=""):
+        self.queue, self.nbytes, self.what, self.entry = queue, nbytes, what, None
+
+    def __enter__(self):
+        if not self.nbytes:
+            return None
+        queue, key = self.queue, self.queue.int_ptr
+        with _lock:
+            entry = _entries.get(key)
+            if entry is None:
+                entry = _entries[key] = [queue, None, 0, threading.Lock()]   # keeps the queue alive
+            _entries.move_to_end(key)
+            while len(_entries) > MAX_QUEUES:
+                _entries.popitem(last=False)
+        entry[3].acquire()
+        self.entry = entry
+        if entry[2] < self.nbytes:
+            entry[1], entry[2] = None, 0
             try:
-                entry[1] = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE, nbytes)
+                entry[1] = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE, self.nbytes)
             except cl.Error as exc:
-                raise ClconvError(f"clconv: {what}: allocating {nbytes} bytes of workspace failed: {exc}") from exc
-        yield entry[1]
+                entry[3].release()
+                self.entry = None
+                raise ClconvError(f"clconv: {self.what}: allocating {self.nbytes} bytes of workspace failed: "
+                                  f"{exc}") from exc
+            entry[2] = self.nbytes
+        return entry[1]
+
+    def __exit__(self, *exc):
+        if self.entry is not None:
+            self.entry[3].release()
+            self.entry = None
 
 
 def free_workspaces():
     """Release every cached workspace buffer (they are re-allocated on demand)."""
     with _lock:
-        for queue, _, _ in _entries.values():
+        for queue, *_ in _entries.values():
             queue.finish()
         _entries.clear()
 

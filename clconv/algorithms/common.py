@@ -7,19 +7,21 @@ import numpy as np
 from ..blas import grid_gemm
 from ..programs import get_kernel, index_type, launch
 
-Ref = namedtuple("Ref", "buf off")
-Ref.__doc__ = "A raw OpenCL buffer and an element offset into it."
+Ref = namedtuple("Ref", "buf off end", defaults=(None,))
+Ref.__doc__ = ("A raw OpenCL buffer, an element offset into it and, where known, the element just past "
+               "the data the kernels may touch (else the buffer's end).")
 
 
 def ref(array):
-    """The (buffer, element offset) of a contiguous pyopencl Array."""
-    return Ref(array.base_data, array.offset // array.dtype.itemsize)
+    """The (buffer, element offset, end) of a contiguous pyopencl Array."""
+    off = array.offset // array.dtype.itemsize
+    return Ref(array.base_data, off, off + array.size)
 
 
 def idx_for(dtype, *refs):
-    """Kernel index type able to address every element of every referenced buffer."""
+    """Kernel index type able to address every element the references reach."""
     itemsize = np.dtype(dtype).itemsize
-    return index_type(*(r.buf.size // itemsize for r in refs if r is not None))
+    return index_type(*(r.buf.size // itemsize if r.end is None else r.end for r in refs if r is not None))
 
 
 # Split-K for grad-weight GEMMs, whose result (filters x taps) is small and whose inner
