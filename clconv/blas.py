@@ -13,7 +13,7 @@ from pyopencl.tools import context_dependent_memoize
 
 from . import gemm
 from .gemm_params import apply_tuned
-from .programs import ClconvError, record
+from .programs import ClconvError, not_capturable, record
 
 
 class _Operand(cla.Array):
@@ -81,6 +81,7 @@ def gemm_strided_batched(queue, dtype, m, n, k, count, a, a_off, lda, a_stride, 
                 pass
         if not risky:
             (a, a_off, _, _), (b, b_off, _, _), (c, c_off, _, _) = ops.values()
+    not_capturable()
     try:
         if not risky:
             event = pyclblast.gemmStridedBatched(
@@ -143,6 +144,7 @@ def grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, offsets, group_str
                                  b, b_off, lds[1], batch_strides[1], c, c_off, lds[2], batch_strides[2], **flags)
 
     if per_group and groups > 1:
+        not_capturable()
         ready = cl.enqueue_marker(queue)
         queue.flush()   # other queues wait on this marker: it must reach the device
         done = []

@@ -21,6 +21,7 @@ from .algorithms.pointwise import Pointwise
 from .algorithms.winograd import Winograd
 from .device import check_dtype_supported
 from .geometry import check_grad_output, conv_geometry
+from .replay import Replays
 from .validate import (check_array, check_out, check_same_dtype, check_type, is_device_array, pick_queue,
                        queue_context)
 from .workspace import workspace
@@ -68,6 +69,7 @@ class Plan:
         self._runs = {p: (algo, f"{p} of input {list(g.input_shape)} with weight {list(g.weight_shape)} [{algo.name}]",
                           self._workspace_elements(p) * self.compute_dtype.itemsize)
                       for p, (algo, _) in self._choice.items()}
+        self._replays = Replays()
 
     def _tuned_winners(self):
         """{pass: entry} from the tuning cache; with CLCONV_AUTOTUNE=1, missing passes are timed now."""
@@ -153,26 +155,31 @@ class Plan:
         return "\n".join(lines)
 
     def _run(self, pass_name, queue, *refs):
-        """Enqueue ``pass_name`` of the chosen algorithm with this queue's workspace.
+        """Enqueue ``pass_name`` of the chosen algorithm with this queue's workspace (replayed
+        when called before on arrays laid out alike: :mod:`clconv.replay`).
 
         ``refs``: the pass's arrays in argument order, the result last (None: no bias).
         float16 arrays are converted to float32 copies after the algorithm's own workspace,
         the algorithm runs on those, and its result is rounded back into the last array.
         """
-        algo, what, nbytes = self._runs[pass_name]
+        _, what, nbytes = self._runs[pass_name]
         with workspace(queue, nbytes, what) as ws:
-            if not self._converts:
-                getattr(algo, pass_name)(queue, *refs, ws)
-                return
-            sizes, copies, at = self._sizes(pass_name), [], algo.workspace[pass_name]
-            for r, n in zip(refs, sizes):
-                copies.append(None if r is None else Ref(ws, at))
-                at += 0 if r is None else n
-            for r, c, n in zip(refs[:-1], copies, sizes):
-                if r is not None:
-                    storage.to_real(queue, self.dtype, r, c, n, what)
-            getattr(algo, pass_name)(queue, *copies, ws)
-            storage.to_store(queue, self.dtype, copies[-1], refs[-1], sizes[-1], what)
+            self._replays.run(pass_name, queue, refs, ws, lambda: self._enqueue(pass_name, queue, refs, ws))
+
+    def _enqueue(self, pass_name, queue, refs, ws):
+        algo, what, _ = self._runs[pass_name]
+        if not self._converts:
+            getattr(algo, pass_name)(queue, *refs, ws)
+            return
+        sizes, copies, at = self._sizes(pass_name), [], algo.workspace[pass_name]
+        for r, n in zip(refs, sizes):
+            copies.append(None if r is None else Ref(ws, at))
+            at += 0 if r is None else n
+        for r, c, n in zip(refs[:-1], copies, sizes):
+            if r is not None:
+                storage.to_real(queue, self.dtype, r, c, n, what)
+        getattr(algo, pass_name)(queue, *copies, ws)
+        storage.to_store(queue, self.dtype, copies[-1], refs[-1], sizes[-1], what)
 
     # -- the passes ---------------------------------------------------------------
 

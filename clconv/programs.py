@@ -121,7 +121,40 @@ def launch(queue, kernel, global_size, local_size, *args, what=""):
                           f"over {global_size} failed: {exc}") from exc
     if getattr(_recording, "events", None) is not None:   # the name is a driver query: only when recording
         record(kernel.function_name, event)
+    capture = getattr(_capture, "current", None)
+    if capture is not None:
+        capture.launches.append((kernel, global_size, local_size, args, what))
     return event
+
+
+class Capture:
+    """The launches one thread made while capturing, as ``(kernel, global size, local size,
+    args, what)``; ``complete`` is False when it also enqueued something else (a CLBlast GEMM,
+    markers), which a replay of the launches would miss."""
+
+    def __init__(self):
+        self.launches, self.complete = [], True
+
+
+_capture = threading.local()
+
+
+@contextmanager
+def capturing():
+    """A :class:`Capture` of this thread's launches while in the block (see :mod:`clconv.replay`)."""
+    outer = getattr(_capture, "current", None)
+    _capture.current = capture = Capture()
+    try:
+        yield capture
+    finally:
+        _capture.current = outer
+
+
+def not_capturable():
+    """Mark the capture in progress (if any) incomplete: this thread enqueues something not a launch."""
+    capture = getattr(_capture, "current", None)
+    if capture is not None:
+        capture.complete = False
 
 
 _recording = threading.local()

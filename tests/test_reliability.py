@@ -55,3 +55,52 @@ def test_two_threads_on_their_own_queues(queue):
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+REPLAYED = [  # one case per algorithm whose passes a plan replays (clconv's own GEMM kernel)
+    (Case("im2col_split_k", 4, 4, 17, 19, 6, 3, 3, padding=1, groups=2), "im2col"),
+    (Case("depthwise", 3, 6, 40, 33, 12, 3, 3, stride=2, padding=1, groups=6), "direct"),
+    (Case("winograd", 2, 6, 13, 11, 4, 3, 3, padding=1, groups=2), "winograd"),
+    (Case("fft", 2, 4, 9, 7, 6, 3, 3, padding=1, groups=2), "fft"),
+    (Case("fc", 5, 8, 3, 2, 12, 3, 2, groups=4), "fc"),
+    (Case("pointwise", 5, 6, 13, 7, 9, 1, 1, groups=3), "1x1"),
+]
+
+
+@pytest.mark.parametrize("case,algorithm", REPLAYED, ids=lambda v: getattr(v, "name", v))
+def test_replayed_calls_read_and_write_their_own_arrays(case, algorithm, queue, monkeypatch):
+    """Calls after the first replay its launches (clconv.replay) with their own buffers."""
+    monkeypatch.setenv("CLCONV_GEMM", "clconv")   # passes with CLBlast GEMMs are not replayed
+    opts = case.options
+    p = clconv.plan(case.input_shape, case.weight_shape, **opts, queue=queue, algorithm=algorithm)
+    kept = []
+    for seed in (1, 2, 1):   # new arrays each time, laid out alike: the third calls replay
+        kept.append(len(p._replays._entries))   # (the first ones grow the workspace, which makes new keys)
+        x, w, b, dy = case.data(seed=seed)
+        xd, wd, bd, dyd = (cla.to_device(queue, a) for a in (x, w, b, dy))
+        assert_close(p.forward(xd, wd, bd).get(), reference.conv2d(x, w, b, **opts), np.float32, "forward")
+        assert_close(p.backward_input(wd, dyd).get(), reference.conv2d_input(x.shape, w, dy, **opts), np.float32,
+                     "grad-input")
+        assert_close(p.backward_weight(xd, dyd).get(), reference.conv2d_weight(x, w.shape, dy, **opts),
+                     np.float32, "grad-weight")
+    assert kept[2] == len(p._replays._entries) >= 3, "every pass should have been kept, then replayed"
+
+    # input, weight and output side by side in one buffer, then apart at the same offsets, then
+    # in a second shared buffer: the sharing is part of what a replay is keyed on
+    x, w, _, _ = case.data(seed=3)
+    sizes = [x.size, w.size, int(np.prod(p.geometry.output_shape))]
+    starts = np.cumsum([0] + sizes)
+
+    def views(buffers):
+        return [buf[s:s + n].reshape(shape) for buf, s, n, shape in
+                zip(buffers, starts, sizes, (x.shape, w.shape, p.geometry.output_shape))]
+    shared = [cla.zeros(queue, int(starts[-1]), np.float32)] * 3
+    apart = [cla.zeros(queue, int(starts[-1]), np.float32) for _ in range(3)]
+    again = [cla.zeros(queue, int(starts[-1]), np.float32)] * 3
+    want = reference.conv2d(x, w, **opts)
+    for buffers in (shared, apart, again):
+        xv, wv, yv = views(buffers)
+        xv.set(x), wv.set(w)
+        p.forward(xv, wv, out=yv)
+        assert_close(yv.get(), want, np.float32, "forward into a view")
+    np.testing.assert_array_equal(views(shared)[2].get(), views(again)[2].get())
