@@ -84,13 +84,16 @@
 #ifndef WSTAGE         // 1 (with STAGE): the forward's weights too, when they fit
 #define WSTAGE 1
 #endif
+#ifndef CS             // with STAGE: channels whose patches are staged together (1 or CG)
+#define CS 1
+#endif
 
 // y[n, k, oy, ox] = bias[k] + sum over c < CG, i, j of
 //                   w[k, c, i, j] * x[n, (k / KG) * CG + c, oy*SH - PT + i*DH, ox*SW - PL + j*DW]
 // Work-group: a TX x TY output tile of KB planes (n, k0..k0+KB-1) of one group, group
 // id 2 = n * K / KB + k0 / KB; the KB filters' weights are staged in local memory, and
-// for each input channel of the group, the patch under the tile, read by every tap of
-// the KB filters.
+// for each input channel of the group (CS channels at a time), the patch under the tile,
+// read by every tap of the KB filters.
 // FLIP: for stride 1, grad-input is this same sum over dy with each group's weight
 // transposed (its KG filters become the channels) and rotated by 180 degrees; the
 // host passes the transposed geometry (x = dy, y = dx, pads (KH-1)*DH - PT, ...),
@@ -110,7 +113,7 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
                     __global REAL* restrict y, const IDX y_off, GEOMETRY)
 {
 #if STAGE
-    __local REAL patch[PH][PW];
+    __local REAL patch[CS][PH][PW];
     const int lid = get_local_id(1) * TX + get_local_id(0);
 #endif
     // The tile is TX x (TY * RY) outputs: each work-item computes RY rows, TY apart,
@@ -133,26 +136,35 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
 #else
 #define WEIGHT(b, c, i, j) w[w_off + WBASE(k0 + (b), c) + TAP(i, j)]
 #endif
-    for (int c = 0; c < CG; ++c) {
-        const IDX xb = x_off + ((IDX)n * C + c0 + c) * H * W;
 #if STAGE
-        for (int e = lid; e < PH * PW; e += TX * TY) {
-            const int py = e / PW, px = e - py * PW;
+    for (int cs = 0; cs < CG; cs += CS) {   // the patches of CS channels at a time
+        const IDX xb = x_off + ((IDX)n * C + c0 + cs) * H * W;
+        for (int e = lid; e < CS * PH * PW; e += TX * TY) {
+#if CS == 1
+            const int cc = 0, py = e / PW, px = e - py * PW;
+#else
+            const int cc = e / (PH * PW), py = (e - cc * PH * PW) / PW, px = e - cc * PH * PW - py * PW;
+#endif
             const int iy = y0 + py, ix = x0 + px;
-            patch[py][px] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? x[xb + iy * W + ix] : (REAL)0;
+            patch[cc][py][px] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? x[xb + (IDX)cc * H * W + iy * W + ix]
+                                                                         : (REAL)0;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        for (int i = 0; i < KH; ++i)
-            for (int j = 0; j < KW; ++j) {
-                REAL v[RY];    // each tap: RY patch values and KB weights, KB * RY products
-                for (int r = 0; r < RY; ++r) v[r] = patch[(ly + r * TY) * SH + i * DH][lx * SW + j * DW];
-                for (int b = 0; b < KB; ++b) {
-                    const REAL wv = WEIGHT(b, c, i, j);
-                    for (int r = 0; r < RY; ++r) acc[b][r] += wv * v[r];
+        for (int cc = 0; cc < CS; ++cc)
+            for (int i = 0; i < KH; ++i)
+                for (int j = 0; j < KW; ++j) {
+                    REAL v[RY];    // each tap: RY patch values and KB weights, KB * RY products
+                    for (int r = 0; r < RY; ++r) v[r] = patch[cc][(ly + r * TY) * SH + i * DH][lx * SW + j * DW];
+                    for (int b = 0; b < KB; ++b) {
+                        const REAL wv = WEIGHT(b, cs + cc, i, j);
+                        for (int r = 0; r < RY; ++r) acc[b][r] += wv * v[r];
+                    }
                 }
-            }
         barrier(CLK_LOCAL_MEM_FENCE);
+    }
 #else
+    for (int c = 0; c < CG; ++c) {
+        const IDX xb = x_off + ((IDX)n * C + c0 + c) * H * W;
         for (int r = 0; r < RY; ++r)
             for (int i = 0; i < KH; ++i) {
                 const int iy = y0 + (ly + r * TY) * SH + i * DH;
@@ -165,8 +177,8 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
                         acc[b][r] += WEIGHT(b, c, i, j) * v;
                 }
             }
-#endif
     }
+#endif
     for (int b = 0; b < KB; ++b)
         for (int r = 0; r < RY; ++r) {
             const int oy = oy0 + r * TY;
