@@ -148,6 +148,8 @@ def capturing():
         yield capture
     finally:
         _capture.current = outer
+        if outer is not None:   # the outer capture did not see these launches
+            outer.complete = False
 
 
 def not_capturable():

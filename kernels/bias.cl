@@ -10,7 +10,7 @@
 #ifndef ACC            // accumulation type of the reduction
 #define ACC REAL
 #endif
-#ifndef IDX            // index type: int when every buffer has < 2^31 elements, else long
+#ifndef IDX            // index type: int when every index formed is below 2^31, else long
 #define IDX long
 #endif
 #ifndef WG             // work-group size of bias_grad, a power of two

@@ -6,7 +6,7 @@
 #ifndef REAL
 #define REAL float
 #endif
-#ifndef IDX            // index type: int when every buffer has < 2^31 elements, else long
+#ifndef IDX            // index type: int when every index formed is below 2^31, else long
 #define IDX long
 #endif
 #ifndef TAPS           // CG * KH * KW, the grad-weight accumulators per filter (a constant)
@@ -91,9 +91,9 @@
 // y[n, k, oy, ox] = bias[k] + sum over c < CG, i, j of
 //                   w[k, c, i, j] * x[n, (k / KG) * CG + c, oy*SH - PT + i*DH, ox*SW - PL + j*DW]
 // Work-group: a TX x TY output tile of KB planes (n, k0..k0+KB-1) of one group, group
-// id 2 = n * K / KB + k0 / KB; the KB filters' weights are staged in local memory, and
-// for each input channel of the group (CS channels at a time), the patch under the tile,
-// read by every tap of the KB filters.
+// id 2 = n * K / KB + k0 / KB; for each input channel of the group (CS channels at a time),
+// the patch under the tile is staged in local memory and read by every tap of the KB
+// filters, whose weights are staged too with WSTAGE (else read in place).
 // FLIP: for stride 1, grad-input is this same sum over dy with each group's weight
 // transposed (its KG filters become the channels) and rotated by 180 degrees; the
 // host passes the transposed geometry (x = dy, y = dx, pads (KH-1)*DH - PT, ...),

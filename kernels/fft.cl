@@ -21,7 +21,7 @@
 #ifndef REAL
 #define REAL float
 #endif
-#ifndef IDX            // index type: int when every buffer has < 2^31 elements, else long
+#ifndef IDX            // index type: int when every index formed is below 2^31, else long
 #define IDX long
 #endif
 #ifndef FH             // frame rows and columns: powers of two
@@ -49,7 +49,8 @@
     0.98078528f, 1.0f, 0.98078528f, 0.92387953f, 0.83146961f, 0.70710678f, 0.55557023f, 0.38268343f, 0.19509032f
 #endif
 // In constant memory: read at constant indices (the FFTs, once unrolled) they fold into the
-// code as immediates; the filter transform reads them at indices uniform across a warp.
+// code as immediates; the filter transform reads them at indices that depend on its column
+// frequency and tap only.
 __constant REAL TWR[FT] = {TW_RE};
 __constant REAL TWI[FT] = {TW_IM};
 

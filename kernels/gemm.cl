@@ -15,7 +15,7 @@
 #ifndef REAL
 #define REAL float
 #endif
-#ifndef IDX            // index type: int when every buffer has < 2^31 elements, else long
+#ifndef IDX            // index type: int when every index formed is below 2^31, else long
 #define IDX long
 #endif
 #ifndef TM             // rows of C per work-group (a multiple of 8 that divides TK * 64)

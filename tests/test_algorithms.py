@@ -255,7 +255,8 @@ def test_direct_several_filters_per_work_item(case, queue):
         def __init__(self, q):
             self._q, self.device = q, SimpleNamespace(max_compute_units=1, type=q.device.type,
                                                       max_mem_alloc_size=q.device.max_mem_alloc_size,
-                                                      max_work_group_size=q.device.max_work_group_size)
+                                                      max_work_group_size=q.device.max_work_group_size,
+                                                      local_mem_size=q.device.local_mem_size)
 
         def __getattr__(self, name):
             return getattr(self._q, name)

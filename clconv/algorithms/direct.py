@@ -20,7 +20,7 @@ MAX_FILTERS = 64      # Kg above this: a GEMM over the group's filters pays agai
 MAX_DENSE_CHANNELS = 4     # a dense convolution (groups == 1) of at most this many input channels,
 MAX_DENSE_TAPS = 4 * 7 * 7   # and taps, applies whatever its filters (stems)
 MAX_ACC = 32          # forward accumulators per work-item (filters x rows)
-MAX_PATCH = 3072      # elements of the local-memory patch (12 KiB in float32, 24 KiB in float64)
+MAX_PATCH = 3072      # elements of one channel's local-memory patch (12 KiB in float32, 24 KiB in float64)
 MAX_WEIGHTS = 2048    # and of the forward's staged weights (KB filters x taps), at most; else read in place
 LOCAL_SPARE = 8192    # bytes of local memory left unplanned when staging several channels' patches
 
@@ -108,6 +108,7 @@ class Direct:
         self.per_group = False   # no GEMMs, so no per-group queues
         self.taps = g.Cg * g.kh * g.kw
         self.staged = bool(device.type & cl.device_type.GPU)   # on CPUs caches stage better than barriers
+        self.local_mem = device.local_mem_size
         self.tiles = _patches(g, self.staged)
         # stride 1: grad-input is a forward pass over dy (rotated, transposed weights), so it
         # gets the forward's staged patch and rows per work-item (depthwise grad-input 5x
@@ -176,12 +177,15 @@ class Direct:
         # the forward's weights staged in local memory where a filter has several channels
         # (H200: 7x7 stem forward 0.030 -> 0.024 ms, ResNeXt grad-input 0.193 -> 0.161 ms);
         # depthwise filters are too small to pay for it (strided depthwise forward 2-3% slower)
-        wstage = self.staged and g.Cg > 1 and kb * g.Cg * g.kh * g.kw <= MAX_WEIGHTS
+        # (all within the plan's device's local memory, LOCAL_SPARE bytes kept free)
+        item, weights = self.dtype.itemsize, kb * g.Cg * g.kh * g.kw
+        room = self.local_mem - LOCAL_SPARE - ph * pw * item
+        wstage = self.staged and g.Cg > 1 and weights <= MAX_WEIGHTS and weights * item <= room
         # and for small groups the patches of all of a group's channels at once where they fit
         # beside them: one barrier pair per tile instead of one per channel (H200, ResNeXt forward
         # and grad-input 0.163 -> 0.140-0.147 ms; the 7x7 stem's three 37x69 patches ran 5-10% slower)
-        room = queue.device.local_mem_size - LOCAL_SPARE - wstage * kb * g.Cg * g.kh * g.kw * self.dtype.itemsize
-        cs = g.Cg if self.staged and g.groups > 1 and g.Cg * ph * pw * self.dtype.itemsize <= room else 1
+        room -= wstage * weights * item
+        cs = g.Cg if self.staged and g.groups > 1 and (g.Cg - 1) * ph * pw * item <= room else 1
         found = self._kernels[key] = (
             get_kernel(queue.context, "direct.cl", name, self.dtype, IDX=idx, TAPS=self.taps, WG=wg, TX=tx, TY=ty,
                        PH=ph, PW=pw, RY=ry, KB=kb, STAGE=int(self.staged), WSTAGE=int(wstage), CS=cs,
