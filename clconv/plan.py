@@ -163,8 +163,10 @@ class Plan:
         the algorithm runs on those, and its result is rounded back into the last array.
         """
         _, what, nbytes = self._runs[pass_name]
-        with workspace(queue, nbytes, what) as ws:
-            self._replays.run(pass_name, queue, refs, ws, lambda: self._enqueue(pass_name, queue, refs, ws))
+        held = workspace(queue, nbytes, what)
+        with held as ws:
+            self._replays.run(pass_name, queue, refs, ws, held.size,
+                              lambda: self._enqueue(pass_name, queue, refs, ws))
 
     def _enqueue(self, pass_name, queue, refs, ws):
         algo, what, _ = self._runs[pass_name]

@@ -24,11 +24,11 @@ class Replays:
         self._entries = OrderedDict()   # signature -> (queue, steps)
         self._lock = threading.Lock()
 
-    def run(self, pass_name, queue, refs, ws, enqueue):
+    def run(self, pass_name, queue, refs, ws, ws_size, enqueue):
         """Enqueue a pass on ``queue`` with array references ``refs`` (Refs or None) and
-        workspace ``ws``: replayed when its signature has been seen, else by ``enqueue()``,
-        whose launches are then kept."""
-        key = _signature(pass_name, queue, refs, ws)
+        workspace ``ws`` (None, or a buffer of ``ws_size`` bytes): replayed when its signature
+        has been seen, else by ``enqueue()``, whose launches are then kept."""
+        key = _signature(pass_name, queue, refs, ws_size)
         entry = self._entries.get(key)
         if entry is not None and entry[0] is queue:
             for kernel, global_size, local_size, args, slots, what in entry[1]:
@@ -47,12 +47,12 @@ class Replays:
                     self._entries.popitem(last=False)
 
 
-def _signature(pass_name, queue, refs, ws):
+def _signature(pass_name, queue, refs, ws_size):
     """What the launches depend on besides the plan: per array its offset, extent and the first
     array sharing its buffer; the queue, the GEMM engine and the workspace's size."""
     first = {}   # id of a buffer -> the first array in it (all are alive during the call)
     arrays = tuple(None if r is None else (r.off, r.end, first.setdefault(id(r.buf), i)) for i, r in enumerate(refs))
-    return pass_name, queue.int_ptr, gemm.engine(), None if ws is None else ws.size, arrays
+    return pass_name, queue.int_ptr, gemm.engine(), ws_size, arrays
 
 
 def _steps(capture, refs, ws):

@@ -158,9 +158,9 @@ def tune_gemm(geometries, queue, dtype=np.float32, repeat=3, batch=10, save=True
     per-pass time ratios to them (so a small pass counts as much as a large one). The best
     correct set of each kernel stays applied, even when it is slower than CLBlast's own
     (which cannot be restored); the final combination is timed once more and its sets are
-    stored only if it scores below GEMM_GAIN. CLBlast cannot return to its own parameters within a process, so run
-    this in a process of its own (``python -m clconv tune-gemm``); a set that faults the
-    device loses the context and ends the search with nothing stored.
+    stored only if it scores below GEMM_GAIN. CLBlast cannot return to its own parameters
+    within a process, so run this in a process of its own (``python -m clconv tune-gemm``);
+    a set that faults the device loses the context and ends the search with nothing stored.
     Returns the entry {"overrides", "score", "default_ms", "ms", "scores", ...}
     (overrides {}: no gain).
     """

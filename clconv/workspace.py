@@ -20,11 +20,12 @@ _entries = OrderedDict()   # queue.int_ptr -> [queue, buffer or None, its size i
 
 class workspace:
     """``with workspace(queue, nbytes, what) as ws``: hold this queue's workspace buffer (at
-    least ``nbytes``) while enqueuing a pass. A pass with no workspace gets None and holds
-    nothing. (A class, not a generator: every call of every pass enters one.)"""
+    least ``nbytes``; its size in bytes is ``.size`` meanwhile) while enqueuing a pass. A pass
+    with no workspace gets None and holds nothing. (A class, not a generator: every call of
+    every pass enters one.)"""
 
     def __init__(self, queue, nbytes, what=""):
-        self.queue, self.nbytes, self.what, self.entry = queue, nbytes, what, None
+        self.queue, self.nbytes, self.what, self.entry, self.size = queue, nbytes, what, None, 0
 
     def __enter__(self):
         if not self.nbytes:
@@ -49,6 +50,7 @@ class workspace:
                 raise ClconvError(f"clconv: {self.what}: allocating {self.nbytes} bytes of workspace failed: "
                                   f"{exc}") from exc
             entry[2] = self.nbytes
+        self.size = entry[2]
         return entry[1]
 
     def __exit__(self, *exc):
