@@ -1,19 +1,18 @@
 """clconv's own GEMM kernel (kernels/gemm.cl), and when it runs instead of CLBlast's.
 
 CLBlast's tiled GEMM first copies operands whose sizes are not multiples of its tiles into
-padded buffers, one launch each, and its batched call covers one batch stride; its kernel is
-the faster one on large square products. Ours reads the operands in place, edges guarded,
-and runs a whole (groups x images) grid of GEMMs in one launch. On an H200 (one run, float32):
-  batched pointwise shapes (M, N, K = 512, 784, 256 x 64)   0.59 ms, CLBlast 0.88
-  Winograd 5x5 forward (128, 3136, 48 x 72)                  0.18 ms, CLBlast 0.42
-  Winograd 3x3 grad-weight (192, 192, 1024 x 576)            1.87 ms, CLBlast 2.60
-  one 4096^3 product                                         5.07 ms, CLBlast 4.45
-so GPUs use ours unless all of M, N and K are large, or the grid of tiles is too small to keep
-the device busy while the work is large. The 7x7 stem's split-K grad-weight (0.24 GFLOP, 147
-work-groups of 64 on 132 compute units) takes 0.057 ms of device time on ours, 0.026 on CLBlast's,
-but a CLBlast call costs about 30 us more on the host, and per call, interleaved on one H200
-machine, ours ran it in 0.078 ms against 0.096-0.136. CPUs (PoCL) keep CLBlast, whose kernels
-suit them better. ``CLCONV_GEMM=clblast`` or ``=clconv`` forces one.
+padded buffers, one launch each, and its batched call covers one batch stride. Ours reads the
+operands in place, edges guarded, four values per read where they are aligned, and runs a
+whole (groups x images) grid of GEMMs in one launch. Time per call on an H200 (float32, the
+two engines interleaved in one run):
+  batched pointwise shapes (M, N, K = 512, 784, 256 x 64)   0.42 ms, CLBlast 0.86
+  Winograd 5x5 forward (128, 3136, 48 x 72)                  0.16 ms, CLBlast 0.40
+  Winograd 3x3 grad-weight (192, 192, 1024 x 576)            1.21 ms, CLBlast 2.59
+  one 4096^3 product                                         3.26 ms, CLBlast 4.52
+  fully-connected forward (1600, 4096, 9216)                 3.58 ms, CLBlast 4.39
+  7x7 stem grad-weight at batch 64 (64, 147, 12544 x 64)     1.18 ms, CLBlast 1.20
+so GPUs use ours wherever one of its tiles fits the device. CPUs (PoCL) keep CLBlast, whose
+kernels suit them better. ``CLCONV_GEMM=clblast`` or ``=clconv`` forces one.
 """
 import functools
 import os
@@ -24,12 +23,9 @@ from pyopencl.tools import context_dependent_memoize
 
 from .programs import ClconvError, get_kernel, index_type, launch
 
-LARGE = 1024             # CLBlast when M, N and K are all at least this,
-MIN_ITEMS_PER_CU = 128   # or when our grid has fewer work-items per compute unit
-SMALL_WORK = 1 << 29     # and the GEMMs more floating-point operations than this
-# (rows, columns) of C per work-group, and their relative speed on a 4096^3 SGEMM
-# (H200: 27.1, 25.1, 22.7 TFLOP/s): bigger tiles reuse more but leave more edge waste
-TILES = (((128, 128), 1.0), ((128, 64), 0.93), ((64, 64), 0.84))
+# (rows, columns) of C per work-group, and their relative speed on a 4096^3 SGEMM (H200, mean
+# of the three layouts: 42.7, 40.2, 38.4 TFLOP/s): bigger tiles reuse more but leave more edge waste
+TILES = (((128, 128), 1.0), ((128, 64), 0.94), ((64, 64), 0.90))
 TK = 8                   # depth of the kernel's slices (kernels/gemm.cl)
 PAD = 4                  # its local-memory row padding
 ENGINES = ("auto", "clconv", "clblast")
@@ -46,32 +42,31 @@ def engine():
 def use_own(device, m, n, k, count, itemsize=4):
     """Whether ``count`` GEMMs of this size run on clconv's kernel (else CLBlast's)."""
     name = engine()
-    return name == "clconv" if name != "auto" else _own_pays(device, m, n, k, count, itemsize)
-
-
-@functools.lru_cache(maxsize=4096)
-def _own_pays(device, m, n, k, count, itemsize):
-    """The "auto" rule of :func:`use_own` (asked on every GEMM call: cached)."""
-    gpu, compute_units, _, _, _ = _facts(device)
-    chosen = tile(device, m, n, count, itemsize) if gpu and min(m, n, k) < LARGE else None
-    if chosen is None:
-        return False
-    tm, tn = chosen
-    items = -(-m // tm) * -(-n // tn) * count * (tm * tn // 64)
-    return items >= MIN_ITEMS_PER_CU * compute_units or 2 * m * n * k * count <= SMALL_WORK
+    if name != "auto":
+        return name == "clconv"
+    return _facts(device)[0] and tile(device, m, n, count, itemsize) is not None
 
 
 @functools.lru_cache(maxsize=None)
 def _facts(device):
-    """(is a GPU, compute units, largest work-group, its largest sides, local memory bytes) of
-    ``device``, asked once (each is a driver call)."""
+    """(is a GPU, compute units, largest work-group, its largest sides, local memory bytes,
+    buffer alignment in bytes) of ``device``, asked once (each is a driver call)."""
     return (bool(device.type & cl.device_type.GPU), device.max_compute_units, device.max_work_group_size,
-            tuple(device.max_work_item_sizes), device.local_mem_size)
+            tuple(device.max_work_item_sizes), device.local_mem_size, device.mem_base_addr_align // 8)
+
+
+def read_width(device, itemsize, offset, si, sj, ld, gi, gj):
+    """Values per global read of one operand: 4 when each of its matrices starts at a multiple
+    of 4 elements and its rows lie a multiple of 4 apart, so that four-wide reads along the
+    rows stay aligned (buffers start aligned to at least that on the device); else 1."""
+    aligned = (offset % 4 == 0 and ld % 4 == 0 and (gi == 1 or si % 4 == 0) and (gj == 1 or sj % 4 == 0)
+               and _facts(device)[5] >= 4 * itemsize)
+    return 4 if aligned else 1
 
 
 def fits(device, tm, tn, itemsize=4):
     """Whether the device can run a TM x TN tile: its work-group and local memory."""
-    _, _, max_group, max_sides, local = _facts(device)
+    _, _, max_group, max_sides, local, _ = _facts(device)
     return (tm * tn // 64 <= max_group and tn // 8 <= max_sides[0] and tm // 8 <= max_sides[1]
             and 2 * TK * (tm + tn + 2 * PAD) * itemsize <= local)
 
@@ -92,10 +87,10 @@ def tile(device, m, n, count, itemsize=4):
 
 
 @context_dependent_memoize
-def _kernel(context, dtype, tm, tn, a_transp, b_transp, idx):
+def _kernel(context, dtype, tm, tn, a_transp, b_transp, va, vb, idx):
     """The GEMM kernel for a TM x TN tile (looked up on every call: positional and memoised)."""
     return get_kernel(context, "gemm.cl", "gemm", dtype, TM=tm, TN=tn, TK=TK, PAD=PAD, A_TRANSP=int(a_transp),
-                      B_TRANSP=int(b_transp), IDX=idx)
+                      B_TRANSP=int(b_transp), VA=va, VB=vb, IDX=idx)
 
 
 def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, offsets, si, sj, lds, *, alpha=1.0, beta=0.0,
@@ -115,7 +110,8 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, offsets, si, sj, lds, *, a
     shapes = ((k, m) if a_transp else (m, k), (n, k) if b_transp else (k, n), (m, n))   # as stored, row-major
     idx = index_type(*(off + (gi - 1) * i + (gj - 1) * j + (rows - 1) * ld + cols
                        for off, i, j, (rows, cols), ld in zip(offsets, si, sj, shapes, lds)))
-    kernel = _kernel(queue.context, np.dtype(dtype), tm, tn, bool(a_transp), bool(b_transp), idx)
+    va, vb = (read_width(queue.device, itemsize, offsets[x], si[x], sj[x], lds[x], gi, gj) for x in (0, 1))
+    kernel = _kernel(queue.context, np.dtype(dtype), tm, tn, bool(a_transp), bool(b_transp), va, vb, idx)
     groups = -(-m // tm) * -(-n // tn) * gi * gj
     return launch(queue, kernel, (groups * tn // 8, tm // 8), (tn // 8, tm // 8), m, n, k, alpha, beta, gj,
                   a, offsets[0], lds[0], si[0], sj[0], b, offsets[1], lds[1], si[1], sj[1],

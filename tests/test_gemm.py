@@ -13,41 +13,48 @@ GI, GJ = 2, 3   # a 2 x 3 grid of products
 
 @pytest.fixture(autouse=True)
 def fresh_tile_choices():
-    """Tile and engine choices are cached; tests that restrict the tiles must not see (or leave)
+    """Tile choices are cached; tests that restrict the tiles must not see (or leave)
     other choices."""
     gemm.tile.cache_clear()
-    gemm._own_pays.cache_clear()
     yield
     gemm.tile.cache_clear()
-    gemm._own_pays.cache_clear()
 
 
-# every tile in float32; float64 on the smallest (each tile, layout and dtype is a kernel build)
+# every tile in float32; float64 on the smallest (each tile, layout and dtype is a kernel build);
+# each with scalar reads (nothing aligned) and four-wide ones (offsets and leading dimensions
+# multiples of 4), and once with A read four-wide beside a scalar B
 TILE_DTYPES = [(t[0], np.float32) for t in gemm.TILES] + [(gemm.TILES[-1][0], np.float64)]
+CASES = [(t, d, r) for t, d in TILE_DTYPES for r in ("scalar", "vector")] + [(gemm.TILES[1][0], np.float32, "mixed")]
 
 
 @pytest.mark.parametrize("a_transp,b_transp", [(False, False), (True, False), (False, True), (True, True)],
                          ids=["nn", "tn", "nt", "tt"])
-@pytest.mark.parametrize("tile,dtype", TILE_DTYPES,
-                         ids=[f"{t[0]}x{t[1]}-{np.dtype(d).name}" for t, d in TILE_DTYPES])
-def test_grid_of_products_at_offsets(tile, dtype, a_transp, b_transp, queue, monkeypatch):
-    """Odd sizes (no dimension a multiple of a tile, K not of the slice depth), padded leading
-    dimensions, gaps between matrices, alpha and beta; C outside the products stays as it was."""
+@pytest.mark.parametrize("tile,dtype,reads", CASES,
+                         ids=[f"{t[0]}x{t[1]}-{np.dtype(d).name}-{r}" for t, d, r in CASES])
+def test_grid_of_products_at_offsets(tile, dtype, reads, a_transp, b_transp, queue, monkeypatch):
+    """Odd sizes (no dimension a multiple of a tile or of 4, K not of the slice depth), padded
+    leading dimensions, gaps between matrices, alpha and beta; C outside the products stays as
+    it was."""
     if dtype == np.float64 and "cl_khr_fp64" not in queue.device.extensions:
         pytest.skip("no float64 on this device")
     monkeypatch.setattr(gemm, "TILES", tuple(t for t in gemm.TILES if t[0] == tile))
-    m, n, k, pad, gap = 67, 130, 29, 3, 5
+    m, n, k = 67, 130, 29
     rng = np.random.default_rng(1)
     a_shape, b_shape = (k, m) if a_transp else (m, k), (n, k) if b_transp else (k, n)
     # one buffer: A, B and C each a (GI, GJ) grid of padded matrices, j fastest, with gaps
     shapes = {"A": a_shape, "B": b_shape, "C": (m, n)}
-    lds = {x: s[1] + pad for x, s in shapes.items()}
-    sj = {x: s[0] * lds[x] + gap for x, s in shapes.items()}
-    si = {x: GJ * sj[x] + gap for x in shapes}
-    offsets, start = {}, 7
+    aligned = {x: reads == "vector" or (reads == "mixed" and x == "A") for x in shapes}
+    lds = {x: s[1] + ((-s[1]) % 4 + 4 if aligned[x] else 3) for x, s in shapes.items()}
+    gaps = {x: 4 if aligned[x] else 5 for x in shapes}
+    sj = {x: s[0] * lds[x] + gaps[x] for x, s in shapes.items()}
+    si = {x: GJ * sj[x] + gaps[x] for x in shapes}
+    offsets, start = {}, 8
     for x in "ABC":
-        offsets[x], start = start, start + GI * si[x]
+        offsets[x], start = start + (0 if aligned[x] else 3), start + 3 + GI * si[x] + (-(GI * si[x] + 3) % 4)
     host = rng.standard_normal(start).astype(dtype)
+    widths = [gemm.read_width(queue.device, np.dtype(dtype).itemsize, offsets[x], si[x], sj[x], lds[x], GI, GJ)
+              for x in "AB"]
+    assert widths == [4 if aligned[x] else 1 for x in "AB"], "the layout does not give the reads it tests"
 
     def view(x, h, i, j):   # a writable view of matrix (i, j) of operand x in h
         (rows, cols), o = shapes[x], offsets[x] + i * si[x] + j * sj[x]
@@ -89,21 +96,22 @@ def test_beta_zero_ignores_what_c_held(queue):
 
 
 # what clconv.gemm asks of a device
-Device = namedtuple("Device", "type max_compute_units max_work_group_size max_work_item_sizes local_mem_size")
+Device = namedtuple("Device", "type max_compute_units max_work_group_size max_work_item_sizes local_mem_size "
+                               "mem_base_addr_align")
 
 
 def _device(gpu=True, compute_units=132, max_work_group_size=1024, local_mem_size=48 * 1024):
     """A stand-in device (an H200's numbers by default)."""
     return Device(cl.device_type.GPU if gpu else cl.device_type.CPU, compute_units, max_work_group_size,
-                  (1024, 1024, 64), local_mem_size)
+                  (1024, 1024, 64), local_mem_size, 4096)
 
 
 @pytest.mark.parametrize("m,n,k,count,engine,own", [
     (512, 784, 256, 64, "auto", True),       # a pointwise convolution's products
     (147, 12544, 64, 1, "auto", True),       # the 7x7 stem's grad-input: 588 work-groups of 64
-    (64, 147, 256, 49, "auto", True),        # its split-K grad-weight: few work-groups, but little work
-    (64, 147, 12544, 64, "auto", False),     # the same at batch 64: few work-groups and 15 GFLOP
-    (1600, 4096, 9216, 1, "auto", False),    # fully-connected mode: every dimension large
+    (64, 147, 256, 49, "auto", True),        # its split-K grad-weight: few work-groups
+    (64, 147, 12544, 64, "auto", True),      # the same at batch 64: few work-groups and 15 GFLOP
+    (1600, 4096, 9216, 1, "auto", True),     # fully-connected mode: every dimension large
     (1600, 4096, 9216, 1, "clconv", True),
     (512, 784, 256, 64, "clblast", False),
 ], ids=["short_k", "stem_grad_input", "small_grid_little_work", "small_grid", "all_large", "forced_clconv",
