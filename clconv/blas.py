@@ -116,7 +116,7 @@ def group_queues(queue, count):
 
 
 def grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, offsets, group_strides, image_strides,
-              lds, *, beta=0.0, a_transp=False, b_transp=False, per_group=False, what=""):
+              lds, *, beta=0.0, a_transp=False, b_transp=False, per_group=False, im2col=None, what=""):
     """Run one GEMM per (group, image) pair with offsets ``base + g * group_stride + i * image_stride``.
 
     Where clconv's own GEMM kernel is the better one (:func:`clconv.gemm.use_own`), the whole
@@ -124,7 +124,8 @@ def grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, offsets, group_str
     (host-side, non-blocking) loop and the other one the batch of a strided-batched GEMM, so there are
     min(groups, images) launches (the larger number where only that batch is
     one CLBlast reads correctly). ``offsets``, ``group_strides``,
-    ``image_strides`` and ``lds`` are (A, B, C) triples.
+    ``image_strides`` and ``lds`` are (A, B, C) triples. ``im2col`` (a :class:`clconv.gemm.Im2colB`):
+    B is read in place through im2col, on clconv's kernel only.
 
     With ``per_group`` each group's GEMM (batched over the images) runs on its
     own in-order queue: those queues wait for a marker of everything enqueued
@@ -132,13 +133,15 @@ def grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, offsets, group_str
     CLBlast takes no wait list, hence the barriers.
     """
     own = gemm.use_own(queue.device, m, n, k, groups * images, dtype.itemsize)
+    if im2col is not None and not own:
+        raise ClconvError(f"clconv: {what}: an implicit im2col operand needs clconv's own GEMM kernel")
     flags = dict(beta=beta, a_transp=a_transp, b_transp=b_transp, what=what)
 
     def run(q, i, loop_strides, count, batch_strides):
         a_off, b_off, c_off = (o + i * s for o, s in zip(offsets, loop_strides))
         if own:
             gemm.grid_gemm(q, dtype, 1, count, m, n, k, a, b, c, (a_off, b_off, c_off), (0, 0, 0), batch_strides,
-                           lds, **flags)
+                           lds, im2col=im2col, **flags)
         else:
             gemm_strided_batched(q, dtype, m, n, k, count, a, a_off, lds[0], batch_strides[0],
                                  b, b_off, lds[1], batch_strides[1], c, c_off, lds[2], batch_strides[2], **flags)
@@ -156,7 +159,7 @@ def grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, offsets, group_str
         cl.enqueue_barrier(queue, wait_for=done)
     elif own:
         gemm.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, offsets, group_strides, image_strides, lds,
-                       **flags)
+                       im2col=im2col, **flags)
     else:
         # loop over the smaller dimension, unless its batch has strides CLBlast would misread
         # (_in_place; such a batch runs one GEMM at a time): then over the other one

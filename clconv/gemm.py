@@ -16,6 +16,7 @@ kernels suit them better. ``CLCONV_GEMM=clblast`` or ``=clconv`` forces one.
 """
 import functools
 import os
+from typing import NamedTuple
 
 import numpy as np
 import pyopencl as cl
@@ -86,19 +87,46 @@ def tile(device, m, n, count, itemsize=4):
     return min(fitting, key=cost)[0] if fitting else None
 
 
+class Im2colB(NamedTuple):
+    """B read in place as the im2col matrix of an NCHW input (kernels/gemm.cl's IM_* defines):
+    input h x w, images xs values apart, p output positions per image in rows of ow, taps
+    kh x kw, strides, paddings (top, left), dilations; column p of matrix (i, j) counts from
+    j * pj. ``span``: values of the input a matrix can read from its start (for the index type)."""
+    h: int
+    w: int
+    xs: int
+    p: int
+    ow: int
+    kh: int
+    kw: int
+    sy: int
+    sx: int
+    pt: int
+    pl: int
+    dy: int
+    dx: int
+    pj: int
+    span: int
+
+    def defines(self):
+        return tuple((f"IM_{name.upper()}", value) for name, value in self._asdict().items() if name != "span")
+
+
 @context_dependent_memoize
-def _kernel(context, dtype, tm, tn, a_transp, b_transp, va, vb, idx):
+def _kernel(context, dtype, tm, tn, a_transp, b_transp, va, vb, idx, im2col=()):
     """The GEMM kernel for a TM x TN tile (looked up on every call: positional and memoised)."""
     return get_kernel(context, "gemm.cl", "gemm", dtype, TM=tm, TN=tn, TK=TK, PAD=PAD, A_TRANSP=int(a_transp),
-                      B_TRANSP=int(b_transp), VA=va, VB=vb, IDX=idx)
+                      B_TRANSP=int(b_transp), VA=va, VB=vb, IDX=idx, IM2COL=int(bool(im2col)), **dict(im2col))
 
 
 def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, offsets, si, sj, lds, *, alpha=1.0, beta=0.0,
-              a_transp=False, b_transp=False, what=""):
+              a_transp=False, b_transp=False, im2col=None, what=""):
     """C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j] for i < gi, j < gj, in one launch.
 
     Matrix (i, j) of an operand starts at element ``offset + i * si + j * sj`` of its buffer;
     ``offsets``, ``si``, ``sj`` and ``lds`` are (A, B, C) triples. C matrices must not overlap.
+    ``im2col`` (an :class:`Im2colB`): B is the im2col matrix of the input at B's offsets, read
+    in place (its leading dimension is unused).
     """
     assert (gi == 1 or si[2]) and (gj == 1 or sj[2]), "GEMMs into one C would race"
     itemsize = np.dtype(dtype).itemsize
@@ -108,10 +136,15 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, offsets, si, sj, lds, *, a
                           f"(work-group and local-memory limits); unset CLCONV_GEMM=clconv to use CLBlast's")
     tm, tn = chosen
     shapes = ((k, m) if a_transp else (m, k), (n, k) if b_transp else (k, n), (m, n))   # as stored, row-major
-    idx = index_type(*(off + (gi - 1) * i + (gj - 1) * j + (rows - 1) * ld + cols
-                       for off, i, j, (rows, cols), ld in zip(offsets, si, sj, shapes, lds)))
+    spans = [(rows - 1) * ld + cols for (rows, cols), ld in zip(shapes, lds)]
+    if im2col is not None:
+        spans[1] = im2col.span
+    idx = index_type(*(off + (gi - 1) * i + (gj - 1) * j + span for off, i, j, span in zip(offsets, si, sj, spans)))
     va, vb = (read_width(queue.device, itemsize, offsets[x], si[x], sj[x], lds[x], gi, gj) for x in (0, 1))
-    kernel = _kernel(queue.context, np.dtype(dtype), tm, tn, bool(a_transp), bool(b_transp), va, vb, idx)
+    if im2col is not None:
+        vb, im2col = 1, im2col.defines()
+    kernel = _kernel(queue.context, np.dtype(dtype), tm, tn, bool(a_transp), bool(b_transp), va, vb, idx,
+                     im2col or ())
     groups = -(-m // tm) * -(-n // tn) * gi * gj
     return launch(queue, kernel, (groups * tn // 8, tm // 8), (tn // 8, tm // 8), m, n, k, alpha, beta, gj,
                   a, offsets[0], lds[0], si[0], sj[0], b, offsets[1], lds[1], si[1], sj[1],

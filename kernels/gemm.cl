@@ -42,6 +42,9 @@
 #ifndef VB             // the same for B
 #define VB 1
 #endif
+#ifndef IM2COL         // 1: B is the im2col matrix of an NCHW input, read in place (IM_* below)
+#define IM2COL 0
+#endif
 
 #define CAT(a, b) a##b
 #define VEC(t, n) CAT(t, n)
@@ -68,8 +71,8 @@
 #if TM % 8 || TN % 8 || (TM * TK) % (WG * VA) || (TN * TK) % (WG * VB) || TK % 4
 #error "each work-item must stage whole reads of a slice: TM and TN multiples of 8 dividing TK * 64 / 4"
 #endif
-#if (VA != 1 && VA != 4) || (VB != 1 && VB != 4)
-#error "VA and VB are 1 or 4"
+#if (VA != 1 && VA != 4) || (VB != 1 && VB != 4) || (IM2COL && VB != 1)
+#error "VA and VB are 1 or 4; an im2col B is read one value at a time"
 #endif
 
 // Read e (< TM*TK/VA) of an A slice starts at (A_M(e), A_K(e)), in the order that keeps
@@ -128,7 +131,27 @@ inline REAL4 read4(__global const REAL* p, const int rest)   // rest: how many o
 #else
 #define A_READ(m, k) ((m) < M ? read4(a + A_AT_OFF(m, k), K - (k)) : (REAL4)0)
 #endif
-#if VB == 1
+#if IM2COL
+// Implicit im2col: B's row r = (channel, ky, kx) and column p = (image, oy, ox) of the
+// im2col matrix (kernels/im2col.cl's layout) are read from the input itself, zero in the
+// padding; column p of matrix (i, j) counts from j * IM_PJ, for split-K slices. The host
+// defines the geometry: input IM_H x IM_W, images IM_XS values apart, output positions
+// IM_P per image in rows of IM_OW, taps IM_KH x IM_KW, strides IM_SY, IM_SX, paddings
+// IM_PT, IM_PL, dilations IM_DY, IM_DX.
+inline REAL im2col_at(__global const REAL* x, const int r, const int p)
+{
+    const int c = r / (IM_KH * IM_KW), ky = r / IM_KW % IM_KH, kx = r % IM_KW;
+    const int img = p / IM_P, oy = p % IM_P / IM_OW, ox = p % IM_OW;
+    const int iy = oy * IM_SY - IM_PT + ky * IM_DY, ix = ox * IM_SX - IM_PL + kx * IM_DX;
+    return (iy >= 0 && iy < IM_H && ix >= 0 && ix < IM_W)
+        ? x[(IDX)img * IM_XS + ((IDX)c * IM_H + iy) * IM_W + ix] : (REAL)0;
+}
+#if B_TRANSP
+#define B_READ(k, n) ((n) < N && (k) < K ? im2col_at(b, n, j * IM_PJ + (k)) : (REAL)0)
+#else
+#define B_READ(k, n) ((n) < N && (k) < K ? im2col_at(b, k, j * IM_PJ + (n)) : (REAL)0)
+#endif
+#elif VB == 1
 #define B_READ(k, n) ((n) < N && (k) < K ? b[B_AT_OFF(k, n)] : (REAL)0)
 #elif B_TRANSP
 #define B_READ(k, n) ((n) < N ? read4(b + B_AT_OFF(k, n), K - (k)) : (REAL4)0)

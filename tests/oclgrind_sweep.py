@@ -65,7 +65,10 @@ SWEEP = [
     # clconv's own GEMM kernel (kernels/gemm.cl) in place of CLBlast's: in the host-gemm run only,
     # which has every check (Oclgrind simulates its 64-256 work-item groups slowly)
     ("own_gemm_im2col_split_k", (2, 2, 16, 17), (3, 2, 3, 3), dict(padding=1, gemm="clconv"), "im2col", "single",
-     None),
+     None),   # two channels: im2col read in place by the GEMM (implicit), as below
+    ("own_gemm_implicit_im2col_groups", (3, 4, 9, 7), (4, 2, 3, 3), dict(stride=2, padding=1, dilation=(1, 2),
+                                                                         groups=2, gemm="clconv"), "im2col",
+     "single", None),
     ("own_gemm_1x1_groups_x_images", (3, 6, 3, 5), (4, 3, 1, 1), dict(groups=2, gemm="clconv"), "1x1", "single",
      None),
     ("own_gemm_1x1_per_image_grad_weight", (3, 2, 16, 16), (3, 2, 1, 1), dict(gemm="clconv"), "1x1",

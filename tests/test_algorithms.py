@@ -298,7 +298,7 @@ def test_split_k_last_chunk_fits_its_workspace(queue):
     assert (algo.chunk, algo.slices, algo.last_slices) == ((26, 8, 12) if gpu else (26, 2, 3))
     assert algo.workspace["backward_weight"] == (algo.rows + g.K) * g.P * 26 + algo.last_slices * g.K * g.Kd
     rng = np.random.default_rng(0)
-    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    x = rng.standard_normal(xs).astype(np.float32)
     dy = rng.standard_normal(g.output_shape).astype(np.float32)
     assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, ws, dy, stride=2), np.float32, "grad-weight")
 
@@ -323,7 +323,7 @@ def test_direct_grad_weight_partials_fit_the_workspace_limit(queue):
     p = clconv.plan(xs, ws, **opts, queue=queue, algorithm="direct", workspace_limit=one_slice)
     assert p._choice["backward_weight"][0].slices == 1 and p.workspace_bytes == one_slice
     rng = np.random.default_rng(0)
-    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    x = rng.standard_normal(xs).astype(np.float32)
     dy = rng.standard_normal(p.geometry.output_shape).astype(np.float32)
     assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, ws, dy, **opts), np.float32, "grad-weight")
     with pytest.raises(ValueError, match="workspace bytes, above the limit"):
