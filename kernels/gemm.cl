@@ -21,10 +21,10 @@
 #ifndef IDX            // index type: int when every index formed is below 2^31, else long
 #define IDX long
 #endif
-#ifndef TM             // rows of C per work-group (a multiple of 8 that divides TK * 64)
+#ifndef TM             // rows of C per work-group: a multiple of 8 dividing TK * 64 / VB
 #define TM 128
 #endif
-#ifndef TN             // columns of C per work-group (the same rules)
+#ifndef TN             // columns of C per work-group: a multiple of 8 dividing TK * 64 / VA
 #define TN 128
 #endif
 #ifndef TK             // depth of the slices staged in local memory
@@ -69,7 +69,7 @@
 #define PAD 4
 #endif
 #if TM % 8 || TN % 8 || (TM * TK) % (WG * VA) || (TN * TK) % (WG * VB) || TK % 4
-#error "each work-item must stage whole reads of a slice: TM and TN multiples of 8 dividing TK * 64 / 4"
+#error "each work-item must stage whole reads of a slice: TM, TN multiples of 8, TN dividing TK * 64 / VA, TM TK * 64 / VB"
 #endif
 #if (VA != 1 && VA != 4) || (VB != 1 && VB != 4) || (IM2COL && VB != 1)
 #error "VA and VB are 1 or 4; an im2col B is read one value at a time"
@@ -117,6 +117,8 @@
 // multiple of 4 elements (the host checks offsets and leading dimensions) and lies along
 // the stored rows, where the edge may cut it.
 #if VA == 4 || VB == 4
+// (One branch, on rest, for every edge: PoCL's optimiser, given an outer bounds test around
+// this call instead, read the row past the last one, seen with NaNs stored there.)
 inline REAL4 read4(__global const REAL* p, const int rest)   // rest: how many of the 4 exist
 {
     if (rest >= 4)
@@ -127,9 +129,9 @@ inline REAL4 read4(__global const REAL* p, const int rest)   // rest: how many o
 #if VA == 1
 #define A_READ(m, k) ((m) < M && (k) < K ? a[A_AT_OFF(m, k)] : (REAL)0)
 #elif A_TRANSP
-#define A_READ(m, k) ((k) < K ? read4(a + A_AT_OFF(m, k), M - (m)) : (REAL4)0)
+#define A_READ(m, k) read4(a + A_AT_OFF(m, k), (k) < K ? M - (m) : 0)
 #else
-#define A_READ(m, k) ((m) < M ? read4(a + A_AT_OFF(m, k), K - (k)) : (REAL4)0)
+#define A_READ(m, k) read4(a + A_AT_OFF(m, k), (m) < M ? K - (k) : 0)
 #endif
 #if IM2COL
 // Implicit im2col: B's row r = (channel, ky, kx) and column p = (image, oy, ox) of the
@@ -154,9 +156,9 @@ inline REAL im2col_at(__global const REAL* x, const int r, const int p)
 #elif VB == 1
 #define B_READ(k, n) ((n) < N && (k) < K ? b[B_AT_OFF(k, n)] : (REAL)0)
 #elif B_TRANSP
-#define B_READ(k, n) ((n) < N ? read4(b + B_AT_OFF(k, n), K - (k)) : (REAL4)0)
+#define B_READ(k, n) read4(b + B_AT_OFF(k, n), (n) < N ? K - (k) : 0)
 #else
-#define B_READ(k, n) ((k) < K ? read4(b + B_AT_OFF(k, n), N - (n)) : (REAL4)0)
+#define B_READ(k, n) read4(b + B_AT_OFF(k, n), (k) < K ? N - (n) : 0)
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WX, WY, 1)))
