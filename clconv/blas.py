@@ -132,7 +132,7 @@ def grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, offsets, group_str
     on ``queue`` so far, and ``queue`` waits for all of them before going on.
     CLBlast takes no wait list, hence the barriers.
     """
-    own = gemm.use_own(queue.device, m, n, k, groups * images, dtype.itemsize)
+    own = gemm.use_own(queue.device, m, n, groups * images, dtype.itemsize)
     if im2col is not None and not own:
         raise ClconvError(f"clconv: {what}: an implicit im2col operand needs clconv's own GEMM kernel")
     flags = dict(beta=beta, a_transp=a_transp, b_transp=b_transp, what=what)

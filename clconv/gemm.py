@@ -40,8 +40,8 @@ def engine():
     return name
 
 
-def use_own(device, m, n, k, count, itemsize=4):
-    """Whether ``count`` GEMMs of this size run on clconv's kernel (else CLBlast's)."""
+def use_own(device, m, n, count, itemsize=4):
+    """Whether ``count`` GEMMs with M x N results run on clconv's kernel (else CLBlast's)."""
     name = engine()
     if name != "auto":
         return name == "clconv"

@@ -153,7 +153,7 @@ def tune_gemm(geometries, queue, dtype=np.float32, repeat=3, batch=10, save=True
     """Search CLBlast GEMM parameters on the GEMM passes of ``geometries``; store the winners.
 
     One kernel at a time (tiled Xgemm, then XgemmDirect): each candidate runs every pass
-    whose GEMMs CLBlast runs (on GPUs most run on clconv's own kernel), its results are
+    whose GEMMs CLBlast runs (on GPUs none, unless ``CLCONV_GEMM=clblast``), its results are
     compared with those of CLBlast's own parameters, and it scores the geometric mean of its
     per-pass time ratios to them (so a small pass counts as much as a large one). The best
     correct set of each kernel stays applied, even when it is slower than CLBlast's own

@@ -78,13 +78,13 @@ class Im2col:
         if pass_name == "backward_weight" and self.slices > 1:
             text += f", split-K into {self.slices} slices summed in order"
         if pass_name != "backward_input" and g.Cg <= IMPLICIT_MAX_CHANNELS:
-            text += "; on clconv's GEMM kernel the im2col is read in place (implicit), on CLBlast's written out"
+            text += ("; on clconv's GEMM kernel im2col is read in place (implicit; the forward is then one GEMM "
+                     f"per group and image, M={g.Kg} N={g.P} K={g.Kd}, into the output), on CLBlast's written out")
         return text
 
-    def _implicit(self, queue, m, n, k, count):
-        """Whether the GEMM reads im2col in place: few channels, on clconv's GEMM kernel."""
-        return self.g.Cg <= IMPLICIT_MAX_CHANNELS and gemm.use_own(queue.device, m, n, k, count,
-                                                                    self.dtype.itemsize)
+    def _implicit(self, queue, m, n, count):
+        """Whether the GEMMs (count of M x N) read im2col in place: few channels, on clconv's kernel."""
+        return self.g.Cg <= IMPLICIT_MAX_CHANNELS and gemm.use_own(queue.device, m, n, count, self.dtype.itemsize)
 
     def _im2col_b(self, pj, images):
         """The input as the GEMM's im2col operand, slices of pj columns, matrices over ``images``."""
@@ -127,7 +127,7 @@ class Im2col:
     def forward(self, queue, x, w, bias, y, ws):
         g, B = self.g, self.chunk
         Kg, Kd = g.Kg, g.Kd
-        if self._implicit(queue, Kg, g.P, Kd, g.groups * g.N):   # one GEMM over groups x images into Y
+        if self._implicit(queue, Kg, g.P, g.groups * g.N):   # one GEMM over groups x images into Y
             if bias is not None:
                 fill_bias(queue, self.dtype, y, bias, g.N, g.K, g.P)
             grid_gemm(queue, self.dtype, g.groups, g.N, Kg, g.P, Kd, w.buf, x.buf, y.buf, (w.off, x.off, y.off),
@@ -178,7 +178,7 @@ class Im2col:
             S = self.slices if nb == B else self.last_slices
             L = ld // S   # slice length: S slices cover the nb * P columns exactly
             # B: col (Kd x ld per group), or the input read through im2col in place
-            if self._implicit(queue, Kg, Kd, L, G * S):
+            if self._implicit(queue, Kg, Kd, G * S):
                 b_buf, b_off, b_si, b_sj = x.buf, x.off + n0 * g.C * g.H * g.W, g.Cg * g.H * g.W, 0
                 im2col = self._im2col_b(L if S > 1 else 0, nb)
             else:
