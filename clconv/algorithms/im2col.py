@@ -19,7 +19,7 @@ clconv's own GEMM kernel runs the products (GPUs): the kernel reads the input th
 index arithmetic itself (gemm.Im2colB), and the forward is one GEMM over groups x images
 straight into Y. On an H200 that took the 7x7 stem's grad-weight from 0.048-0.054 to
 0.042-0.046 ms of device time; with more channels the gathers cost more than writing col
-(forward and grad-weight 1.2-1.4x slower on AlexNet conv4, ResNet 3x3 and ResNeXt shapes).
+(forward and grad-weight 1.06-1.4x slower on AlexNet conv4, ResNet 3x3 and ResNeXt shapes).
 """
 import pyopencl as cl
 
