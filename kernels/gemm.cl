@@ -97,18 +97,19 @@
 #endif
 
 // Local stores of one read: a vector lying along the tile's rows is stored whole;
-// one lying along k is spread over TK rows.
+// one lying along k is spread over 4 rows, `row` values apart.
+#define STORE_DOWN(p, v, row) ((p)[0] = (v).s0, (p)[row] = (v).s1, (p)[2 * (row)] = (v).s2, (p)[3 * (row)] = (v).s3)
 #if VA == 1
 #define STORE_A(p, v) (*(p) = (v))
 #elif A_TRANSP
 #define STORE_A(p, v) (*(__local REAL4*)(p) = (v))
 #else
-#define STORE_A(p, v) ((p)[0] = (v).s0, (p)[TM + PAD] = (v).s1, (p)[2 * (TM + PAD)] = (v).s2, (p)[3 * (TM + PAD)] = (v).s3)
+#define STORE_A(p, v) STORE_DOWN(p, v, TM + PAD)
 #endif
 #if VB == 1
 #define STORE_B(p, v) (*(p) = (v))
 #elif B_TRANSP
-#define STORE_B(p, v) ((p)[0] = (v).s0, (p)[TN + PAD] = (v).s1, (p)[2 * (TN + PAD)] = (v).s2, (p)[3 * (TN + PAD)] = (v).s3)
+#define STORE_B(p, v) STORE_DOWN(p, v, TN + PAD)
 #else
 #define STORE_B(p, v) (*(__local REAL4*)(p) = (v))
 #endif
