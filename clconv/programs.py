@@ -48,7 +48,7 @@ def _build(context, filename, dtype, defines):
     real, store = _C_TYPES[dtype]
     if store == "half" and filename not in _STORAGE_AWARE:
         raise ClconvError(f"clconv: {filename} has no float16 storage (only {sorted(_STORAGE_AWARE)} do)")
-    header = [f"#define REAL {real}", f"#define STORE {store}"]
+    header = [f"#define REAL {real}", f"#define REAL4 {real}4", f"#define STORE {store}"]
     if store == "half":
         header += ["#define LOAD(p, i) vload_half((i), (p))", "#define SAVE(p, i, v) vstore_half_rte((v), (i), (p))"]
     else:

@@ -5,6 +5,7 @@
 // kernel taps.
 #ifndef REAL
 #define REAL float
+#define REAL4 float4
 #endif
 #ifndef IDX            // index type: int when every index formed is below 2^31, else long
 #define IDX long
@@ -59,19 +60,24 @@
 #ifndef TY
 #define TY 8
 #endif
-#ifndef RY             // output rows per work-item in the forward kernel
+#ifndef RY             // output rows per work-item in the forward kernel, adjacent
 #define RY 1
 #endif
 #ifndef KB             // filters per work-item in the forward kernel (KG % KB == 0): each
 #define KB 1           // patch value read from local memory feeds KB accumulators
 #endif
 // Input patch a forward tile needs (set by the host from stride, dilation and kernel
-// size): PH = (TY*RY-1)*SH + (KH-1)*DH + 1 rows, PW = (TX-1)*SW + (KW-1)*DW + 1.
+// size): PH = (TY*RY-1)*SH + (KH-1)*DH + 1 rows, PW = (TX-1)*SW + (KW-1)*DW + 1 columns
+// rounded up to a multiple of SW; a work-item's RY rows read PR = (RY-1)*SH + (KH-1)*DH + 1
+// patch rows.
 #ifndef PH
 #define PH 10
 #endif
 #ifndef PW
 #define PW 34
+#endif
+#ifndef PR
+#define PR 3
 #endif
 
 #ifndef FLIP           // 1: direct_forward computes grad-input of a stride-1 convolution instead (see there)
@@ -84,16 +90,19 @@
 #ifndef WSTAGE         // 1 (with STAGE): the forward's weights too, when they fit
 #define WSTAGE 1
 #endif
-#ifndef CS             // with STAGE: channels whose patches are staged together (1 or CG)
-#define CS 1
+#ifndef WVEC           // 1 (with WSTAGE, KB % 4 == 0): read the staged weights as vectors of 4 filters
+#define WVEC 0
 #endif
 
 // y[n, k, oy, ox] = bias[k] + sum over c < CG, i, j of
 //                   w[k, c, i, j] * x[n, (k / KG) * CG + c, oy*SH - PT + i*DH, ox*SW - PL + j*DW]
-// Work-group: a TX x TY output tile of KB planes (n, k0..k0+KB-1) of one group, group
-// id 2 = n * K / KB + k0 / KB; for each input channel of the group (CS channels at a time),
-// the patch under the tile is staged in local memory and read by every tap of the KB
-// filters, whose weights are staged too with WSTAGE (else read in place).
+// Work-group: a TX x (TY*RY) output tile of KB planes (n, k0..k0+KB-1) of one group, group
+// id 2 = n * K / KB + k0 / KB; each work-item computes RY adjacent rows of one column for
+// its KB filters. For each input channel of the group, the patch under the tile is staged
+// in local memory (the next channel's is read meanwhile); per filter column j, a work-item
+// reads the PR patch values its RY rows share into registers once, and uses each for every
+// row and filter tap that needs it. The KB filters' weights are staged too with WSTAGE
+// (else read in place).
 // FLIP: for stride 1, grad-input is this same sum over dy with each group's weight
 // transposed (its KG filters become the channels) and rotated by 180 degrees; the
 // host passes the transposed geometry (x = dy, y = dx, pads (KH-1)*DH - PT, ...),
@@ -106,6 +115,26 @@
 #define WBASE(k, c) ((IDX)(k) * CG + (c)) * KH * KW
 #define TAP(i, j) ((i) * KW + (j))
 #endif
+// Where the staged patch keeps column px: grouped by phase px % SW, so that the work-items
+// of a row, which read columns SW apart, read neighbouring words (no local-memory bank
+// conflicts). COL_AT(lx, d) is COL(lx * SW + d), folded.
+#define COL(px) (((px) % SW) * (PW / SW) + (px) / SW)
+#define COL_AT(lx, d) (((d) % SW) * (PW / SW) + (lx) + (d) / SW)
+// Staging: element e = lid + s * TX * TY of the patch, s < STAGE_READS, is its row py and
+// column px, input (y0 + py, x0 + px).
+#define STAGE_READS ((PH * PW + TX * TY - 1) / (TX * TY))   // per work-item
+#define STAGE_AT(s) const int e = lid + (s) * TX * TY, py = e / PW, px = e - py * PW
+
+// A work-item's share of the patch of the input plane at x[xb].
+inline void read_patch(REAL* got, __global const REAL* restrict x, const IDX xb, const int y0, const int x0,
+                       const int H, const int W, const int lid)
+{
+    for (int s = 0; s < STAGE_READS; ++s) {
+        STAGE_AT(s);
+        const int iy = y0 + py, ix = x0 + px;
+        got[s] = e < PH * PW && iy >= 0 && iy < H && ix >= 0 && ix < W ? x[xb + iy * W + ix] : (REAL)0;
+    }
+}
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void direct_forward(__global const REAL* restrict x, const IDX x_off,
                     __global const REAL* restrict w, const IDX w_off,
@@ -113,13 +142,11 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
                     __global REAL* restrict y, const IDX y_off, GEOMETRY)
 {
 #if STAGE
-    __local REAL patch[CS][PH][PW];
+    __local REAL patch[PH][PW];
     const int lid = get_local_id(1) * TX + get_local_id(0);
 #endif
-    // The tile is TX x (TY * RY) outputs: each work-item computes RY rows, TY apart,
-    // so neighbouring work-items still write neighbouring outputs.
     const int lx = get_local_id(0), ly = get_local_id(1);
-    const int ox = get_group_id(0) * TX + lx, oy0 = get_group_id(1) * TY * RY + ly;
+    const int ox = get_group_id(0) * TX + lx, oy0 = (get_group_id(1) * TY + ly) * RY;
     const int nk = get_group_id(2);
     const int k0 = (nk % (K / KB)) * KB, n = nk / (K / KB), c0 = (k0 / KG) * CG;
     const int y0 = get_group_id(1) * TY * RY * SH - PT, x0 = get_group_id(0) * TX * SW - PL;
@@ -127,39 +154,50 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
     for (int b = 0; b < KB; ++b)
         for (int r = 0; r < RY; ++r) acc[b][r] = has_bias ? bias[bias_off + k0 + b] : (REAL)0;
 #if STAGE && WSTAGE
-    __local REAL wl[CG * KH * KW][KB];   // the KB filters' weights, tap by tap
+    // the KB filters' weights, tap by tap; with WVEC four filters' at a time are one local read
+#if WVEC
+    __local REAL4 wl4[CG * KH * KW][KB / 4];
+    __local REAL* const wl = (__local REAL*)wl4;
+#else
+    __local REAL wl[CG * KH * KW * KB];
+#endif
     for (int e = lid; e < CG * KH * KW * KB; e += TX * TY) {   // read after the first barrier below
         const int b = e % KB, ct = e / KB, c = ct / (KH * KW), t = ct % (KH * KW);
-        wl[ct][b] = w[w_off + WBASE(k0 + b, c) + TAP(t / KW, t % KW)];
+        wl[e] = w[w_off + WBASE(k0 + b, c) + TAP(t / KW, t % KW)];
     }
-#define WEIGHT(b, c, i, j) wl[((c) * KH + (i)) * KW + (j)][b]
+#define WEIGHT(b, c, i, j) wl[(((c) * KH + (i)) * KW + (j)) * KB + (b)]
 #else
 #define WEIGHT(b, c, i, j) w[w_off + WBASE(k0 + (b), c) + TAP(i, j)]
 #endif
 #if STAGE
-    for (int cs = 0; cs < CG; cs += CS) {   // the patches of CS channels at a time
-        const IDX xb = x_off + ((IDX)n * C + c0 + cs) * H * W;
-        for (int e = lid; e < CS * PH * PW; e += TX * TY) {
-#if CS == 1
-            const int cc = 0, py = e / PW, px = e - py * PW;
-#else
-            const int cc = e / (PH * PW), py = (e - cc * PH * PW) / PW, px = e - cc * PH * PW - py * PW;
-#endif
-            const int iy = y0 + py, ix = x0 + px;
-            patch[cc][py][px] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? x[xb + (IDX)cc * H * W + iy * W + ix]
-                                                                         : (REAL)0;
+    // Each work-item reads its share of the next channel's patch ahead, into registers: all
+    // its reads are in flight together, and overlap the sums over the current channel.
+    REAL got[STAGE_READS];
+    read_patch(got, x, x_off + ((IDX)n * C + c0) * H * W, y0, x0, H, W, lid);
+    for (int c = 0; c < CG; ++c) {
+        for (int s = 0; s < STAGE_READS; ++s) {
+            STAGE_AT(s);
+            if (e < PH * PW) patch[py][COL(px)] = got[s];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        for (int cc = 0; cc < CS; ++cc)
-            for (int i = 0; i < KH; ++i)
-                for (int j = 0; j < KW; ++j) {
-                    REAL v[RY];    // each tap: RY patch values and KB weights, KB * RY products
-                    for (int r = 0; r < RY; ++r) v[r] = patch[cc][(ly + r * TY) * SH + i * DH][lx * SW + j * DW];
-                    for (int b = 0; b < KB; ++b) {
-                        const REAL wv = WEIGHT(b, cs + cc, i, j);
-                        for (int r = 0; r < RY; ++r) acc[b][r] += wv * v[r];
-                    }
+        if (c + 1 < CG) read_patch(got, x, x_off + ((IDX)n * C + c0 + c + 1) * H * W, y0, x0, H, W, lid);
+        for (int j = 0; j < KW; ++j) {
+            REAL v[PR];    // column lx * SW + j * DW of the rows under this work-item's RY outputs
+            for (int t = 0; t < PR; ++t) v[t] = patch[ly * RY * SH + t][COL_AT(lx, j * DW)];
+            for (int i = 0; i < KH; ++i) {
+                REAL wv[KB];   // the KB filters' weights at tap (i, j)
+#if WVEC
+                for (int b = 0; b < KB; b += 4) {
+                    const REAL4 q = wl4[(c * KH + i) * KW + j][b / 4];
+                    wv[b] = q.s0, wv[b + 1] = q.s1, wv[b + 2] = q.s2, wv[b + 3] = q.s3;
                 }
+#else
+                for (int b = 0; b < KB; ++b) wv[b] = WEIGHT(b, c, i, j);
+#endif
+                for (int b = 0; b < KB; ++b)
+                    for (int r = 0; r < RY; ++r) acc[b][r] += wv[b] * v[r * SH + i * DH];
+            }
+        }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 #else
@@ -167,7 +205,7 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
         const IDX xb = x_off + ((IDX)n * C + c0 + c) * H * W;
         for (int r = 0; r < RY; ++r)
             for (int i = 0; i < KH; ++i) {
-                const int iy = y0 + (ly + r * TY) * SH + i * DH;
+                const int iy = y0 + (ly * RY + r) * SH + i * DH;
                 if (iy < 0 || iy >= H) continue;
                 for (int j = 0; j < KW; ++j) {
                     const int ix = x0 + lx * SW + j * DW;
@@ -181,7 +219,7 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
 #endif
     for (int b = 0; b < KB; ++b)
         for (int r = 0; r < RY; ++r) {
-            const int oy = oy0 + r * TY;
+            const int oy = oy0 + r;
             if (ox < OW && oy < OH)
                 y[y_off + ((IDX)n * K + k0 + b) * OH * OW + oy * OW + ox] = acc[b][r];
         }

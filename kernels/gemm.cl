@@ -17,6 +17,7 @@
 // Specialised by the host with prepended #defines; the defaults below are for reading.
 #ifndef REAL
 #define REAL float
+#define REAL4 float4
 #endif
 #ifndef IDX            // index type: int when every index formed is below 2^31, else long
 #define IDX long
@@ -45,10 +46,6 @@
 #ifndef IM2COL         // 1: B is the im2col matrix of an NCHW input, read in place (IM_* below)
 #define IM2COL 0
 #endif
-
-#define CAT(a, b) a##b
-#define VEC(t, n) CAT(t, n)
-#define REAL4 VEC(REAL, 4)
 
 #define WX (TN / 8)                 // work-items along N
 #define WY (TM / 8)                 // work-items along M

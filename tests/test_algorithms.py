@@ -10,6 +10,7 @@ import pytest
 import clconv
 from clconv import reference
 from clconv.device import has_fp64
+from clconv.algorithms.direct import Direct
 from clconv.geometry import conv_geometry
 from clconv.plan import ALGORITHMS
 from helpers import CASES, Case, assert_close
@@ -245,31 +246,55 @@ def test_winograd_split_k_grad_weight_with_chunks(case, queue):
     assert_close(p.backward_weight(x, dy), want, np.float32, "grad-weight, one image per chunk")
 
 
+class QueueAs:
+    """``queue`` whose device reports other properties to the plans built on it."""
+    def __init__(self, q, **device):
+        props = ("max_compute_units", "type", "max_mem_alloc_size", "max_work_group_size", "local_mem_size")
+        self._q, self.device = q, SimpleNamespace(**{**{k: getattr(q.device, k) for k in props}, **device})
+
+    def __getattr__(self, name):
+        return getattr(self._q, name)
+
+
 @pytest.mark.parametrize("case", [next(c for c in EXTRA if c.name == "stem_7x7_s2"),
                                   Case("grouped_kg4_s1", 2, 8, 13, 11, 8, 3, 3, padding=1, groups=2)], ids=repr)
 def test_direct_several_filters_per_work_item(case, queue):
     """On a device of one compute unit every work-group count is enough: the forward kernel
     takes the most filters per work-item it can (on GPUs staging the patch in local memory),
     and so does the stride-1 grad-input."""
-    class OneUnit:
-        def __init__(self, q):
-            self._q, self.device = q, SimpleNamespace(max_compute_units=1, type=q.device.type,
-                                                      max_mem_alloc_size=q.device.max_mem_alloc_size,
-                                                      max_work_group_size=q.device.max_work_group_size,
-                                                      local_mem_size=q.device.local_mem_size)
-
-        def __getattr__(self, name):
-            return getattr(self._q, name)
-
     x, w, b, dy = case.data()
     opts = case.options
     g = conv_geometry(x.shape, w.shape, **opts)
-    p = clconv.Plan(g, np.float32, OneUnit(queue), algorithm="direct")
+    p = clconv.Plan(g, np.float32, QueueAs(queue, max_compute_units=1), algorithm="direct")
     algo = p._choice["forward"][0]
     assert algo.kb["forward"] == min(16, g.Kg) and algo.kb["backward_input"] == (g.Cg if g.stride == (1, 1) else 1)
     assert_close(p.forward(x, w, b, queue=queue), reference.conv2d(x, w, b, **opts), np.float32, "forward")
     assert_close(p.backward_input(w, dy, queue=queue), reference.conv2d_input(x.shape, w, dy, **opts), np.float32,
                  "grad-input")
+
+
+STAGED_ROWS = [  # (case, forward rows per work-item): strided and dilated rows shared by a work-item
+    (Case("depthwise_s2_rows", 1, 2, 70, 40, 2, 3, 3, stride=2, padding=1, groups=2), 2),
+    (Case("few_channels_s2x1_d2", 1, 3, 45, 50, 4, 3, 3, stride=(2, 1), padding=2, dilation=2), 4),
+]
+
+
+@pytest.mark.parametrize("case,rows", [(c, None) for c in CASES + EXTRA if Direct.applies(
+    conv_geometry(c.input_shape, c.weight_shape, **c.options))[0]] + STAGED_ROWS, ids=repr)
+def test_direct_staged_matches_reference(case, rows, queue):
+    """The GPU form of the direct kernels on any device: patches and weights staged in local
+    memory, several rows and filters per work-item, patch columns grouped by stride phase."""
+    x, w, b, dy = case.data()
+    opts = case.options
+    g = conv_geometry(x.shape, w.shape, **opts)
+    p = clconv.Plan(g, np.float32, QueueAs(queue, type=cl.device_type.GPU), algorithm="direct")
+    algo = p._choice["forward"][0]
+    assert algo.staged and rows in (None, algo.tiles["forward"][4])
+    assert_close(p.forward(x, w, b, queue=queue), reference.conv2d(x, w, b, **opts), np.float32, "forward")
+    assert_close(p.backward_input(w, dy, queue=queue), reference.conv2d_input(x.shape, w, dy, **opts), np.float32,
+                 "grad-input")
+    assert_close(p.backward_weight(x, dy, queue=queue), reference.conv2d_weight(x, w.shape, dy, **opts),
+                 np.float32, "grad-weight")
 
 
 def test_auto_passes_over_winograd_above_the_workspace_limit(queue):

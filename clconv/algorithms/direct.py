@@ -22,7 +22,7 @@ MAX_DENSE_TAPS = 4 * 7 * 7   # and taps, applies whatever its filters (stems)
 MAX_ACC = 32          # forward accumulators per work-item (filters x rows)
 MAX_PATCH = 3072      # elements of one channel's local-memory patch (12 KiB in float32, 24 KiB in float64)
 MAX_WEIGHTS = 2048    # and of the forward's staged weights (KB filters x taps), at most; else read in place
-LOCAL_SPARE = 8192    # bytes of local memory left unplanned when staging several channels' patches
+LOCAL_SPARE = 8192    # bytes of local memory left unplanned when staging weights beside the patch
 
 
 def _pow2_at_least(n):
@@ -35,20 +35,24 @@ def _tile(width, height):
     return tx, min(256 // tx, _pow2_at_least(height))
 
 
+def _patch(g, tx, ty, ry):
+    """(PH, PW) of the input patch under a TX x (TY*RY) output tile; PW is rounded up to a
+    multiple of the stride, as the kernel groups the patch's columns by phase."""
+    (sh, sw), (dh, dw) = g.stride, g.dilation
+    return (ty * ry - 1) * sh + (g.kh - 1) * dh + 1, -(-((tx - 1) * sw + (g.kw - 1) * dw + 1) // sw) * sw
+
+
 def _patches(g, staged=True):
     """{pass: (TX, TY, PH, PW, RY)}: work-group tiles, the forward's staged input patch and
     its output rows per work-item: when staging, the most of 4, 2, 1 whose patch fits
     MAX_PATCH (4 rows made depthwise forward 2.3x faster on an H200); otherwise 1 (more
     rows made PoCL up to 1.8x slower)."""
-    (sh, sw), (dh, dw) = g.stride, g.dilation
     tx, ty = _tile(g.OW, g.OH)
     for ry in (4, 2, 1) if staged else (1,):
-        if ry == 1 or (ty * ry <= _pow2_at_least(g.OH)
-                       and ((ty * ry - 1) * sh + (g.kh - 1) * dh + 1) * ((tx - 1) * sw + (g.kw - 1) * dw + 1)
-                       <= MAX_PATCH):
+        ph, pw = _patch(g, tx, ty, ry)
+        if ry == 1 or (ty * ry <= _pow2_at_least(g.OH) and ph * pw <= MAX_PATCH):
             break
-    fwd = (tx, ty, (ty * ry - 1) * sh + (g.kh - 1) * dh + 1, (tx - 1) * sw + (g.kw - 1) * dw + 1, ry)
-    return {"forward": fwd, "backward_input": _tile(g.W, g.H) + fwd[2:]}
+    return {"forward": (tx, ty, ph, pw, ry), "backward_input": _tile(g.W, g.H) + (ph, pw, ry)}
 
 
 def _filters_per_item(g, tile, compute_units):
@@ -181,15 +185,14 @@ class Direct:
         item, weights = self.dtype.itemsize, kb * g.Cg * g.kh * g.kw
         room = self.local_mem - LOCAL_SPARE - ph * pw * item
         wstage = self.staged and g.Cg > 1 and weights <= MAX_WEIGHTS and weights * item <= room
-        # and for small groups the patches of all of a group's channels at once where they fit
-        # beside them: one barrier pair per tile instead of one per channel (H200, ResNeXt forward
-        # and grad-input 0.163 -> 0.140-0.147 ms; the 7x7 stem's three 37x69 patches ran 5-10% slower)
-        room -= wstage * weights * item
-        cs = g.Cg if self.staged and g.groups > 1 and (g.Cg - 1) * ph * pw * item <= room else 1
+        # four filters' staged weights read at once (H200: 7x7 stem forward 0.026 -> 0.021 ms,
+        # ResNeXt forward 0.126 -> 0.110 ms)
+        wvec = wstage and kb % 4 == 0
+        rows = (ry - 1) * g.stride[0] + (g.kh - 1) * g.dilation[0] + 1   # patch rows a work-item reads
         found = self._kernels[key] = (
             get_kernel(queue.context, "direct.cl", name, self.dtype, IDX=idx, TAPS=self.taps, WG=wg, TX=tx, TY=ty,
-                       PH=ph, PW=pw, RY=ry, KB=kb, STAGE=int(self.staged), WSTAGE=int(wstage), CS=cs,
-                       FLIP=int(g is self.transposed), **constants), wg)
+                       PH=ph, PW=pw, PR=rows, RY=ry, KB=kb, STAGE=int(self.staged), WSTAGE=int(wstage),
+                       WVEC=int(wvec), FLIP=int(g is self.transposed), **constants), wg)
         return found
 
     def _forward(self, queue, g, tile, kb, x, w, bias, y, what):
