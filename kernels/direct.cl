@@ -68,16 +68,12 @@
 #endif
 // Input patch a forward tile needs (set by the host from stride, dilation and kernel
 // size): PH = (TY*RY-1)*SH + (KH-1)*DH + 1 rows, PW = (TX-1)*SW + (KW-1)*DW + 1 columns
-// rounded up to a multiple of SW; a work-item's RY rows read PR = (RY-1)*SH + (KH-1)*DH + 1
-// patch rows.
+// rounded up to a multiple of SW.
 #ifndef PH
 #define PH 10
 #endif
 #ifndef PW
 #define PW 34
-#endif
-#ifndef PR
-#define PR 3
 #endif
 
 #ifndef FLIP           // 1: direct_forward computes grad-input of a stride-1 convolution instead (see there)
@@ -121,9 +117,20 @@
 #define COL(px) (((px) % SW) * (PW / SW) + (px) / SW)
 #define COL_AT(lx, d) (((d) % SW) * (PW / SW) + (lx) + (d) / SW)
 // Staging: element e = lid + s * TX * TY of the patch, s < STAGE_READS, is its row py and
-// column px, input (y0 + py, x0 + px).
+// column px, input (y0 + py, x0 + px). Where a work-item's share fits in registers
+// (AHEAD), it reads the next channel's share while summing over the current one.
 #define STAGE_READS ((PH * PW + TX * TY - 1) / (TX * TY))   // per work-item
 #define STAGE_AT(s) const int e = lid + (s) * TX * TY, py = e / PW, px = e - py * PW
+#define AHEAD (STAGE_READS <= 16)
+#define PR ((RY - 1) * SH + (KH - 1) * DH + 1)   // patch rows under a work-item's RY outputs
+
+// Patch element (py, px) of the input plane at x[xb] (0 in the padding).
+inline REAL patch_value(__global const REAL* restrict x, const IDX xb, const int y0, const int x0,
+                        const int H, const int W, const int py, const int px)
+{
+    const int iy = y0 + py, ix = x0 + px;
+    return iy >= 0 && iy < H && ix >= 0 && ix < W ? x[xb + iy * W + ix] : (REAL)0;
+}
 
 // A work-item's share of the patch of the input plane at x[xb].
 inline void read_patch(REAL* got, __global const REAL* restrict x, const IDX xb, const int y0, const int x0,
@@ -131,8 +138,7 @@ inline void read_patch(REAL* got, __global const REAL* restrict x, const IDX xb,
 {
     for (int s = 0; s < STAGE_READS; ++s) {
         STAGE_AT(s);
-        const int iy = y0 + py, ix = x0 + px;
-        got[s] = e < PH * PW && iy >= 0 && iy < H && ix >= 0 && ix < W ? x[xb + iy * W + ix] : (REAL)0;
+        got[s] = e < PH * PW ? patch_value(x, xb, y0, x0, H, W, py, px) : (REAL)0;
     }
 }
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
@@ -170,17 +176,26 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
 #define WEIGHT(b, c, i, j) w[w_off + WBASE(k0 + (b), c) + TAP(i, j)]
 #endif
 #if STAGE
-    // Each work-item reads its share of the next channel's patch ahead, into registers: all
-    // its reads are in flight together, and overlap the sums over the current channel.
+    // With AHEAD, each work-item reads its share of the next channel's patch ahead, into
+    // registers: all its reads are in flight together, and overlap the sums over this channel.
+#if AHEAD
     REAL got[STAGE_READS];
     read_patch(got, x, x_off + ((IDX)n * C + c0) * H * W, y0, x0, H, W, lid);
+#endif
     for (int c = 0; c < CG; ++c) {
+        const IDX xb = x_off + ((IDX)n * C + c0 + c) * H * W;   // this channel's input plane
         for (int s = 0; s < STAGE_READS; ++s) {
             STAGE_AT(s);
+#if AHEAD
             if (e < PH * PW) patch[py][COL(px)] = got[s];
+#else
+            if (e < PH * PW) patch[py][COL(px)] = patch_value(x, xb, y0, x0, H, W, py, px);
+#endif
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (c + 1 < CG) read_patch(got, x, x_off + ((IDX)n * C + c0 + c + 1) * H * W, y0, x0, H, W, lid);
+#if AHEAD
+        if (c + 1 < CG) read_patch(got, x, xb + (IDX)H * W, y0, x0, H, W, lid);
+#endif
         for (int j = 0; j < KW; ++j) {
             REAL v[PR];    // column lx * SW + j * DW of the rows under this work-item's RY outputs
             for (int t = 0; t < PR; ++t) v[t] = patch[ly * RY * SH + t][COL_AT(lx, j * DW)];

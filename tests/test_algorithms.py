@@ -249,15 +249,19 @@ def test_winograd_split_k_grad_weight_with_chunks(case, queue):
 class QueueAs:
     """``queue`` whose device reports other properties to the plans built on it."""
     def __init__(self, q, **device):
-        props = ("max_compute_units", "type", "max_mem_alloc_size", "max_work_group_size", "local_mem_size")
+        props = ("max_compute_units", "type", "max_mem_alloc_size", "max_work_group_size", "local_mem_size",
+                 "extensions")
         self._q, self.device = q, SimpleNamespace(**{**{k: getattr(q.device, k) for k in props}, **device})
 
     def __getattr__(self, name):
         return getattr(self._q, name)
 
 
-@pytest.mark.parametrize("case", [next(c for c in EXTRA if c.name == "stem_7x7_s2"),
-                                  Case("grouped_kg4_s1", 2, 8, 13, 11, 8, 3, 3, padding=1, groups=2)], ids=repr)
+GROUPED_KG4 = Case("grouped_kg4_s1", 2, 8, 13, 11, 8, 3, 3, padding=1, groups=2)
+STEM = next(c for c in EXTRA if c.name == "stem_7x7_s2")
+
+
+@pytest.mark.parametrize("case", [STEM, GROUPED_KG4], ids=repr)
 def test_direct_several_filters_per_work_item(case, queue):
     """On a device of one compute unit every work-group count is enough: the forward kernel
     takes the most filters per work-item it can (on GPUs staging the patch in local memory),
@@ -273,28 +277,58 @@ def test_direct_several_filters_per_work_item(case, queue):
                  "grad-input")
 
 
-STAGED_ROWS = [  # (case, forward rows per work-item): strided and dilated rows shared by a work-item
-    (Case("depthwise_s2_rows", 1, 2, 70, 40, 2, 3, 3, stride=2, padding=1, groups=2), 2),
-    (Case("few_channels_s2x1_d2", 1, 3, 45, 50, 4, 3, 3, stride=(2, 1), padding=2, dilation=2), 4),
+def _staged_features(algo):
+    """What a direct plan's GPU-form forward launches do: rows and filters per work-item, and
+    patch values each work-item stages (the kernel reads them ahead for at most 16)."""
+    tx, ty, ph, pw, ry = algo.tiles["forward"]
+    return {"rows": ry, "filters": algo.kb["forward"], "grad_input_filters": algo.kb["backward_input"],
+            "reads": -(-ph * pw // (tx * ty))}
+
+
+STAGED_EXTRA = [  # (case, what its plan must do on one compute unit)
+    (Case("depthwise_s2_rows", 1, 2, 70, 40, 2, 3, 3, stride=2, padding=1, groups=2), {"rows": 2}),
+    (Case("few_channels_s2x1_d2", 1, 3, 45, 50, 4, 3, 3, stride=(2, 1), padding=2, dilation=2),
+     {"rows": 4, "filters": 4}),
+    # grad-input through the forward kernel with four filters' weights read at once
+    (GROUPED_KG4, {"grad_input_filters": 4}),
+    # one output per plane under a 17x17 patch: too many values per work-item to read ahead
+    (Case("g2_5x5_d4_one_output", 1, 4, 17, 17, 2, 5, 5, dilation=4, groups=2), {"reads": 289}),
 ]
 
 
-@pytest.mark.parametrize("case,rows", [(c, None) for c in CASES + EXTRA if Direct.applies(
-    conv_geometry(c.input_shape, c.weight_shape, **c.options))[0]] + STAGED_ROWS, ids=repr)
-def test_direct_staged_matches_reference(case, rows, queue):
-    """The GPU form of the direct kernels on any device: patches and weights staged in local
-    memory, several rows and filters per work-item, patch columns grouped by stride phase."""
-    x, w, b, dy = case.data()
+def _direct_staged(case, dtype, units, queue):
+    """The GPU form of the direct kernels on any device (its queue reports a GPU of ``units``
+    compute units) against the reference."""
+    x, w, b, dy = case.data(dtype)
     opts = case.options
     g = conv_geometry(x.shape, w.shape, **opts)
-    p = clconv.Plan(g, np.float32, QueueAs(queue, type=cl.device_type.GPU), algorithm="direct")
+    p = clconv.Plan(g, dtype, QueueAs(queue, type=cl.device_type.GPU, max_compute_units=units), algorithm="direct")
     algo = p._choice["forward"][0]
-    assert algo.staged and rows in (None, algo.tiles["forward"][4])
-    assert_close(p.forward(x, w, b, queue=queue), reference.conv2d(x, w, b, **opts), np.float32, "forward")
-    assert_close(p.backward_input(w, dy, queue=queue), reference.conv2d_input(x.shape, w, dy, **opts), np.float32,
+    assert algo.staged
+    assert_close(p.forward(x, w, b, queue=queue), reference.conv2d(x, w, b, **opts), dtype, "forward")
+    assert_close(p.backward_input(w, dy, queue=queue), reference.conv2d_input(x.shape, w, dy, **opts), dtype,
                  "grad-input")
-    assert_close(p.backward_weight(x, dy, queue=queue), reference.conv2d_weight(x, w.shape, dy, **opts),
-                 np.float32, "grad-weight")
+    assert_close(p.backward_weight(x, dy, queue=queue), reference.conv2d_weight(x, w.shape, dy, **opts), dtype,
+                 "grad-weight")
+    return algo
+
+
+@pytest.mark.parametrize("units", [1, 132], ids=lambda u: f"{u}_units")
+@pytest.mark.parametrize("case,expect", [(c, {}) for c in CASES + EXTRA if Direct.applies(
+    conv_geometry(c.input_shape, c.weight_shape, **c.options))[0]] + STAGED_EXTRA, ids=repr)
+def test_direct_staged_matches_reference(case, expect, units, queue):
+    """Staged patches and weights, several rows and filters per work-item (one compute unit:
+    the most filters; 132: as on an H200), patch columns grouped by stride phase."""
+    features = _staged_features(_direct_staged(case, np.float32, units, queue))
+    if units == 1:
+        assert {k: features[k] for k in expect} == expect
+
+
+@pytest.mark.parametrize("case", [STEM, GROUPED_KG4], ids=repr)
+def test_direct_staged_float64(case, queue):
+    if not has_fp64(queue.device):
+        pytest.skip("the device has no float64")
+    _direct_staged(case, np.float64, 1, queue)
 
 
 def test_auto_passes_over_winograd_above_the_workspace_limit(queue):

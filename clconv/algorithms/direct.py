@@ -188,10 +188,9 @@ class Direct:
         # four filters' staged weights read at once (H200: 7x7 stem forward 0.026 -> 0.021 ms,
         # ResNeXt forward 0.126 -> 0.110 ms)
         wvec = wstage and kb % 4 == 0
-        rows = (ry - 1) * g.stride[0] + (g.kh - 1) * g.dilation[0] + 1   # patch rows a work-item reads
         found = self._kernels[key] = (
             get_kernel(queue.context, "direct.cl", name, self.dtype, IDX=idx, TAPS=self.taps, WG=wg, TX=tx, TY=ty,
-                       PH=ph, PW=pw, PR=rows, RY=ry, KB=kb, STAGE=int(self.staged), WSTAGE=int(wstage),
+                       PH=ph, PW=pw, RY=ry, KB=kb, STAGE=int(self.staged), WSTAGE=int(wstage),
                        WVEC=int(wvec), FLIP=int(g is self.transposed), **constants), wg)
         return found
 
