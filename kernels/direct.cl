@@ -117,11 +117,12 @@
 #define COL(px) (((px) % SW) * (PW / SW) + (px) / SW)
 #define COL_AT(lx, d) (((d) % SW) * (PW / SW) + (lx) + (d) / SW)
 // Staging: element e = lid + s * TX * TY of the patch, s < STAGE_READS, is its row py and
-// column px, input (y0 + py, x0 + px). Where a work-item's share fits in registers
-// (AHEAD), it reads the next channel's share while summing over the current one.
+// column px, input (y0 + py, x0 + px). Where a work-item's share fits in registers and the
+// work-group has at least 32 work-items (AHEAD), it reads the next channel's share while
+// summing over the current one (PoCL 3.0's compiler crashed on that form for 2-item groups).
 #define STAGE_READS ((PH * PW + TX * TY - 1) / (TX * TY))   // per work-item
 #define STAGE_AT(s) const int e = lid + (s) * TX * TY, py = e / PW, px = e - py * PW
-#define AHEAD (STAGE_READS <= 16)
+#define AHEAD (STAGE_READS <= 16 && TX * TY >= 32)
 #define PR ((RY - 1) * SH + (KH - 1) * DH + 1)   // patch rows under a work-item's RY outputs
 
 // Patch element (py, px) of the input plane at x[xb] (0 in the padding).

@@ -293,6 +293,8 @@ STAGED_EXTRA = [  # (case, what its plan must do on one compute unit)
     (GROUPED_KG4, {"grad_input_filters": 4}),
     # one output per plane under a 17x17 patch: too many values per work-item to read ahead
     (Case("g2_5x5_d4_one_output", 1, 4, 17, 17, 2, 5, 5, dilation=4, groups=2), {"reads": 289}),
+    # 2-work-item tiles (PoCL 3.0's compiler crashed on their read-ahead form)
+    (Case("two_item_tile", 1, 2, 4, 3, 4, 3, 3), {}),
 ]
 
 
