@@ -95,9 +95,9 @@
 // Work-group: a TX x (TY*RY) output tile of KB planes (n, k0..k0+KB-1) of one group, group
 // id 2 = n * K / KB + k0 / KB; each work-item computes RY adjacent rows of one column for
 // its KB filters. For each input channel of the group, the patch under the tile is staged
-// in local memory (the next channel's is read meanwhile); per filter column j, a work-item
-// reads the PR patch values its RY rows share into registers once, and uses each for every
-// row and filter tap that needs it. The KB filters' weights are staged too with WSTAGE
+// in local memory (with AHEAD, the next channel's is read meanwhile); per filter column j, a
+// work-item reads the PR patch values its RY rows share into registers once, and uses each for
+// every row and filter tap that needs it. The KB filters' weights are staged too with WSTAGE
 // (else read in place).
 // FLIP: for stride 1, grad-input is this same sum over dy with each group's weight
 // transposed (its KG filters become the channels) and rotated by 180 degrees; the
