@@ -140,9 +140,10 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, offsets, si, sj, lds, *, a
     if im2col is not None:
         spans[1] = im2col.span
     idx = index_type(*(off + (gi - 1) * i + (gj - 1) * j + span for off, i, j, span in zip(offsets, si, sj, spans)))
-    va, vb = (read_width(queue.device, itemsize, offsets[x], si[x], sj[x], lds[x], gi, gj) for x in (0, 1))
-    kernel = _kernel(queue.context, np.dtype(dtype), tm, tn, bool(a_transp), bool(b_transp), va,
-                     1 if im2col else vb, idx, im2col.defines() if im2col else ())
+    va, vb = (1 if x == 1 and im2col else read_width(queue.device, itemsize, offsets[x], si[x], sj[x], lds[x], gi, gj)
+              for x in (0, 1))   # an im2col B is gathered one value at a time
+    kernel = _kernel(queue.context, np.dtype(dtype), tm, tn, bool(a_transp), bool(b_transp), va, vb, idx,
+                     im2col.defines() if im2col else ())
     groups = -(-m // tm) * -(-n // tn) * gi * gj
     return launch(queue, kernel, (groups * tn // 8, tm // 8), (tn // 8, tm // 8), m, n, k, alpha, beta, gj,
                   a, offsets[0], lds[0], si[0], sj[0], b, offsets[1], lds[1], si[1], sj[1],

@@ -14,6 +14,26 @@ def assert_close(actual, expected, dtype, what=""):
     assert err <= TOLERANCE[np.dtype(dtype)], f"{what}: normalised max error {err:.3g} > {TOLERANCE[np.dtype(dtype)]}"
 
 
+class QueueAs:
+    """``queue`` whose device reports other values for the properties given (the rest are the
+    real device's), to the plans built on it; kernels still run on the real queue."""
+
+    def __init__(self, queue, **device):
+        self._q, self.device = queue, _DeviceAs(queue.device, device)
+
+    def __getattr__(self, name):
+        return getattr(self._q, name)
+
+
+class _DeviceAs:
+    def __init__(self, device, overrides):
+        self._device = device
+        self.__dict__.update(overrides)
+
+    def __getattr__(self, name):
+        return getattr(self._device, name)
+
+
 class Case:
     """One convolution configuration: input (N, C, H, W), weight (K, C/groups, kh, kw), options."""
 

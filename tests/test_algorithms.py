@@ -1,6 +1,5 @@
 """Each algorithm against the reference on every case it applies to; the planner's choices."""
 import re
-from types import SimpleNamespace
 
 import numpy as np
 import pyopencl as cl
@@ -9,11 +8,11 @@ import pytest
 
 import clconv
 from clconv import reference
-from clconv.device import has_fp64
 from clconv.algorithms.direct import Direct
+from clconv.device import has_fp64
 from clconv.geometry import conv_geometry
 from clconv.plan import ALGORITHMS
-from helpers import CASES, Case, assert_close
+from helpers import CASES, Case, QueueAs, assert_close
 
 EXTRA = [  # cases that exercise the specialised algorithms harder
     Case("fc_mode_g4_wide", 5, 8, 3, 2, 12, 3, 2, groups=4),
@@ -246,17 +245,6 @@ def test_winograd_split_k_grad_weight_with_chunks(case, queue):
     assert_close(p.backward_weight(x, dy), want, np.float32, "grad-weight, one image per chunk")
 
 
-class QueueAs:
-    """``queue`` whose device reports other properties to the plans built on it."""
-    def __init__(self, q, **device):
-        props = ("max_compute_units", "type", "max_mem_alloc_size", "max_work_group_size", "local_mem_size",
-                 "extensions")
-        self._q, self.device = q, SimpleNamespace(**{**{k: getattr(q.device, k) for k in props}, **device})
-
-    def __getattr__(self, name):
-        return getattr(self._q, name)
-
-
 GROUPED_KG4 = Case("grouped_kg4_s1", 2, 8, 13, 11, 8, 3, 3, padding=1, groups=2)
 STEM = next(c for c in EXTRA if c.name == "stem_7x7_s2")
 
@@ -279,7 +267,8 @@ def test_direct_several_filters_per_work_item(case, queue):
 
 def _staged_features(algo):
     """What a direct plan's GPU-form forward launches do: rows and filters per work-item, and
-    patch values each work-item stages (the kernel reads them ahead for at most 16)."""
+    patch values each work-item stages (the kernel reads them ahead for at most 16, in
+    work-groups of at least 32 work-items)."""
     tx, ty, ph, pw, ry = algo.tiles["forward"]
     return {"rows": ry, "filters": algo.kb["forward"], "grad_input_filters": algo.kb["backward_input"],
             "reads": -(-ph * pw // (tx * ty))}

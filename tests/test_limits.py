@@ -7,7 +7,7 @@ import pytest
 import clconv
 from clconv import programs, reference
 from clconv.plan import ALGORITHMS
-from helpers import CASES, assert_close
+from helpers import CASES, QueueAs, assert_close
 
 LIMIT_CASES = [c for c in CASES if c.name in {"g2_k3x3_s2_pad_pair", "depthwise_x2_s2_same", "fc_mode_g2",
                                               "k1x1_g2", "g3_same_s3"}]
@@ -40,22 +40,8 @@ def test_small_max_allocation_forces_chunks_with_the_same_result(queue, monkeypa
     full = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="im2col")
     per_image = full.workspace_bytes // x.shape[0]
 
-    class SmallDevice:
-        def __init__(self, device):
-            self._device = device
-            self.max_mem_alloc_size = 2 * per_image
-
-        def __getattr__(self, name):
-            return getattr(self._device, name)
-
-    class SmallQueue:
-        def __init__(self, q):
-            self._q, self.device = q, SmallDevice(q.device)
-
-        def __getattr__(self, name):
-            return getattr(self._q, name)
-
-    small = clconv.Plan(full.geometry, np.float32, SmallQueue(queue), algorithm="im2col")
+    small = clconv.Plan(full.geometry, np.float32, QueueAs(queue, max_mem_alloc_size=2 * per_image),
+                        algorithm="im2col")
     assert small.workspace_bytes <= 2 * per_image < full.workspace_bytes
     assert "3 chunk(s)" in small.explain()
     for got, want in [(small.forward(x, w, b, queue=queue), full.forward(x, w, b)),
