@@ -228,13 +228,16 @@ def prepare(queue, plan, arrays, shapes, out, out_shape):
     they come from the arrays. Returns (queue, dict of device arrays incl. "out", numpy_mode).
     Every call of every pass runs this: it asks the driver nothing it already knows.
     """
-    given = {name: a for name, a in arrays.items() if a is not None}
-    for name, a in given.items():
+    given = [(name, a) for name, a in arrays.items() if a is not None]
+    for name, a in given:
         check_type(name, a)
-    check_same_dtype(**given, out=out)
-    queue = pick_queue(queue, *given.values(), out, default=plan.queue if plan else None)
+    if out is not None:
+        check_type("out", out)
+    dtype = given[0][1].dtype
+    if any(a.dtype != dtype for _, a in given) or (out is not None and out.dtype != dtype):
+        check_same_dtype(**dict(given), out=out)   # raises, naming them all
+    queue = pick_queue(queue, *(a for _, a in given), out, default=plan.queue if plan else None)
     context = queue_context(queue)
-    dtype = next(iter(given.values())).dtype
     if plan is not None:
         if queue is not plan.queue and context != plan.context:
             raise ValueError("the queue belongs to another OpenCL context than this plan")
@@ -242,12 +245,16 @@ def prepare(queue, plan, arrays, shapes, out, out_shape):
             raise TypeError(f"this plan is for {plan.dtype}, got arrays of dtype {dtype}")
     else:
         check_dtype_supported(dtype, queue.device)
-    for name, a in given.items():
+    for name, a in given:
         check_array(name, a, shapes[name], context)
-    check_out(out, out_shape, dtype, context, given)
-    numpy_mode = not any(is_device_array(a) for a in given.values())
-    dev = {name: a if a is None or is_device_array(a) else cla.to_device(queue, np.ascontiguousarray(a))
-           for name, a in arrays.items()}
+    check_out(out, out_shape, context, given)
+    dev = dict(arrays)
+    numpy_mode = True
+    for name, a in given:
+        if is_device_array(a):
+            numpy_mode = False
+        else:
+            dev[name] = cla.to_device(queue, np.ascontiguousarray(a))
     dev["out"] = out if is_device_array(out) else cla.empty(queue, out_shape, dtype)
     return queue, dev, numpy_mode
 

@@ -127,6 +127,32 @@ def launch(queue, kernel, global_size, local_size, *args, what=""):
     return event
 
 
+def bound_kernel(kernel, args):
+    """A private copy of ``kernel`` with ``args`` set, for :func:`relaunch` (which sets only
+    the arguments that change: setting all, 20-30 for some kernels, costs host time each call)."""
+    copy = cl.Kernel(kernel.program, kernel.function_name)
+    copy.set_scalar_arg_dtypes(_scalar_arg_dtypes(copy))
+    copy.set_args(*args)
+    return copy
+
+
+def relaunch(queue, kernel, global_size, local_size, changed, what=""):
+    """Enqueue a :func:`bound_kernel` again after setting ``changed``, ((position, value), ...);
+    ``global_size`` already a multiple of ``local_size``, as :func:`launch` made it."""
+    try:
+        with _launch_lock:
+            for pos, value in changed:
+                kernel.set_arg(pos, value)
+            event = cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size)
+    except cl.Error as exc:
+        raise ClconvError(f"clconv: {what or kernel.function_name}: launching {kernel.function_name} "
+                          f"over {global_size} failed: {exc}") from exc
+    if getattr(_recording, "events", None) is not None:
+        record(kernel.function_name, event)
+    not_capturable()   # a capture in progress would not see this launch
+    return event
+
+
 class Capture:
     """The launches one thread made while capturing, as ``(kernel, global size, local size,
     args, what)``; ``complete`` is False when it also enqueued something else (a CLBlast GEMM,

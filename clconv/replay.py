@@ -4,8 +4,8 @@ Working out a pass (its kernels, index types, GEMM tiles, argument lists) costs 
 every call, often more than the device spends on a small convolution. What a pass enqueues
 depends only on its plan, the GEMM engine, the queue, the arrays' offsets and extents, which
 arrays share a buffer, and the workspace's size; so a plan keeps, per such signature, the
-launches its first call made, with the buffers left out, and later calls re-enqueue them with
-their own buffers. Passes that enqueue anything besides clconv's own kernels (CLBlast GEMMs,
+launches its first call made, each on a private copy of its kernel with every argument but the
+buffers set once, and later calls set only the buffers and enqueue. Passes that enqueue anything besides clconv's own kernels (CLBlast GEMMs,
 per-group queues) are not kept and run in full every time.
 """
 import threading
@@ -14,7 +14,7 @@ from collections import OrderedDict
 import pyopencl as cl
 
 from . import gemm
-from .programs import capturing, launch
+from .programs import bound_kernel, capturing, relaunch
 
 KEPT = 8   # signatures kept per plan
 
@@ -31,11 +31,9 @@ class Replays:
         key = _signature(pass_name, queue, refs, ws_size)
         entry = self._entries.get(key)
         if entry is not None and entry[0] is queue:
-            for kernel, global_size, local_size, args, slots, what in entry[1]:
-                args = list(args)
-                for pos, i in slots:
-                    args[pos] = ws if i < 0 else refs[i].buf
-                launch(queue, kernel, global_size, local_size, *args, what=what)
+            for kernel, global_size, local_size, slots, what in entry[1]:
+                relaunch(queue, kernel, global_size, local_size,
+                         [(pos, ws if i < 0 else refs[i].buf) for pos, i in slots], what)
             return
         with capturing() as capture:
             enqueue()
@@ -50,17 +48,18 @@ class Replays:
 def _signature(pass_name, queue, refs, ws_size):
     """What the launches depend on besides the plan: per array its offset, extent and the first
     array sharing its buffer; the queue, the GEMM engine and the workspace's size."""
-    first = {}   # id of a buffer -> the first array in it (all are alive during the call)
-    arrays = tuple(None if r is None else (r.off, r.end, first.setdefault(id(r.buf), i)) for i, r in enumerate(refs))
+    ids = [None if r is None else id(r.buf) for r in refs]   # all buffers are alive during the call
+    arrays = tuple(None if r is None else (r.off, r.end, ids.index(i)) for r, i in zip(refs, ids))
     return pass_name, queue.int_ptr, gemm.engine(), ws_size, arrays
 
 
 def _steps(capture, refs, ws):
-    """The captured launches with each buffer argument replaced by its slot: -1 for the
-    workspace, i for ``refs[i]``; None if a launch took a buffer that is neither."""
+    """The captured launches as (kernel copy with the arguments set, global size, local size,
+    buffer slots, what); a slot is (argument position, -1 for the workspace or i for
+    ``refs[i]``). None if a launch took a buffer that is neither."""
     steps = []
     for kernel, global_size, local_size, args, what in capture.launches:
-        args, slots = list(args), []
+        slots = []
         for pos, a in enumerate(args):
             if isinstance(a, cl.MemoryObjectHolder):
                 if a is ws:
@@ -70,6 +69,5 @@ def _steps(capture, refs, ws):
                     if i is None:
                         return None
                     slots.append((pos, i))
-                args[pos] = None   # kept without the caller's buffers
-        steps.append((kernel, global_size, local_size, tuple(args), tuple(slots), what))
+        steps.append((bound_kernel(kernel, args), global_size, local_size, tuple(slots), what))
     return steps

@@ -53,24 +53,22 @@ def check_array(name, a, shape, context):
             raise ValueError(f"{name} has a byte offset {a.offset} that is not a multiple of its item size")
 
 
-def check_out(out, shape, dtype, context, inputs):
-    """Validate an ``out=`` array: device array, shape, dtype, context, no overlap with inputs."""
+def check_out(out, shape, context, inputs):
+    """Validate an ``out=`` array (its type and dtype already checked): shape, context, and for a
+    device array no overlap with the ``inputs``, ((name, array), ...)."""
     if out is None:
         return
-    if not isinstance(out, (cla.Array, np.ndarray)):
-        raise TypeError(f"out must be a pyopencl.array.Array or a numpy.ndarray, got {type(out).__name__}")
-    if out.dtype != dtype:
-        raise TypeError(f"out has dtype {out.dtype}, expected {dtype}")
     check_array("out", out, shape, context)
-    if isinstance(out, np.ndarray) and any(is_device_array(a) for a in inputs.values() if a is not None):
-        raise TypeError("out is a numpy.ndarray but the inputs are device arrays; pass a pyopencl Array")
-    if is_device_array(out):
-        lo, hi = out.offset, out.offset + out.nbytes
-        for name, a in inputs.items():
-            if is_device_array(a) and a.base_data == out.base_data and a.nbytes and out.nbytes:
-                if a.offset < hi and lo < a.offset + a.nbytes:
-                    raise ValueError(f"out of size {list(out.shape)} (bytes {lo}..{hi}) overlaps {name} of size "
-                                     f"{list(a.shape)} (bytes {a.offset}..{a.offset + a.nbytes}) in one buffer")
+    if not is_device_array(out):
+        if any(is_device_array(a) for _, a in inputs):
+            raise TypeError("out is a numpy.ndarray but the inputs are device arrays; pass a pyopencl Array")
+        return
+    lo, hi = out.offset, out.offset + out.nbytes
+    for name, a in inputs:
+        if is_device_array(a) and a.base_data == out.base_data and a.nbytes and out.nbytes:
+            if a.offset < hi and lo < a.offset + a.nbytes:
+                raise ValueError(f"out of size {list(out.shape)} (bytes {lo}..{hi}) overlaps {name} of size "
+                                 f"{list(a.shape)} (bytes {a.offset}..{a.offset + a.nbytes}) in one buffer")
 
 
 def pick_queue(queue, *arrays, default=None):

@@ -60,6 +60,7 @@ BAD_CASES = [
      ValueError, "[2, 6, 5]"),
     ("grad_bias_rank", lambda e, out: clconv.conv2d_bias(arr(e.queue, (2, 6, 5))), ValueError, "[2, 6, 5]"),
     ("not_an_array", lambda e, out: fwd([[1.0]], e.w, out=out), TypeError, "list"),
+    ("out_not_an_array", lambda e, out: fwd(e.x, e.w, groups=2, out=[0.0]), TypeError, "out must be"),
     ("unknown_algorithm", lambda e, out: clconv.plan(X, W, groups=2, algorithm="cudnn"), ValueError, "cudnn"),
 ]
 
