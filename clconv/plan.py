@@ -22,8 +22,8 @@ from .algorithms.winograd import Winograd
 from .device import check_dtype_supported
 from .geometry import check_grad_output, conv_geometry
 from .replay import Replays
-from .validate import (check_array, check_out, check_same_dtype, check_type, is_device_array, pick_queue,
-                       queue_context)
+from .validate import (all_plain, check_array, check_out, check_same_dtype, check_type, is_device_array,
+                       pick_queue, queue_context)
 from .workspace import workspace
 
 # In order of preference: the first that applies is chosen by algorithm="auto".
@@ -69,6 +69,11 @@ class Plan:
         self._runs = {p: (algo, f"{p} of input {list(g.input_shape)} with weight {list(g.weight_shape)} [{algo.name}]",
                           self._workspace_elements(p) * self.compute_dtype.itemsize)
                       for p, (algo, _) in self._choice.items()}
+        # per pass: the expected size of each argument and of the result, checked on every call
+        self._shapes = {"forward": ({"input": g.input_shape, "weight": g.weight_shape, "bias": (g.K,)},
+                                    g.output_shape),
+                        "backward_input": ({"weight": g.weight_shape, "grad_output": g.output_shape}, g.input_shape),
+                        "backward_weight": ({"input": g.input_shape, "grad_output": g.output_shape}, g.weight_shape)}
         self._replays = Replays()
 
     def _tuned_winners(self):
@@ -187,34 +192,31 @@ class Plan:
 
     def forward(self, input, weight, bias=None, *, out=None, queue=None):
         """output (N, K, OH, OW) = conv2d(input (N, C, H, W), weight (K, C/groups, kh, kw)) + bias (K,)."""
-        g = self.geometry
-        shapes = {"input": g.input_shape, "weight": g.weight_shape, "bias": (g.K,)}
+        shapes, out_shape = self._shapes["forward"]
         queue, dev, numpy_mode = prepare(queue, self, {"input": input, "weight": weight, "bias": bias},
-                                         shapes, out, g.output_shape)
-        if g.N:
+                                         shapes, out, out_shape)
+        if self.geometry.N:
             self._run("forward", queue, ref(dev["input"]), ref(dev["weight"]),
                       None if bias is None else ref(dev["bias"]), ref(dev["out"]))
         return finish(dev, out, numpy_mode)
 
     def backward_input(self, weight, grad_output, *, out=None, queue=None):
         """grad_input (N, C, H, W) from weight (K, C/groups, kh, kw) and grad_output (N, K, OH, OW)."""
-        g = self.geometry
-        shapes = {"weight": g.weight_shape, "grad_output": g.output_shape}
-        _check_grad_output_rank(grad_output, g)
+        _check_grad_output_rank(grad_output, self.geometry)
+        shapes, out_shape = self._shapes["backward_input"]
         queue, dev, numpy_mode = prepare(queue, self, {"weight": weight, "grad_output": grad_output},
-                                         shapes, out, g.input_shape)
-        if g.N:
+                                         shapes, out, out_shape)
+        if self.geometry.N:
             self._run("backward_input", queue, ref(dev["weight"]), ref(dev["grad_output"]), ref(dev["out"]))
         return finish(dev, out, numpy_mode)
 
     def backward_weight(self, input, grad_output, *, out=None, queue=None):
         """grad_weight (K, C/groups, kh, kw) from input (N, C, H, W) and grad_output (N, K, OH, OW)."""
-        g = self.geometry
-        shapes = {"input": g.input_shape, "grad_output": g.output_shape}
-        _check_grad_output_rank(grad_output, g)
+        _check_grad_output_rank(grad_output, self.geometry)
+        shapes, out_shape = self._shapes["backward_weight"]
         queue, dev, numpy_mode = prepare(queue, self, {"input": input, "grad_output": grad_output},
-                                         shapes, out, g.weight_shape)
-        if g.N:
+                                         shapes, out, out_shape)
+        if self.geometry.N:
             self._run("backward_weight", queue, ref(dev["input"]), ref(dev["grad_output"]), ref(dev["out"]))
         else:
             storage.zero(queue, dev["out"])
@@ -224,10 +226,17 @@ class Plan:
 def prepare(queue, plan, arrays, shapes, out, out_shape):
     """Check every argument, then upload NumPy ones (nothing is enqueued before all checks pass).
 
-    ``plan`` gives the dtype, context and fallback queue; without one (grad-bias)
-    they come from the arrays. Returns (queue, dict of device arrays incl. "out", numpy_mode).
+    ``shapes``: {name: expected size}; ``out_shape``: the result's. ``plan`` gives the dtype,
+    context and fallback queue; without one (grad-bias) they come from the arrays.
+    Returns (queue, dict of device arrays incl. "out", numpy_mode).
     Every call of every pass runs this: it asks the driver nothing it already knows.
     """
+    if plan is not None:   # the usual call, device arrays that pass every check: tested in one go
+        q = pick_queue(queue, *arrays.values(), out, default=plan.queue)
+        context = queue_context(q)
+        if (q is plan.queue or context == plan.context) and all_plain(plan.dtype, context, arrays, shapes, out,
+                                                                        out_shape):
+            return q, {**arrays, "out": cla.empty(q, out_shape, plan.dtype) if out is None else out}, False
     given = [(name, a) for name, a in arrays.items() if a is not None]
     for name, a in given:
         check_type(name, a)

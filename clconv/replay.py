@@ -5,8 +5,9 @@ every call, often more than the device spends on a small convolution. What a pas
 depends only on its plan, the GEMM engine, the queue, the arrays' offsets and extents, which
 arrays share a buffer, and the workspace's size; so a plan keeps, per such signature, the
 launches its first call made, each on a private copy of its kernel with every argument but the
-buffers set once, and later calls set only the buffers and enqueue. Passes that enqueue anything besides clconv's own kernels (CLBlast GEMMs,
-per-group queues) are not kept and run in full every time.
+buffers set once, and later calls set only the buffers and enqueue. Passes that enqueue
+anything besides clconv's own kernels (CLBlast GEMMs, per-group queues) are not kept and run
+in full every time.
 """
 import threading
 from collections import OrderedDict

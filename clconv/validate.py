@@ -71,6 +71,28 @@ def check_out(out, shape, context, inputs):
                                  f"{list(a.shape)} (bytes {a.offset}..{a.offset + a.nbytes}) in one buffer")
 
 
+def all_plain(dtype, context, arrays, shapes, out, out_shape):
+    """Whether every array (``arrays``: {name: array or None}, ``out`` or None) is a C-contiguous
+    pyopencl Array of ``dtype`` and its expected shape in ``context``, aligned, and ``out``
+    overlaps none of the others: the usual call, accepted in one quick test. Anything else
+    goes through the checks above, which name what is wrong (or accept it)."""
+    for name, a in arrays.items():
+        if a is not None and not _plain(a, dtype, shapes[name], context):
+            return False
+    if out is None:
+        return True
+    if not _plain(out, dtype, out_shape, context):
+        return False
+    lo, hi = out.offset, out.offset + out.nbytes
+    return not any(a is not None and a.base_data == out.base_data and a.offset < hi and lo < a.offset + a.nbytes
+                   for a in arrays.values())
+
+
+def _plain(a, dtype, shape, context):
+    return (type(a) is cla.Array and a.dtype == dtype and a.shape == shape and a.context == context
+            and a.flags.c_contiguous and not a.offset % dtype.itemsize)
+
+
 def pick_queue(queue, *arrays, default=None):
     """``queue`` if given, else the first device array's queue, else ``default``,
     else :func:`clconv.default_queue`."""

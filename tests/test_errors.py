@@ -48,6 +48,8 @@ BAD_CASES = [
     ("arrays_other_contexts", lambda e, out: fwd(e.x, arr(e.oq, W), groups=2, out=out), ValueError, "context"),
     ("non_contiguous", lambda e, out: fwd(arr(e.queue, (2, 4, 6, 7)).transpose((0, 1, 3, 2)), e.w, groups=2, out=out),
      ValueError, "contiguous"),
+    ("misaligned_input", lambda e, out: fwd(cla.Array(e.queue, X, np.float32, data=e.big.base_data, offset=2), e.w,
+                                            groups=2, out=out), ValueError, "byte offset 2"),
     ("out_overlaps_input", lambda e, out: fwd(e.big[:336].reshape(X), e.w, groups=2, out=e.big[100:340].reshape(Y)),
      ValueError, "overlaps"),
     ("zero_channels", lambda e, out: fwd(np.ones((2, 0, 7, 6), np.float32), np.ones((6, 0, 3, 3), np.float32)),
