@@ -22,7 +22,7 @@ from .algorithms.winograd import Winograd
 from .device import check_dtype_supported
 from .geometry import check_grad_output, conv_geometry
 from .replay import Replays
-from .validate import (all_plain, check_array, check_out, check_same_dtype, check_type, is_device_array,
+from .validate import (OPTIONAL, all_plain, check_array, check_out, check_same_dtype, check_type, is_device_array,
                        pick_queue, queue_context)
 from .workspace import workspace
 
@@ -237,14 +237,13 @@ def prepare(queue, plan, arrays, shapes, out, out_shape):
         if (q is plan.queue or context == plan.context) and all_plain(plan.dtype, context, arrays, shapes, out,
                                                                         out_shape):
             return q, {**arrays, "out": cla.empty(q, out_shape, plan.dtype) if out is None else out}, False
-    given = [(name, a) for name, a in arrays.items() if a is not None]
+    given = [(name, a) for name, a in arrays.items() if a is not None or name not in OPTIONAL]
     for name, a in given:
         check_type(name, a)
     if out is not None:
         check_type("out", out)
+    check_same_dtype(**dict(given), out=out)
     dtype = given[0][1].dtype
-    if any(a.dtype != dtype for _, a in given) or (out is not None and out.dtype != dtype):
-        check_same_dtype(**dict(given), out=out)   # raises, naming them all
     queue = pick_queue(queue, *(a for _, a in given), out, default=plan.queue if plan else None)
     context = queue_context(queue)
     if plan is not None:

@@ -68,7 +68,8 @@ def _build(context, filename, dtype, defines):
                           f"options {options}, source {path}):\n{exc}") from exc
     kernels = {k.function_name: k for k in program.all_kernels()}
     for k in kernels.values():
-        k.set_scalar_arg_dtypes(_scalar_arg_dtypes(k))
+        k.clconv_arg_dtypes = _scalar_arg_dtypes(k)   # kept for bound_kernel's copies
+        k.set_scalar_arg_dtypes(k.clconv_arg_dtypes)
     return kernels
 
 
@@ -104,51 +105,59 @@ def get_kernel(context, filename, name, dtype, **defines):
     return _build(context, filename, np.dtype(dtype), tuple(sorted(defines.items())))[name]
 
 
-# clSetKernelArg is not thread-safe, and each cached kernel object is shared by
-# every thread using this context: set arguments and enqueue under one lock.
+# clSetKernelArg is not thread-safe, and each kernel object is shared: a cached kernel by
+# every thread using this context, a replay's bound copy by the threads calling that plan on
+# one queue. Arguments are set and the kernel enqueued under one lock.
 _launch_lock = threading.Lock()
+
+
+def _enqueue(kernel, global_size, what, enqueue):
+    """``enqueue()`` under the launch lock, its driver errors re-raised with context, its
+    event recorded when :func:`recording`."""
+    try:
+        with _launch_lock:
+            event = enqueue()
+    except cl.Error as exc:
+        raise ClconvError(f"clconv: {what or kernel.function_name}: launching {kernel.function_name} "
+                          f"over {global_size} failed: {exc}") from exc
+    if getattr(_recording, "events", None) is not None:   # the name is a driver query: only when recording
+        record(kernel.function_name, event)
+    return event
 
 
 def launch(queue, kernel, global_size, local_size, *args, what=""):
     """Enqueue ``kernel``; global_size is rounded up to a multiple of local_size."""
     if local_size is not None:
         global_size = tuple(-(-g // l) * l for g, l in zip(global_size, local_size))
-    try:
-        with _launch_lock:
-            event = kernel(queue, global_size, local_size, *args)
-    except cl.Error as exc:
-        raise ClconvError(f"clconv: {what or kernel.function_name}: launching {kernel.function_name} "
-                          f"over {global_size} failed: {exc}") from exc
-    if getattr(_recording, "events", None) is not None:   # the name is a driver query: only when recording
-        record(kernel.function_name, event)
+    event = _enqueue(kernel, global_size, what, lambda: kernel(queue, global_size, local_size, *args))
     capture = getattr(_capture, "current", None)
     if capture is not None:
         capture.launches.append((kernel, global_size, local_size, args, what))
     return event
 
 
-def bound_kernel(kernel, args):
-    """A private copy of ``kernel`` with ``args`` set, for :func:`relaunch` (which sets only
-    the arguments that change: setting all, 20-30 for some kernels, costs host time each call)."""
-    copy = cl.Kernel(kernel.program, kernel.function_name)
-    copy.set_scalar_arg_dtypes(_scalar_arg_dtypes(copy))
-    copy.set_args(*args)
+def bound_kernel(kernel, args, what=""):
+    """A private copy of ``kernel`` (one of ours) with ``args`` set (None: a buffer set later),
+    for :func:`relaunch`, which sets only the arguments that change: setting all of them,
+    20-30 for some kernels, costs host time on every call."""
+    try:
+        copy = cl.Kernel(kernel.program, kernel.function_name)
+        for i, (value, dtype) in enumerate(zip(args, kernel.clconv_arg_dtypes)):
+            copy.set_arg(i, value if dtype is None else dtype(value))
+    except cl.Error as exc:
+        raise ClconvError(f"clconv: {what or kernel.function_name}: copying {kernel.function_name} "
+                          f"to replay it failed: {exc}") from exc
     return copy
 
 
 def relaunch(queue, kernel, global_size, local_size, changed, what=""):
     """Enqueue a :func:`bound_kernel` again after setting ``changed``, ((position, value), ...);
     ``global_size`` already a multiple of ``local_size``, as :func:`launch` made it."""
-    try:
-        with _launch_lock:
-            for pos, value in changed:
-                kernel.set_arg(pos, value)
-            event = cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size)
-    except cl.Error as exc:
-        raise ClconvError(f"clconv: {what or kernel.function_name}: launching {kernel.function_name} "
-                          f"over {global_size} failed: {exc}") from exc
-    if getattr(_recording, "events", None) is not None:
-        record(kernel.function_name, event)
+    def enqueue():
+        for pos, value in changed:
+            kernel.set_arg(pos, value)
+        return cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size)
+    event = _enqueue(kernel, global_size, what, enqueue)
     not_capturable()   # a capture in progress would not see this launch
     return event
 

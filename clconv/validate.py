@@ -63,29 +63,34 @@ def check_out(out, shape, context, inputs):
         if any(is_device_array(a) for _, a in inputs):
             raise TypeError("out is a numpy.ndarray but the inputs are device arrays; pass a pyopencl Array")
         return
-    lo, hi = out.offset, out.offset + out.nbytes
     for name, a in inputs:
-        if is_device_array(a) and a.base_data == out.base_data and a.nbytes and out.nbytes:
-            if a.offset < hi and lo < a.offset + a.nbytes:
-                raise ValueError(f"out of size {list(out.shape)} (bytes {lo}..{hi}) overlaps {name} of size "
-                                 f"{list(a.shape)} (bytes {a.offset}..{a.offset + a.nbytes}) in one buffer")
+        if is_device_array(a) and _overlap(a, out):
+            raise ValueError(f"out of size {list(out.shape)} (bytes {out.offset}..{out.offset + out.nbytes}) "
+                             f"overlaps {name} of size {list(a.shape)} (bytes {a.offset}..{a.offset + a.nbytes}) "
+                             "in one buffer")
+
+
+def _overlap(a, b):
+    """Whether device arrays ``a`` and ``b`` share bytes of one buffer."""
+    return (a.base_data == b.base_data and a.nbytes and b.nbytes
+            and a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes)
+
+
+OPTIONAL = ("bias",)   # the only arguments that may be None
 
 
 def all_plain(dtype, context, arrays, shapes, out, out_shape):
-    """Whether every array (``arrays``: {name: array or None}, ``out`` or None) is a C-contiguous
-    pyopencl Array of ``dtype`` and its expected shape in ``context``, aligned, and ``out``
-    overlaps none of the others: the usual call, accepted in one quick test. Anything else
-    goes through the checks above, which name what is wrong (or accept it)."""
+    """Whether every array (``arrays``: {name: array}, None where allowed; ``out`` or None) is a
+    C-contiguous pyopencl Array of ``dtype`` and its expected shape in ``context``, aligned,
+    and ``out`` overlaps none of the others: the usual call, accepted in one quick test.
+    Anything else goes through the checks above, which name what is wrong (or accept it)."""
     for name, a in arrays.items():
-        if a is not None and not _plain(a, dtype, shapes[name], context):
+        if not (_plain(a, dtype, shapes[name], context) or a is None and name in OPTIONAL):
             return False
     if out is None:
         return True
-    if not _plain(out, dtype, out_shape, context):
-        return False
-    lo, hi = out.offset, out.offset + out.nbytes
-    return not any(a is not None and a.base_data == out.base_data and a.offset < hi and lo < a.offset + a.nbytes
-                   for a in arrays.values())
+    return _plain(out, dtype, out_shape, context) and not any(a is not None and _overlap(a, out)
+                                                             for a in arrays.values())
 
 
 def _plain(a, dtype, shape, context):

@@ -197,6 +197,22 @@ def test_explicit_queue_and_second_queue(queue):
     np.testing.assert_array_equal(y.get(), y2.get())
 
 
+def test_queueless_and_subclassed_arrays(queue):
+    """An array without a queue and one of a pyopencl Array subclass: not the usual call's
+    quick acceptance (clconv.validate.all_plain) but the full checks, and the same results."""
+    class Sub(cla.Array):
+        pass
+    case = CASES[1]
+    x, w, b, dy = case.data()
+    p = clconv.plan(x.shape, w.shape, **case.options, queue=queue)
+    xd = cla.to_device(queue, x).with_queue(None)
+    ws = Sub(queue, w.shape, w.dtype, data=cla.to_device(queue, w).base_data)
+    bd, dyd = cla.to_device(queue, b), cla.to_device(queue, dy)
+    assert_close(p.forward(xd, ws, bd).get(), reference.conv2d(x, w, b, **case.options), np.float32, "forward")
+    assert_close(p.backward_weight(xd, dyd).get(), reference.conv2d_weight(x, w.shape, dy, **case.options),
+                 np.float32, "grad-weight")
+
+
 def test_empty_batch_gives_empty_output_and_zero_gradients(queue):
     case = CASES[1]
     x, w, b, dy = case.data()

@@ -62,6 +62,10 @@ BAD_CASES = [
      ValueError, "[2, 6, 5]"),
     ("grad_bias_rank", lambda e, out: clconv.conv2d_bias(arr(e.queue, (2, 6, 5))), ValueError, "[2, 6, 5]"),
     ("not_an_array", lambda e, out: fwd([[1.0]], e.w, out=out), TypeError, "list"),
+    ("plan_input_none", lambda e, out: clconv.plan(X, W, groups=2, queue=e.queue).forward(None, e.w, out=out),
+     TypeError, "input must be"),
+    ("plan_weight_none", lambda e, out: clconv.plan(X, W, groups=2, queue=e.queue).backward_input(None, e.dy),
+     TypeError, "weight must be"),
     ("out_not_an_array", lambda e, out: fwd(e.x, e.w, groups=2, out=[0.0]), TypeError, "out must be"),
     ("unknown_algorithm", lambda e, out: clconv.plan(X, W, groups=2, algorithm="cudnn"), ValueError, "cudnn"),
 ]

@@ -57,6 +57,37 @@ def test_two_threads_on_their_own_queues(queue):
     assert not errors, errors
 
 
+@pytest.mark.parametrize("algorithm", ["direct", "im2col"])
+def test_three_threads_share_one_plan_and_queue(algorithm, queue, monkeypatch):
+    """Replayed passes (no workspace: direct forward; with one: im2col) from threads sharing a
+    plan and a queue, each on its own arrays."""
+    monkeypatch.setenv("CLCONV_GEMM", "clconv")   # passes with CLBlast GEMMs are not replayed
+    case = Case("depthwise", 3, 6, 20, 17, 12, 3, 3, stride=2, padding=1, groups=6)
+    p = clconv.plan(case.input_shape, case.weight_shape, **case.options, queue=queue, algorithm=algorithm)
+    errors = []
+
+    def work(seed):
+        try:
+            x, w, b, dy = case.data(seed=seed)
+            xd, wd, bd, dyd = (cla.to_device(queue, a) for a in (x, w, b, dy))
+            y, dx = cla.empty(queue, dy.shape, np.float32), cla.empty(queue, x.shape, np.float32)
+            for _ in range(20):
+                p.forward(xd, wd, bd, out=y)
+                p.backward_input(wd, dyd, out=dx)
+                assert_close(y.get(), reference.conv2d(x, w, b, **case.options), np.float32, "forward")
+                assert_close(dx.get(), reference.conv2d_input(x.shape, w, dy, **case.options), np.float32, "dx")
+        except Exception as exc:  # reported in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in (1, 2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(p._replays._entries) >= 2, "the passes should have been kept and replayed"
+
+
 REPLAYED = [  # one case per algorithm whose passes a plan replays (clconv's own GEMM kernel)
     (Case("im2col_split_k", 4, 4, 17, 19, 6, 3, 3, padding=1, groups=2), "im2col"),
     (Case("depthwise", 3, 6, 40, 33, 12, 3, 3, stride=2, padding=1, groups=6), "direct"),
