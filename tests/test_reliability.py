@@ -85,7 +85,9 @@ def test_three_threads_share_one_plan_and_queue(algorithm, queue, monkeypatch):
     for t in threads:
         t.join()
     assert not errors, errors
-    assert len(p._replays._entries) >= 2, "the passes should have been kept and replayed"
+    entries = p._replays._entries.values()
+    assert len(entries) >= 2 and all(e[2] is not None for e in entries), \
+        "the passes should have been kept and replayed on their kernel copies"
 
 
 REPLAYED = [  # one case per algorithm whose passes a plan replays (clconv's own GEMM kernel)
