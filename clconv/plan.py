@@ -231,12 +231,12 @@ def prepare(queue, plan, arrays, shapes, out, out_shape):
     Returns (queue, dict of device arrays incl. "out", numpy_mode).
     Every call of every pass runs this: it asks the driver nothing it already knows.
     """
-    if plan is not None:   # the usual call, device arrays that pass every check: tested in one go
-        q = pick_queue(queue, *arrays.values(), out, default=plan.queue)
-        context = queue_context(q)
-        if (q is plan.queue or context == plan.context) and all_plain(plan.dtype, context, arrays, shapes, out,
-                                                                        out_shape):
-            return q, {**arrays, "out": cla.empty(q, out_shape, plan.dtype) if out is None else out}, False
+    queue = pick_queue(queue, *arrays.values(), out, default=plan.queue if plan else None)
+    context = queue_context(queue)
+    same_context = plan is not None and (queue is plan.queue or context == plan.context)
+    if same_context and all_plain(plan.dtype, context, arrays, shapes, out, out_shape):
+        # the usual call, device arrays that pass every check below: accepted in one test
+        return queue, {**arrays, "out": cla.empty(queue, out_shape, plan.dtype) if out is None else out}, False
     given = [(name, a) for name, a in arrays.items() if a is not None or name not in OPTIONAL]
     for name, a in given:
         check_type(name, a)
@@ -244,10 +244,8 @@ def prepare(queue, plan, arrays, shapes, out, out_shape):
         check_type("out", out)
     check_same_dtype(**dict(given), out=out)
     dtype = given[0][1].dtype
-    queue = pick_queue(queue, *(a for _, a in given), out, default=plan.queue if plan else None)
-    context = queue_context(queue)
     if plan is not None:
-        if queue is not plan.queue and context != plan.context:
+        if not same_context:
             raise ValueError("the queue belongs to another OpenCL context than this plan")
         if dtype != plan.dtype:
             raise TypeError(f"this plan is for {plan.dtype}, got arrays of dtype {dtype}")
