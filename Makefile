@@ -20,22 +20,35 @@ system:
 
 venv: $(VENV)/.installed
 
+# Intel's CPU OpenCL runtime (the `intel` extra) ships an .icd file holding a placeholder path:
+# its library is registered in a vendors folder of the environment, beside copies of the
+# system's own .icd files, and clconv points the ICD loader there on import unless
+# OCL_ICD_VENDORS is set (clconv/device.py). PoCL from pyopencl is found either way.
+ICD_DIR := $(VENV)/etc/OpenCL/clconv-vendors
+
 $(VENV)/.installed: setup.cfg pyproject.toml | system
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[pocl,test,plot]'
+	$(PY) -m pip install -q -e '.[pocl,intel,test,plot,bench]'
+	rm -rf $(ICD_DIR) && mkdir -p $(ICD_DIR)
+	for f in /etc/OpenCL/vendors/*.icd; do [ -f "$$f" ] && cp "$$f" $(ICD_DIR)/ || true; done
+	if [ -f $(VENV)/lib/libintelocl.so ]; then echo $(abspath $(VENV))/lib/libintelocl.so > $(ICD_DIR)/intel-cpu.icd; fi
 	touch $@
 
 demo: setup
 	$(PY) -m clconv.demo
 
-# The Oclgrind sweeps and the pytest suite run side by side: each is mostly one busy thread
-# (Oclgrind's simulation; PoCL's kernel builds), so on two cores this saves the sweeps' time.
+# The Oclgrind sweeps and the pytest suites run side by side: each is mostly one busy thread
+# (Oclgrind's simulation; the runtimes' kernel builds), so on two cores this saves the sweeps' time.
 test: setup
 	@$(MAKE) --no-print-directory -j2 check-kernels pytest
 
+# The whole suite on each device of TEST_DEVICES: the two CPU runtimes, PoCL and Intel's, or
+# the one CLCONV_DEVICE names (a GPU, say). Every device runs; any failure fails the target.
+TEST_DEVICES ?= $(or $(CLCONV_DEVICE),pocl intel)
 pytest: setup
-	$(PY) -m pytest -q tests
+	@status=0; for d in $(TEST_DEVICES); do echo "pytest on CLCONV_DEVICE=$$d"; \
+	  CLCONV_DEVICE=$$d $(PY) -m pytest -q tests || status=1; done; exit $$status
 
 # Every kernel and algorithm under Oclgrind; fails unless its log stays empty.
 # Run 1: with CLBlast, data races and out-of-bounds accesses. Run 2: GEMMs on the host

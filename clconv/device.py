@@ -1,12 +1,30 @@
 """Choosing the OpenCL device: the default context and queue, and device facts."""
 import os
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pyopencl as cl
 
 _lock = threading.Lock()
 _default = {}
+
+# OpenCL drivers installed into this Python environment by pip: Intel's CPU runtime
+# (intel-opencl-rt, the `intel` extra) ships an .icd file with a placeholder path, so `make`
+# registers it in this folder, beside copies of the system's own .icd files (see Makefile).
+ENVIRONMENT_VENDORS = Path(sys.prefix) / "etc" / "OpenCL" / "clconv-vendors"
+
+
+def use_environment_vendors():
+    """Point the ICD loader at :data:`ENVIRONMENT_VENDORS` when it exists and the user has not
+    chosen a folder (``OCL_ICD_VENDORS``); pyopencl's own PoCL is found either way. It takes
+    effect if done before this process first lists the OpenCL platforms: clconv does it on import."""
+    if ENVIRONMENT_VENDORS.is_dir() and not os.environ.get("OCL_ICD_VENDORS"):
+        os.environ["OCL_ICD_VENDORS"] = str(ENVIRONMENT_VENDORS)
+
+
+use_environment_vendors()
 
 
 def _all_devices():
@@ -40,10 +58,12 @@ def pick_device(spec=None):
                 if (pi, di) == want:
                     return d, f"CLCONV_DEVICE={spec!r} (platform:device indices)"
         else:
-            for _, _, p, d in devices:
-                names = (p.name, p.vendor, p.version, d.name, d.vendor)   # PoCL says "PoCL" only in its version
-                if any(spec.lower() in n.lower() for n in names):
-                    return d, f"CLCONV_DEVICE={spec!r} matches {p.name} / {d.name}"
+            # platforms first: "intel" is Intel's runtime even where PoCL runs on an Intel CPU
+            # (whose device vendor is GenuineIntel); PoCL says "PoCL" only in its version
+            for fields in (lambda p, d: (p.name, p.vendor, p.version), lambda p, d: (d.name, d.vendor)):
+                for _, _, p, d in devices:
+                    if any(spec.lower() in n.lower() for n in fields(p, d)):
+                        return d, f"CLCONV_DEVICE={spec!r} matches {p.name} / {d.name}"
         raise RuntimeError(f"clconv: no OpenCL device matches CLCONV_DEVICE={spec!r}; devices: {listing}")
     for _, _, _, d in devices:
         if d.type & cl.device_type.GPU:
@@ -56,7 +76,8 @@ def pick_device(spec=None):
 
 def default_context():
     """The process-wide default context, created on first use (see :func:`pick_device`)."""
-    return default_queue().context
+    default_queue()
+    return _default["context"]
 
 
 def default_queue():
@@ -64,8 +85,10 @@ def default_queue():
     with _lock:
         if "queue" not in _default:
             device, _ = pick_device()
-            ctx = cl.Context([device])
-            _default["queue"] = cl.CommandQueue(ctx)
+            # the context is kept too: a runtime may treat a context whose last application
+            # reference is gone as released while its queue lives (Intel's does)
+            _default["context"] = cl.Context([device])
+            _default["queue"] = cl.CommandQueue(_default["context"])
         return _default["queue"]
 
 

@@ -48,6 +48,7 @@ class Plan:
     def __init__(self, geometry, dtype, queue, *, algorithm="auto", queues="single", workspace_limit=None,
                  tuned=True):
         self.geometry, self.dtype, self.queue = geometry, np.dtype(dtype), queue
+        self.context = queue_context(queue)   # kept: the caller may drop theirs
         self.compute_dtype = storage.compute_dtype(dtype)   # float32 for float16 arrays
         if queues not in QUEUES:
             raise ValueError(f"queues must be one of {QUEUES}, got {queues!r}")
@@ -118,10 +119,6 @@ class Plan:
             reasons.append(f"{name}: {why}")
         raise ValueError(f"algorithm {algorithm!r} does not apply to input {list(g.input_shape)} with weight "
                          f"{list(g.weight_shape)}: {'; '.join(reasons)}")
-
-    @property
-    def context(self):
-        return self.queue.context
 
     @property
     def algorithms(self):
@@ -299,7 +296,7 @@ def plan(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, *
 
 def cached_plan(g, dtype, queue, algorithm="auto", queues="single"):
     """The plan for (geometry, dtype, context, algorithm, queues) from a small LRU cache."""
-    key = (queue.context.int_ptr, g, np.dtype(dtype), algorithm, queues)
+    key = (queue_context(queue).int_ptr, g, np.dtype(dtype), algorithm, queues)
     with _plan_lock:
         p = _plan_cache.get(key)
         if p is not None:

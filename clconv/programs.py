@@ -4,6 +4,7 @@ Each ``kernels/*.cl`` file is specialised by prepending ``#define`` lines (real
 type, index type, tile sizes) and built once per (context, file, dtype,
 options); the cache lives on the context (pyopencl's context-dependent memoize).
 """
+import re
 import threading
 from contextlib import contextmanager
 from functools import lru_cache
@@ -42,8 +43,9 @@ def index_type(*element_counts):
     return "int" if max(element_counts, default=0) <= INT32_MAX else "long"
 
 
-@context_dependent_memoize
-def _build(context, filename, dtype, defines):
+def program_source(filename, dtype, defines):
+    """The source built for ``kernels/filename``: our #defines for ``dtype`` and ``defines``
+    ((name, value) pairs), then the file."""
     path = kernel_dir() / filename
     real, store = _C_TYPES[dtype]
     if store == "half" and filename not in _STORAGE_AWARE:
@@ -56,37 +58,69 @@ def _build(context, filename, dtype, defines):
     if dtype == np.float64:
         header.insert(0, "#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
     header += [f"#define {name} {value}" for name, value in defines]
-    source = "\n".join(header) + "\n" + path.read_text()
+    return "\n".join(header) + "\n" + path.read_text()
+
+
+@context_dependent_memoize
+def _build(context, filename, dtype, defines):
+    path = kernel_dir() / filename
+    source = program_source(filename, dtype, defines)
     # Oclgrind's checks cannot follow LLVM's `freeze` instruction, which the optimiser
     # emits for our div/mod index arithmetic: build unoptimised there.
     oclgrind = context.devices[0].platform.name == "Oclgrind"
-    options = ["-cl-kernel-arg-info"] + (["-cl-opt-disable"] if oclgrind else [])
+    options = ["-cl-opt-disable"] if oclgrind else []
     try:
         program = cl.Program(context, source).build(options=options)
     except cl.Error as exc:  # the message carries the build log
         raise ClconvError(f"clconv: building {path.name} failed (dtype {dtype}, defines {dict(defines)}, "
                           f"options {options}, source {path}):\n{exc}") from exc
+    signatures = kernel_signatures(source, dtype, dict(defines))
     kernels = {k.function_name: k for k in program.all_kernels()}
-    for k in kernels.values():
-        k.clconv_arg_dtypes = _scalar_arg_dtypes(k)   # kept for bound_kernel's copies
+    for name, k in kernels.items():
+        # The program is kept with its kernels: a runtime may treat a program whose last
+        # application reference is gone as released (Intel's does), and bound_kernel needs it.
+        k.clconv_program = program
+        k.clconv_arg_dtypes = signatures[name]   # kept for bound_kernel's copies
         k.set_scalar_arg_dtypes(k.clconv_arg_dtypes)
     return kernels
 
 
 _SCALAR_TYPES = {"int": np.int32, "long": np.int64, "float": np.float32, "double": np.float64}
+_QUALIFIERS = {"const", "__private", "private", "restrict", "volatile"}
 
 
-def _scalar_arg_dtypes(kernel):
-    """Declared argument types (None for buffers): pyopencl then packs arguments ~20x faster
-    than when it has to inspect each scalar on every call (~250 us a launch otherwise)."""
-    dtypes = []
-    for i in range(kernel.num_args):
-        space = kernel.get_arg_info(i, cl.kernel_arg_info.ADDRESS_QUALIFIER)
-        if space != cl.kernel_arg_address_qualifier.PRIVATE:
-            dtypes.append(None)
-        else:
-            dtypes.append(_SCALAR_TYPES[kernel.get_arg_info(i, cl.kernel_arg_info.TYPE_NAME).strip()])
-    return dtypes
+def kernel_signatures(source, dtype, defines):
+    """{kernel name: argument dtypes (None for buffers and local memory)} read from our own
+    source: pyopencl then packs arguments ~20x faster than when it has to inspect each
+    scalar on every call (~250 us a launch otherwise). The driver is not asked
+    (clGetKernelArgInfo): it is optional, and programs that pyopencl rebuilds from its binary
+    cache lack it on some runtimes (Intel's). A parameter that is one macro name is expanded
+    from the source's #define; the types REAL and IDX come from the build's dtype and defines."""
+    macros = dict(re.findall(r"^[ \t]*#define[ \t]+(\w+)[ \t]+((?:.*\\\n)*.*)$", source, re.M))
+    macros = {k: v.replace("\\\n", " ") for k, v in macros.items()}
+    names = {"REAL": _C_TYPES[np.dtype(dtype)][0], "IDX": str(defines.get("IDX", "long"))}
+    found = {}
+    for match in re.finditer(r"__kernel\b.*?\bvoid\s+(\w+)\s*\(", source, re.S):
+        depth, end = 1, match.end()
+        while depth:
+            depth += {"(": 1, ")": -1}.get(source[end], 0)
+            end += 1
+        params = source[match.end():end - 1].split(",")
+        dtypes = []
+        while params:
+            words = re.sub(r"/\*.*?\*/|//[^\n]*", " ", params.pop(0)).split()
+            if len(words) == 1 and words[0] in macros:   # e.g. direct.cl's GEOMETRY
+                params[:0] = macros[words[0]].split(",")
+                continue
+            if any("*" in w for w in words) or "__local" in words or "local" in words:
+                dtypes.append(None)
+                continue
+            types = [names.get(w, w) for w in words[:-1] if w not in _QUALIFIERS]
+            if len(types) != 1 or types[0] not in _SCALAR_TYPES:
+                raise ClconvError(f"clconv: kernel {match[1]}: cannot tell the type of parameter {' '.join(words)!r}")
+            dtypes.append(_SCALAR_TYPES[types[0]])
+        found[match[1]] = dtypes
+    return found
 
 
 @lru_cache(maxsize=None)
@@ -141,7 +175,7 @@ def bound_kernel(kernel, args, what=""):
     for :func:`relaunch`, which sets only the arguments that change: setting all of them,
     20-30 for some kernels, costs host time on every call."""
     try:
-        copy = cl.Kernel(kernel.program, kernel.function_name)
+        copy = cl.Kernel(kernel.clconv_program, kernel.function_name)
         for i, (value, dtype) in enumerate(zip(args, kernel.clconv_arg_dtypes)):
             copy.set_arg(i, value if dtype is None else dtype(value))
     except cl.Error as exc:

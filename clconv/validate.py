@@ -124,7 +124,12 @@ def queue_context(queue):
         return entry[1]
     if queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE:
         raise ValueError("clconv needs an in-order command queue; got an out-of-order queue")
-    context = queue.context
+    try:
+        context = queue.context
+    except cl.Error as exc:
+        raise ValueError("the queue's context was released: keep a reference to the pyopencl.Context (or an "
+                         "array in it) while its queues are used; some runtimes (Intel's) treat a context "
+                         f"without one as gone ({exc})") from exc
     with _queue_lock:
         _queue_contexts[queue.int_ptr] = (queue, context)
         while len(_queue_contexts) > _QUEUES_KEPT:

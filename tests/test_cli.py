@@ -30,6 +30,22 @@ def test_info_names_devices_and_the_default(queue):
     assert "default device: " + queue.device.name.strip() in out
 
 
+def test_info_lists_both_cpu_runtimes_from_the_environment():
+    """`make` registers Intel's runtime in the environment's vendors folder, which clconv points
+    the ICD loader at when OCL_ICD_VENDORS is unset: `python -m clconv info` lists it beside PoCL."""
+    from clconv.device import ENVIRONMENT_VENDORS
+    if not (ENVIRONMENT_VENDORS / "intel-cpu.icd").is_file():
+        pytest.skip(f"Intel's CPU runtime is not registered in {ENVIRONMENT_VENDORS} (make installs it)")
+    env = {k: v for k, v in os.environ.items() if k not in ("OCL_ICD_VENDORS", "CLCONV_DEVICE")}
+    proc = subprocess.run([sys.executable, "-m", "clconv", "info"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "Intel(R) OpenCL" in proc.stdout and "Portable Computing Language" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "clconv", "--device", "intel", "info"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert "on Intel(R) OpenCL (CLCONV_DEVICE='intel' matches" in proc.stdout
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_check_runs_every_algorithm(dtype):
     out = run(["-m", "clconv", "check", "--dtype", dtype])

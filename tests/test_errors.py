@@ -75,7 +75,8 @@ class Env:
     def __init__(self, queue):
         self.queue = queue
         self.x, self.w, self.dy = arr(queue, X), arr(queue, W), arr(queue, Y)
-        self.oq = cl.CommandQueue(cl.Context([queue.device]))
+        self.other = cl.Context([queue.device])   # kept: some runtimes release a context without a reference
+        self.oq = cl.CommandQueue(self.other)
         self.big = cla.zeros(queue, 2000, np.float32)
 
 
