@@ -72,11 +72,12 @@ def cmd_tune(args):
 def cmd_tune_gemm(args):
     from tqdm import tqdm
 
-    from . import gemm_params, tuning
+    from . import tuning
+    from .gemm import clblast_params
     from .device import default_queue
     queue = default_queue()
     geometries = [g for _, g in _workload_geometries(args.workload, queue.device)]
-    steps = sum(len(gemm_params.CANDIDATES[k]) for k in gemm_params.PARAMETERS)
+    steps = sum(len(clblast_params.CANDIDATES[k]) for k in clblast_params.PARAMETERS)
     with tqdm(total=steps, desc="tuning CLBlast GEMM", unit="set", file=sys.stderr) as bar:
         def progress(name, result):
             bar.update()
@@ -119,32 +120,24 @@ def cmd_check(args):
     print(f"checking every pass in {dtype} against the NumPy reference on {queue.device.name.strip()}")
     rng = np.random.default_rng(0)
     failed = 0
-    engine = os.environ.get("CLCONV_GEMM")
-    try:
-        for name, xs, ws, opts in CHECKS:
-            algorithm, queues = name.split()[0], "per-group" if "per-group" in name else "single"
-            os.environ["CLCONV_GEMM"] = ("clconv" if "clconv-GEMM" in name else "clblast" if "CLBlast-GEMM" in name
-                                         else engine or "auto")
-            x, w = rng.standard_normal(xs).astype(dtype), rng.standard_normal(ws).astype(dtype)
-            b = rng.standard_normal(ws[0]).astype(dtype)
-            y = conv2d(x, w, b, **opts, algorithm=algorithm, queues=queues)
-            dy = rng.standard_normal(y.shape).astype(dtype)
-            for pass_name, got, want in [
-                    ("forward", y, reference.conv2d(x, w, b, **opts)),
-                    ("grad-input", conv2d_input(xs, w, dy, **opts, algorithm=algorithm, queues=queues),
-                     reference.conv2d_input(xs, w, dy, **opts)),
-                    ("grad-weight", conv2d_weight(x, ws, dy, **opts, algorithm=algorithm, queues=queues),
-                     reference.conv2d_weight(x, ws, dy, **opts)),
-                    ("grad-bias", conv2d_bias(dy), reference.conv2d_bias(dy))]:
-                err = float(reference.normalised_error(got, want))
-                ok = err <= reference.TOLERANCE[dtype]
-                failed += not ok
-                print(f"  {name:20s} {pass_name:12s} normalised max error {err:.1e}  {'ok' if ok else 'FAILED'}")
-    finally:   # the GEMM engine setting as it was
-        if engine is None:
-            os.environ.pop("CLCONV_GEMM", None)
-        else:
-            os.environ["CLCONV_GEMM"] = engine
+    for name, xs, ws, opts in CHECKS:
+        algorithm, queues = name.split()[0], "per-group" if "per-group" in name else "single"
+        gemm = "clconv" if "clconv-GEMM" in name else "clblast" if "CLBlast-GEMM" in name else "auto"
+        choice = dict(algorithm=algorithm, queues=queues, gemm=gemm)
+        x, w = rng.standard_normal(xs).astype(dtype), rng.standard_normal(ws).astype(dtype)
+        b = rng.standard_normal(ws[0]).astype(dtype)
+        y = conv2d(x, w, b, **opts, **choice)
+        dy = rng.standard_normal(y.shape).astype(dtype)
+        for pass_name, got, want in [
+                ("forward", y, reference.conv2d(x, w, b, **opts)),
+                ("grad-input", conv2d_input(xs, w, dy, **opts, **choice), reference.conv2d_input(xs, w, dy, **opts)),
+                ("grad-weight", conv2d_weight(x, ws, dy, **opts, **choice),
+                 reference.conv2d_weight(x, ws, dy, **opts)),
+                ("grad-bias", conv2d_bias(dy), reference.conv2d_bias(dy))]:
+            err = float(reference.normalised_error(got, want))
+            ok = err <= reference.TOLERANCE[dtype]
+            failed += not ok
+            print(f"  {name:20s} {pass_name:12s} normalised max error {err:.1e}  {'ok' if ok else 'FAILED'}")
     print("all passes match" if not failed else f"{failed} check(s) FAILED")
     return 1 if failed else 0
 

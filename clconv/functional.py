@@ -12,30 +12,30 @@ from .validate import check_type, pick_queue
 
 
 def _plan_for(input_shape, weight_shape, stride, padding, dilation, groups, dtype, queue, arrays, algorithm,
-              queues):
+              queues, gemm):
     g = conv_geometry(input_shape, weight_shape, stride, padding, dilation, groups)
-    return cached_plan(g, dtype, pick_queue(queue, *arrays), algorithm, queues)
+    return cached_plan(g, dtype, pick_queue(queue, *arrays), algorithm, queues, gemm)
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, out=None, queue=None,
-           algorithm="auto", queues="single"):
+           algorithm="auto", queues="single", gemm="auto"):
     """Grouped 2-D convolution (cross-correlation, as in PyTorch).
 
     input (N, C, H, W), weight (K, C/groups, kh, kw), bias (K,) or None
     -> output (N, K, OH, OW). ``padding``: int, (ph, pw), ((top, bottom), (left, right)),
     'valid' or 'same'. ``stride``, ``dilation``: int or (h, w).
-    ``algorithm``: "auto", "fc", "1x1", "direct", "winograd" or "im2col"; ``queues``: "single" or
-    "per-group" (see :func:`clconv.plan`).
+    ``algorithm``: "auto", "fc", "1x1", "direct", "fft", "winograd" or "im2col"; ``queues``: "single"
+    or "per-group"; ``gemm``: the GEMM engine (see :func:`clconv.plan`).
     """
     check_type("input", input)
     check_type("weight", weight)
     plan = _plan_for(input.shape, weight.shape, stride, padding, dilation, groups, input.dtype, queue,
-                     (input, weight, bias, out), algorithm, queues)
+                     (input, weight, bias, out), algorithm, queues, gemm)
     return plan.forward(input, weight, bias, out=out, queue=queue)
 
 
 def conv2d_input(input_size, weight, grad_output, stride=1, padding=0, dilation=1, groups=1, *, out=None,
-                 queue=None, algorithm="auto", queues="single"):
+                 queue=None, algorithm="auto", queues="single", gemm="auto"):
     """Gradient of conv2d with respect to its input.
 
     input_size (N, C, H, W), weight (K, C/groups, kh, kw), grad_output (N, K, OH, OW)
@@ -43,12 +43,12 @@ def conv2d_input(input_size, weight, grad_output, stride=1, padding=0, dilation=
     """
     check_type("weight", weight)
     plan = _plan_for(input_size, weight.shape, stride, padding, dilation, groups, weight.dtype, queue,
-                     (weight, grad_output, out), algorithm, queues)
+                     (weight, grad_output, out), algorithm, queues, gemm)
     return plan.backward_input(weight, grad_output, out=out, queue=queue)
 
 
 def conv2d_weight(input, weight_size, grad_output, stride=1, padding=0, dilation=1, groups=1, *, out=None,
-                  queue=None, algorithm="auto", queues="single"):
+                  queue=None, algorithm="auto", queues="single", gemm="auto"):
     """Gradient of conv2d with respect to its weight.
 
     input (N, C, H, W), weight_size (K, C/groups, kh, kw), grad_output (N, K, OH, OW)
@@ -56,7 +56,7 @@ def conv2d_weight(input, weight_size, grad_output, stride=1, padding=0, dilation
     """
     check_type("input", input)
     plan = _plan_for(input.shape, weight_size, stride, padding, dilation, groups, input.dtype, queue,
-                     (input, grad_output, out), algorithm, queues)
+                     (input, grad_output, out), algorithm, queues, gemm)
     return plan.backward_weight(input, grad_output, out=out, queue=queue)
 
 

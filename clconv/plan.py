@@ -11,7 +11,7 @@ from collections import OrderedDict
 import numpy as np
 import pyopencl.array as cla
 
-from . import gemm, storage, tuning
+from . import storage, tuning
 from .algorithms.common import Ref, ref
 from .algorithms.direct import Direct
 from .algorithms.fc import FullyConnected
@@ -20,6 +20,7 @@ from .algorithms.im2col import Im2col
 from .algorithms.pointwise import Pointwise
 from .algorithms.winograd import Winograd
 from .device import check_dtype_supported
+from .gemm import choose as choose_gemm
 from .geometry import check_grad_output, conv_geometry
 from .replay import Replays
 from .validate import (OPTIONAL, all_plain, check_array, check_out, check_same_dtype, check_type, is_device_array,
@@ -46,7 +47,7 @@ class Plan:
     """
 
     def __init__(self, geometry, dtype, queue, *, algorithm="auto", queues="single", workspace_limit=None,
-                 tuned=True):
+                 gemm="auto", tuned=True):
         self.geometry, self.dtype, self.queue = geometry, np.dtype(dtype), queue
         self.context = queue_context(queue)   # kept: the caller may drop theirs
         self.compute_dtype = storage.compute_dtype(dtype)   # float32 for float16 arrays
@@ -54,7 +55,7 @@ class Plan:
             raise ValueError(f"queues must be one of {QUEUES}, got {queues!r}")
         self.queues = queues
         check_dtype_supported(self.dtype, queue.device)
-        gemm.engine()   # a bad CLCONV_GEMM is refused here, not in the middle of a pass
+        self.gemm, self._gemm_reason = choose_gemm(queue.device, gemm)   # fixed for the plan's life
         self.workspace_limit = workspace_limit or default_workspace_limit(queue.device)
         if self.workspace_limit > queue.device.max_mem_alloc_size:
             raise ValueError(f"workspace_limit {self.workspace_limit} is above the device's largest "
@@ -94,7 +95,7 @@ class Plan:
             cls = ALGORITHMS[tuned["algorithm"]]
             try:
                 return (cls(g, self.compute_dtype, self.queue.device, self.workspace_limit,
-                            per_group=tuned.get("queues") == "per-group"),
+                            per_group=tuned.get("queues") == "per-group", gemm=self.gemm),
                         f"fastest on this device in the tuning cache ({others or str(tuned.get('ms')) + ' ms'})")
             except ValueError:   # e.g. this plan's workspace limit: choose as if nothing were tuned
                 pass
@@ -110,7 +111,7 @@ class Plan:
             if ok:
                 try:
                     return cls(g, self.compute_dtype, self.queue.device, self.workspace_limit,
-                               per_group=self.queues == "per-group"), why + passed_over
+                               per_group=self.queues == "per-group", gemm=self.gemm), why + passed_over
                 except ValueError as exc:   # e.g. the workspace limit: "auto" tries the next one
                     if algorithm != "auto":
                         raise
@@ -149,7 +150,8 @@ class Plan:
                 if self._converts else "")
         lines = [f"conv2d input {list(g.input_shape)} weight {list(g.weight_shape)} -> output "
                  f"{list(g.output_shape)}, stride {g.stride}, padding {g.pads}, dilation {g.dilation}, "
-                 f"groups {g.groups}, {self.dtype}{half}, queues: {self.queues}"]
+                 f"groups {g.groups}, {self.dtype}{half}, queues: {self.queues}; GEMMs on {self.gemm} "
+                 f"({self._gemm_reason})"]
         for p, (algo, why) in self._choice.items():
             queues = ", per-group queues" if algo.per_group and g.groups > 1 else ""
             lines.append(f"{p} [{algo.name}]: {algo.describe(p)}{queues}; chosen because {why}; "
@@ -282,27 +284,31 @@ _plan_lock = threading.Lock()
 
 
 def plan(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, *, dtype=np.float32,
-         queue=None, algorithm="auto", queues="single", workspace_limit=None):
+         queue=None, algorithm="auto", queues="single", workspace_limit=None, gemm="auto"):
     """Build a reusable :class:`Plan` for input (N, C, H, W) and weight (K, C/groups, kh, kw).
 
     ``algorithm``: "auto" or one of "fc", "1x1", "direct", "fft", "winograd", "im2col" (ValueError if
     it does not apply). ``queues``: "single" or "per-group" (each group's GEMMs on
     their own in-order queue). ``workspace_limit``: bytes of the algorithm's workspace per pass
-    (for float16 arrays, their float32 copies come on top).
+    (for float16 arrays, their float32 copies come on top). ``gemm``: the GEMM engine, "auto"
+    (``CLCONV_GEMM`` if set, else clconv's kernel for the device's type), "clconv", "cpu", "gpu"
+    or "clblast" (see :mod:`clconv.gemm`).
     """
     g = conv_geometry(input_shape, weight_shape, stride, padding, dilation, groups)
-    return Plan(g, dtype, pick_queue(queue), algorithm=algorithm, queues=queues, workspace_limit=workspace_limit)
+    return Plan(g, dtype, pick_queue(queue), algorithm=algorithm, queues=queues, workspace_limit=workspace_limit,
+                gemm=gemm)
 
 
-def cached_plan(g, dtype, queue, algorithm="auto", queues="single"):
-    """The plan for (geometry, dtype, context, algorithm, queues) from a small LRU cache."""
-    key = (queue_context(queue).int_ptr, g, np.dtype(dtype), algorithm, queues)
+def cached_plan(g, dtype, queue, algorithm="auto", queues="single", gemm="auto"):
+    """The plan for (geometry, dtype, context, algorithm, queues, GEMM engine) from a small LRU cache."""
+    engine = choose_gemm(queue.device, gemm)[0]
+    key = (queue_context(queue).int_ptr, g, np.dtype(dtype), algorithm, queues, engine)
     with _plan_lock:
         p = _plan_cache.get(key)
         if p is not None:
             _plan_cache.move_to_end(key)
             return p
-    p = Plan(g, dtype, queue, algorithm=algorithm, queues=queues)
+    p = Plan(g, dtype, queue, algorithm=algorithm, queues=queues, gemm=gemm)
     with _plan_lock:
         _plan_cache[key] = p
         while len(_plan_cache) > _PLAN_CACHE_SIZE:

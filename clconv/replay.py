@@ -2,7 +2,7 @@
 
 Working out a pass (its kernels, index types, GEMM tiles, argument lists) costs host time on
 every call, often more than the device spends on a small convolution. What a pass enqueues
-depends only on its plan, the GEMM engine, the queue, the arrays' offsets and extents, which
+depends only on its plan (which fixes the GEMM engine), the queue, the arrays' offsets and extents, which
 arrays share a buffer, and the workspace's size; so a plan keeps, per such signature, the
 launches its first call made, without the caller's buffers. When the signature comes again,
 each launch gets a private copy of its kernel with every argument but the buffers set once
@@ -15,7 +15,6 @@ from collections import OrderedDict
 
 import pyopencl as cl
 
-from . import gemm
 from .programs import bound_kernel, capturing, relaunch
 
 KEPT = 8   # signatures kept per plan
@@ -52,10 +51,10 @@ class Replays:
 
 def _signature(pass_name, queue, refs, ws_size):
     """What the launches depend on besides the plan: per array its offset, extent and the first
-    array sharing its buffer; the queue, the GEMM engine and the workspace's size."""
+    array sharing its buffer; the queue and the workspace's size."""
     ids = [None if r is None else id(r.buf) for r in refs]   # all buffers are alive during the call
     arrays = tuple(None if r is None else (r.off, r.end, ids.index(i)) for r, i in zip(refs, ids))
-    return pass_name, queue.int_ptr, gemm.engine(), ws_size, arrays
+    return pass_name, queue.int_ptr, ws_size, arrays
 
 
 def _steps(capture, refs, ws):

@@ -164,10 +164,10 @@ def tune_gemm(geometries, queue, dtype=np.float32, repeat=3, batch=10, save=True
     Returns the entry {"overrides", "score", "default_ms", "ms", "scores", ...}
     (overrides {}: no gain).
     """
-    from . import gemm_params
+    from .gemm import clblast_params
     from .plan import Plan
     from .reference import TOLERANCE, normalised_error
-    if gemm_params.ignore_tuned(queue.device, dtype):    # the baseline must be CLBlast's own parameters
+    if clblast_params.ignore_tuned(queue.device, dtype):    # the baseline must be CLBlast's own parameters
         raise NothingToTune("this process already applied (or overrode) CLBlast parameters; tune in a process of "
                            "its own")
     rng = np.random.default_rng(0)
@@ -207,14 +207,14 @@ def tune_gemm(geometries, queue, dtype=np.float32, repeat=3, batch=10, save=True
         return float(np.exp(np.mean(np.log(np.array(times) / default)))), times
 
     applied, scores = {}, {}
-    for kernel in gemm_params.PARAMETERS:
+    for kernel in clblast_params.PARAMETERS:
         best = None
-        for i, params in enumerate(gemm_params.candidates(kernel)):
+        for i, params in enumerate(clblast_params.candidates(kernel)):
             name = f"{kernel}#{i}"
-            if not gemm_params.valid(kernel, params, queue.device, np.dtype(dtype).itemsize):
+            if not clblast_params.valid(kernel, params, queue.device, np.dtype(dtype).itemsize):
                 scores[name] = "invalid"
             else:
-                gemm_params.override(queue.device, dtype, kernel, params)
+                clblast_params.override(queue.device, dtype, kernel, params)
                 score, _ = trial()
                 scores[name] = "failed or wrong results" if score is None else round(score, 4)
                 if score is not None and (best is None or score < best[0]):
@@ -222,7 +222,7 @@ def tune_gemm(geometries, queue, dtype=np.float32, repeat=3, batch=10, save=True
             if progress:
                 progress(name, scores[name])
         if best is not None:
-            gemm_params.override(queue.device, dtype, kernel, best[1])
+            clblast_params.override(queue.device, dtype, kernel, best[1])
             applied[kernel] = best[1]
     score, times = trial()
     gain = score is not None and score < GEMM_GAIN

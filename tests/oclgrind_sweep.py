@@ -25,7 +25,8 @@ import pyopencl.array as cla
 from numpy.lib.stride_tricks import as_strided
 
 import clconv
-from clconv import blas, reference
+from clconv import reference
+from clconv.gemm import clblast as blas
 from clconv.workspace import workspace
 
 # (name, input shape, weight shape, options, algorithm, queues, workspace limit in bytes or None)
@@ -62,8 +63,10 @@ SWEEP = [
                                                                       groups=2), "fft", "per-group", None),
     # one image per chunk: every pass's spectra of one image (1184-1264 floats) fit, of two (1760-1856) do not
     ("fft_chunked", (3, 2, 5, 4), (3, 2, 3, 3), dict(padding=1), "fft", "single", 1500 * 4),
-    # clconv's own GEMM kernel (kernels/gemm.cl) in place of CLBlast's: in the host-gemm run only,
-    # which has every check (Oclgrind simulates its 64-256 work-item groups slowly)
+    # clconv's own GEMM kernels in place of CLBlast's: in the host-gemm run only, which has every
+    # check (Oclgrind simulates the GPU kernel's 64-256 work-item groups slowly). Oclgrind calls
+    # itself a GPU too, so "clconv" is the GPU kernel (kernels/gemm_gpu.cl); "cpu" the CPU one
+    # (kernels/gemm_cpu.cl) in each of its forms
     ("own_gemm_im2col_split_k", (2, 2, 16, 17), (3, 2, 3, 3), dict(padding=1, gemm="clconv"), "im2col", "single",
      None),   # two channels: im2col read in place by the GEMM (implicit), as below
     ("own_gemm_implicit_im2col_groups", (3, 4, 9, 7), (4, 2, 3, 3), dict(stride=2, padding=1, dilation=(1, 2),
@@ -76,12 +79,19 @@ SWEEP = [
     ("own_gemm_fc_per_group", (3, 4, 3, 2), (6, 2, 3, 2), dict(groups=2, gemm="clconv"), "fc", "per-group", None),
     ("own_gemm_winograd", (1, 4, 5, 6), (4, 2, 3, 3), dict(padding=1, groups=2, gemm="clconv"), "winograd",
      "single", None),
+    ("cpu_gemm_im2col_split_k_groups", (2, 4, 16, 17), (6, 2, 3, 3), dict(padding=1, groups=2, gemm="cpu"), "im2col",
+     "single", None),
+    ("cpu_gemm_1x1_per_image_grad_weight", (3, 2, 16, 16), (3, 2, 1, 1), dict(gemm="cpu"), "1x1", "single",
+     2 * 3 * 2 * 4),
+    ("cpu_gemm_fc_groups", (3, 4, 3, 2), (6, 2, 3, 2), dict(groups=2, gemm="cpu"), "fc", "single", None),
+    ("cpu_gemm_winograd", (1, 4, 5, 6), (4, 2, 3, 3), dict(padding=1, groups=2, gemm="cpu"), "winograd",
+     "single", None),
 ]
 
 
 def host_gemm(queue, dtype, m, n, k, count, a, a_off, lda, a_stride, b, b_off, ldb, b_stride, c, c_off, ldc,
               c_stride, *, alpha=1.0, beta=0.0, a_transp=False, b_transp=False, what=""):
-    """clconv.blas.gemm_strided_batched computed with NumPy on host copies of the buffers."""
+    """clconv.gemm.clblast.gemm_strided_batched computed with NumPy on host copies of the buffers."""
     queue.finish()
     host = {}
     for buf in (a, b, c):
@@ -129,14 +139,14 @@ def main():
         opts = dict(opts)
         dtype = np.dtype(opts.pop("dtype", np.float32))
         # Oclgrind calls itself every device type, GPU too: name the GEMM engine
-        os.environ["CLCONV_GEMM"] = opts.pop("gemm", "clblast")
-        if os.environ["CLCONV_GEMM"] == "clconv" and "--host-gemm" not in sys.argv:
+        engine = opts.pop("gemm", "clblast")
+        if engine != "clblast" and "--host-gemm" not in sys.argv:
             continue
         x = rng.standard_normal(xs).astype(dtype)
         w = rng.standard_normal(ws).astype(dtype)
         b = rng.standard_normal(ws[0]).astype(dtype)
         p = clconv.plan(xs, ws, **opts, dtype=dtype, queue=queue, algorithm=algorithm, queues=queues,
-                        workspace_limit=limit)
+                        workspace_limit=limit, gemm=engine)
         g = p.geometry
         dy = rng.standard_normal(g.output_shape).astype(dtype)
         dev = {k: device(v) for k, v in dict(x=x, w=w, b=b, dy=dy, y=np.zeros(g.output_shape, dtype),

@@ -1,4 +1,5 @@
-"""clconv's own GEMM kernel (clconv.gemm) against NumPy, and when it is used."""
+"""clconv's GEMM engines against NumPy (clconv.gemm): its GPU and CPU kernels and CLBlast on
+grids of products at odd offsets, and which engine a plan uses."""
 from collections import namedtuple
 
 import numpy as np
@@ -6,6 +7,7 @@ import pyopencl as cl
 import pytest
 
 from clconv import gemm
+from clconv.gemm import Operand, gemm_cpu, gemm_gpu
 from helpers import assert_close
 
 GI, GJ = 2, 3   # a 2 x 3 grid of products
@@ -15,32 +17,31 @@ GI, GJ = 2, 3   # a 2 x 3 grid of products
 def fresh_tile_choices():
     """Tile choices are cached; tests that restrict the tiles must not see (or leave)
     other choices."""
-    gemm.tile.cache_clear()
+    gemm_gpu.tile.cache_clear()
     yield
-    gemm.tile.cache_clear()
+    gemm_gpu.tile.cache_clear()
 
 
 # every tile in float32; float64 on the smallest (each tile, layout and dtype is a kernel build);
 # each with scalar reads (offsets and strides not multiples of 4) and four-wide ones (offsets,
 # strides and leading dimensions multiples of 4), and once each with one operand read four-wide
-TILE_DTYPES = [(t[0], np.float32) for t in gemm.TILES] + [(gemm.TILES[-1][0], np.float64)]
+TILE_DTYPES = [(t[0], np.float32) for t in gemm_gpu.TILES] + [(gemm_gpu.TILES[-1][0], np.float64)]
 CASES = ([(t, d, r) for t, d in TILE_DTYPES for r in ("scalar", "vector")]
-         + [(gemm.TILES[1][0], np.float32, r) for r in ("wide_a", "wide_b")])
+         + [(gemm_gpu.TILES[1][0], np.float32, r) for r in ("wide_a", "wide_b")])
+LAYOUTS = dict(argnames="a_transp,b_transp", argvalues=[(False, False), (True, False), (False, True), (True, True)],
+               ids=["nn", "tn", "nt", "tt"])
 
 
-@pytest.mark.parametrize("a_transp,b_transp", [(False, False), (True, False), (False, True), (True, True)],
-                         ids=["nn", "tn", "nt", "tt"])
-@pytest.mark.parametrize("tile,dtype,reads", CASES,
-                         ids=[f"{t[0]}x{t[1]}-{np.dtype(d).name}-{r}" for t, d, r in CASES])
-def test_grid_of_products_at_offsets(tile, dtype, reads, a_transp, b_transp, queue, monkeypatch):
-    """Odd sizes (no dimension a multiple of a tile or of 4, K not of the slice depth), padded
+def check_grid(queue, run, dtype, reads, a_transp, b_transp, m=67, n=130, k=29, seed=1):
+    """``run(buf, a, b, c, alpha, beta)`` (Operands into one buffer) against NumPy on a GI x GJ
+    grid: odd sizes (no dimension a multiple of a tile or of 4, K not of a slice depth), padded
     leading dimensions, gaps between matrices, alpha and beta; C outside the products stays as
-    it was. Everything outside the matrices is NaN, so a read past an edge shows."""
+    it was. Everything outside the matrices is NaN, so a read past an edge shows. ``reads``:
+    "vector" aligns every operand to 4 elements, "wide_a"/"wide_b" only that one, "scalar" none.
+    Returns the Operands."""
     if dtype == np.float64 and "cl_khr_fp64" not in queue.device.extensions:
         pytest.skip("no float64 on this device")
-    monkeypatch.setattr(gemm, "TILES", tuple(t for t in gemm.TILES if t[0] == tile))
-    m, n, k = 67, 130, 29
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     a_shape, b_shape = (k, m) if a_transp else (m, k), (n, k) if b_transp else (k, n)
     # one buffer: A, B and C each a (GI, GJ) grid of padded matrices, j fastest, with gaps
     shapes = {"A": a_shape, "B": b_shape, "C": (m, n)}
@@ -53,9 +54,6 @@ def test_grid_of_products_at_offsets(tile, dtype, reads, a_transp, b_transp, que
     for x in "ABC":
         offsets[x], start = start + (0 if aligned[x] else 3), start + 3 + GI * si[x] + (-(GI * si[x] + 3) % 4)
     host = np.full(start, np.nan, dtype)
-    widths = [gemm.read_width(queue.device, np.dtype(dtype).itemsize, offsets[x], si[x], sj[x], lds[x], GI, GJ)
-              for x in "AB"]
-    assert widths == [4 if aligned[x] else 1 for x in "AB"], "the layout does not give the reads it tests"
 
     def view(x, h, i, j):   # a writable view of matrix (i, j) of operand x in h
         (rows, cols), o = shapes[x], offsets[x] + i * si[x] + j * sj[x]
@@ -67,10 +65,9 @@ def test_grid_of_products_at_offsets(tile, dtype, reads, a_transp, b_transp, que
                 view(x, host, i, j)[...] = rng.standard_normal(shapes[x])
 
     buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+    ops = [Operand(buf, offsets[x], lds[x], si[x], sj[x]) for x in "ABC"]
     alpha, beta = 1.5, -0.5
-    gemm.grid_gemm(queue, np.dtype(dtype), GI, GJ, m, n, k, buf, buf, buf, tuple(offsets.values()),
-                   tuple(si.values()), tuple(sj.values()), tuple(lds.values()), alpha=alpha, beta=beta,
-                   a_transp=a_transp, b_transp=b_transp, what="test")
+    run(*ops, alpha, beta)
     got = np.empty_like(host)
     cl.enqueue_copy(queue, got, buf)
     want = host.astype(np.float64)
@@ -83,8 +80,87 @@ def test_grid_of_products_at_offsets(tile, dtype, reads, a_transp, b_transp, que
     for i in range(GI):
         for j in range(GJ):
             view("C", touched, i, j)[...] = True
-    assert_close(got[touched], want[touched], dtype, f"grid GEMM {tile}")
+    assert_close(got[touched], want[touched], dtype, "grid GEMM")
     assert np.array_equal(got[~touched], host[~touched], equal_nan=True), "written outside the C matrices"
+    return ops
+
+
+@pytest.mark.parametrize(**LAYOUTS)
+@pytest.mark.parametrize("tile,dtype,reads", CASES,
+                         ids=[f"{t[0]}x{t[1]}-{np.dtype(d).name}-{r}" for t, d, r in CASES])
+def test_gpu_kernel_grid_of_products_at_offsets(tile, dtype, reads, a_transp, b_transp, queue, monkeypatch):
+    """The GPU kernel with each tile, its reads four-wide where the layout allows."""
+    monkeypatch.setattr(gemm_gpu, "TILES", tuple(t for t in gemm_gpu.TILES if t[0] == tile))
+
+    def run(a, b, c, alpha, beta):
+        widths = [gemm_gpu.read_width(queue.device, np.dtype(dtype).itemsize, x.off, x.per_group, x.per_image, x.ld,
+                                      GI, GJ) for x in (a, b)]
+        assert widths == [4 if reads in ("vector", f"wide_{x}") else 1 for x in "ab"], "the layout gives other reads"
+        gemm_gpu.grid_gemm(queue, np.dtype(dtype), GI, GJ, m, n, k, a, b, c, alpha=alpha, beta=beta,
+                           a_transp=a_transp, b_transp=b_transp, what="test")
+    m, n, k = 67, 130, 29
+    check_grid(queue, run, dtype, reads, a_transp, b_transp, m, n, k)
+
+
+CPU_VARIANTS = {   # the CPU kernel's block as its host sizes it, and forced other ways
+    "default": None,
+    "one_block_per_item": lambda t: t._replace(tm=1),
+    "five_blocks_per_item": lambda t: t._replace(tm=5),   # the last work-item's blocks run past M
+    "vw4": "vw4",                                         # 4-wide vectors (SSE-sized)
+}
+
+
+@pytest.mark.parametrize(**LAYOUTS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("variant", list(CPU_VARIANTS))
+def test_cpu_kernel_grid_of_products_at_offsets(variant, dtype, a_transp, b_transp, queue, monkeypatch):
+    """The CPU kernel in both forms (outer products for B stored K x N, dot products for A and B
+    stored along K, A^T B^T as (B A)^T), with edge blocks in M and N and a K tail."""
+    change = CPU_VARIANTS[variant]
+    if change == "vw4":
+        monkeypatch.setattr(gemm_cpu, "vector_width", lambda device, itemsize: 4)
+    elif change is not None:
+        sized = gemm_cpu.tile
+        monkeypatch.setattr(gemm_cpu, "tile", lambda *args: change(sized(*args)))
+
+    def run(a, b, c, alpha, beta):
+        gemm_cpu.grid_gemm(queue, np.dtype(dtype), GI, GJ, 67, 130, 29, a, b, c, alpha=alpha, beta=beta,
+                           a_transp=a_transp, b_transp=b_transp, what="test")
+    check_grid(queue, run, dtype, "scalar", a_transp, b_transp)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (5, 3, 1), (3, 17, 40), (13, 2, 8)], ids=str)
+@pytest.mark.parametrize(**LAYOUTS)
+def test_cpu_kernel_small_and_thin_products(m, n, k, a_transp, b_transp, queue):
+    """Products smaller than one block, and a K that is one vector exactly (no tail)."""
+    def run(a, b, c, alpha, beta):
+        gemm_cpu.grid_gemm(queue, np.dtype(np.float32), GI, GJ, m, n, k, a, b, c, alpha=alpha, beta=beta,
+                           a_transp=a_transp, b_transp=b_transp, what="test")
+    check_grid(queue, run, np.float32, "vector", a_transp, b_transp, m, n, k, seed=m * n * k)
+
+
+@pytest.mark.parametrize(**LAYOUTS)
+def test_clblast_grid_of_products_at_offsets(a_transp, b_transp, queue):
+    """CLBlast's grid through clconv.gemm.clblast (a loop over one axis, the other batched)."""
+    from clconv.gemm import clblast
+
+    def run(a, b, c, alpha, beta):
+        clblast.grid_gemm(queue, np.dtype(np.float32), GI, GJ, 67, 130, 29, a, b, c, alpha=alpha, beta=beta,
+                          a_transp=a_transp, b_transp=b_transp, what="test")
+    check_grid(queue, run, np.float32, "scalar", a_transp, b_transp)
+
+
+def test_cpu_kernel_blocks_from_the_device():
+    """Outer products in 2 vectors of the native width (256 bits at most) by 6 rows (12
+    accumulators of 16 registers); dot products in 4 x 4; enough work per work-item."""
+    cpu = _device(gpu=False, compute_units=2)._replace()
+    facts = dict(native_vector_width_float=16, native_vector_width_double=8)
+    dev = type("D", (), dict(cpu._asdict(), **facts))()
+    t = gemm_cpu.tile(dev, 512, 784, 256, 4, 4, False)
+    assert (t.inner, t.vw, t.mr, t.nv, t.cols) == (False, 8, 6, 2, 16) and t.tm > 1
+    assert gemm_cpu.tile(dev, 512, 784, 256, 4, 8, False).vw == 4   # float64: 4 x 64 bits
+    t = gemm_cpu.tile(dev, 64, 1024, 9216, 1, 4, True)
+    assert (t.inner, t.mr, t.cols) == (True, 4, 4)
 
 
 def test_beta_zero_ignores_what_c_held(queue):
@@ -94,52 +170,62 @@ def test_beta_zero_ignores_what_c_held(queue):
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     host = np.concatenate([a.ravel(), b.ravel(), np.full(m * n, np.nan, np.float32)])
     buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
-    gemm.grid_gemm(queue, np.dtype(np.float32), 1, 1, m, n, k, buf, buf, buf, (0, a.size, a.size + b.size),
-                   (0, 0, 0), (0, 0, 0), (k, n, n), what="test")
+    gemm_gpu.grid_gemm(queue, np.dtype(np.float32), 1, 1, m, n, k, Operand(buf, 0, k), Operand(buf, a.size, n),
+                       Operand(buf, a.size + b.size, n), what="test")
     c = np.empty(m * n, np.float32)
     cl.enqueue_copy(queue, c, buf, src_offset=4 * (a.size + b.size))
     assert_close(c.reshape(m, n), a.astype(np.float64) @ b, np.float32, "GEMM over NaNs")
 
 
 # what clconv.gemm asks of a device
-Device = namedtuple("Device", "type max_compute_units max_work_group_size max_work_item_sizes local_mem_size "
+Device = namedtuple("Device", "name type max_compute_units max_work_group_size max_work_item_sizes local_mem_size "
                                "mem_base_addr_align")
 
 
 def _device(gpu=True, compute_units=132, max_work_group_size=1024, local_mem_size=48 * 1024):
     """A stand-in device (an H200's numbers by default)."""
-    return Device(cl.device_type.GPU if gpu else cl.device_type.CPU, compute_units, max_work_group_size,
+    return Device("stand-in", cl.device_type.GPU if gpu else cl.device_type.CPU, compute_units, max_work_group_size,
                   (1024, 1024, 64), local_mem_size, 4096)
 
 
-@pytest.mark.parametrize("m,n,count,engine,own", [
-    (512, 784, 64, "auto", True),       # a pointwise convolution's products
-    (64, 147, 49, "auto", True),        # the 7x7 stem's split-K grad-weight: a grid of few tiles
-    (1600, 4096, 1, "auto", True),      # fully-connected mode: every dimension large
-    (1600, 4096, 1, "clconv", True),
-    (512, 784, 64, "clblast", False),
-], ids=["pointwise", "few_tiles", "all_large", "forced_clconv", "forced_clblast"])
-def test_engine_choice(m, n, count, engine, own, monkeypatch):
-    """GPUs run every product on clconv's kernel (it measured faster than CLBlast's on every
-    shape tried, fully-connected ones included), CPUs none; CLCONV_GEMM forces either."""
-    monkeypatch.setenv("CLCONV_GEMM", engine)
-    assert gemm.use_own(_device(), m, n, count) is own
-    if engine == "auto":
-        assert gemm.use_own(_device(gpu=False), m, n, count) is False   # CPUs keep CLBlast
+@pytest.mark.parametrize("gpu,requested,env,engine", [
+    (True, "auto", "", "gpu"), (False, "auto", "", "cpu"), (True, "clconv", "", "gpu"), (False, "clconv", "", "cpu"),
+    (True, "auto", " CLBlast ", "clblast"), (False, "auto", "clconv", "cpu"), (False, "gpu", "clblast", "gpu"),
+    (True, "clblast", "", "clblast")],
+    ids=["gpu_auto", "cpu_auto", "gpu_clconv", "cpu_clconv", "env_clblast", "env_clconv", "asked_over_env",
+         "gpu_clblast"])
+def test_engine_choice(gpu, requested, env, engine, monkeypatch):
+    """clconv's kernel for the device's type (each measured faster than CLBlast's on every shape
+    tried); CLCONV_GEMM, or a plan's gemm=, which wins over it, forces one."""
+    monkeypatch.setenv("CLCONV_GEMM", env)
+    chosen, why = gemm.choose(_device(gpu), requested)
+    assert chosen == engine and why
 
 
-@pytest.mark.parametrize("value,engine", [("", "auto"), (" CLBlast ", "clblast"), ("clconv", "clconv")])
-def test_engine_names(value, engine, monkeypatch):
-    monkeypatch.setenv("CLCONV_GEMM", value)
-    assert gemm.engine() == engine
+def test_no_gpu_tile_falls_back_to_clblast(monkeypatch):
+    monkeypatch.delenv("CLCONV_GEMM", raising=False)
+    small = _device(local_mem_size=1024)
+    assert gemm.choose(small)[0] == "clblast"
+    with pytest.raises(ValueError, match="no tile of clconv's GPU GEMM kernel fits"):
+        gemm.choose(small, "clconv")
 
 
 def test_unknown_engine_is_refused_when_planning(queue, monkeypatch):
     """Before anything is enqueued: at plan time."""
     import clconv
     monkeypatch.setenv("CLCONV_GEMM", "cublas")
-    with pytest.raises(ValueError, match="CLCONV_GEMM must be one of"):
+    with pytest.raises(ValueError, match="the GEMM engine must be one of"):
         clconv.plan((1, 2, 5, 5), (3, 2, 3, 3), queue=queue)
+    with pytest.raises(ValueError, match="'cublas'"):
+        clconv.plan((1, 2, 5, 5), (3, 2, 3, 3), queue=queue, gemm="cublas")
+
+
+def test_plan_fixes_its_engine_and_explains_it(queue, monkeypatch):
+    import clconv
+    monkeypatch.setenv("CLCONV_GEMM", "clblast")
+    p = clconv.plan((2, 8, 9, 9), (8, 8, 3, 3), padding=1, queue=queue, algorithm="im2col")
+    monkeypatch.setenv("CLCONV_GEMM", "clconv")   # later changes do not reach a built plan
+    assert p.gemm == "clblast" and "GEMMs on clblast (CLCONV_GEMM=clblast asks for it)" in p.explain()
 
 
 @pytest.mark.parametrize("m,n,count,want", [
@@ -149,15 +235,14 @@ def test_unknown_engine_is_refused_when_planning(queue, monkeypatch):
     (64, 12544, 1, (64, 64)),       # 64 rows
 ], ids=["multiples", "ragged_n", "ragged_both", "short_m"])
 def test_tile_choice(m, n, count, want):
-    assert gemm.tile(_device(), m, n, count) == want
+    assert gemm_gpu.tile(_device(), m, n, count) == want
 
 
 def test_tile_fits_the_work_group_and_local_memory():
-    assert gemm.tile(_device(max_work_group_size=128), 4096, 4096, 1) == (128, 64)
+    assert gemm_gpu.tile(_device(max_work_group_size=128), 4096, 4096, 1) == (128, 64)
     # float64: 128x128 stages 33792 bytes, 128x64 25600, 64x64 17408
-    assert gemm.tile(_device(local_mem_size=32 * 1024), 4096, 4096, 1, 8) == (128, 64)
-    assert gemm.tile(_device(local_mem_size=16 * 1024), 4096, 4096, 1, 8) is None
-    assert not gemm.use_own(_device(local_mem_size=16 * 1024), 512, 784, 64, 8)   # so CLBlast runs it
+    assert gemm_gpu.tile(_device(local_mem_size=32 * 1024), 4096, 4096, 1, 8) == (128, 64)
+    assert gemm_gpu.tile(_device(local_mem_size=16 * 1024), 4096, 4096, 1, 8) is None
 
 
 def test_tune_gemm_needs_a_pass_that_clblast_runs(queue, monkeypatch):
@@ -165,6 +250,6 @@ def test_tune_gemm_needs_a_pass_that_clblast_runs(queue, monkeypatch):
     kernel there is nothing to tune, and it says so."""
     from clconv import tuning
     from clconv.geometry import conv_geometry
-    monkeypatch.setenv("CLCONV_GEMM", "clconv")
+    monkeypatch.setenv("CLCONV_GEMM", "clconv")   # clconv's kernel for this device type
     with pytest.raises(RuntimeError, match="nothing to tune"):
         tuning.tune_gemm([conv_geometry((2, 8, 9, 9), (8, 8, 3, 3), 1, 1, 1, 1)], queue, save=False)

@@ -4,7 +4,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from ..blas import grid_gemm
+from ..gemm import grid_gemm
 from ..programs import get_kernel, index_type, launch
 
 Ref = namedtuple("Ref", "buf off end", defaults=(None,))
@@ -48,13 +48,13 @@ def sum_partials(queue, dtype, idx, part, S, n, out, accumulate, what):
     launch(queue, knl, (n,), (64,), part.buf, part.off, S, n, out.buf, out.off, int(accumulate), what=what)
 
 
-def position_gemm(queue, dtype, per_group, ws, G, count, m, n, k, offsets, strides, positions, lds, **kw):
+def position_gemm(queue, engine, dtype, per_group, G, count, m, n, k, a, b, c, **kw):
     """The ``count`` x G GEMMs of a transform algorithm (Winograd's tile positions, FFT's
-    frequencies) on workspace operands at ``offsets`` (A, B, C). ``strides``: from one group to
-    the next; ``positions``: from one position to the next, which is G groups, so without
-    per-group queues (position, group) is one evenly strided batch."""
+    frequencies) on :class:`clconv.gemm.Operand` s in the workspace, whose ``per_group`` is
+    the step from one group to the next and ``per_image`` from one position to the next, G
+    groups later: without per-group queues (position, group) is one evenly strided batch."""
     if per_group and G > 1:
-        grid_gemm(queue, dtype, G, count, m, n, k, ws, ws, ws, offsets, strides, positions, lds,
-                  per_group=True, **kw)
+        grid_gemm(queue, engine, dtype, G, count, m, n, k, a, b, c, per_group=True, **kw)
     else:
-        grid_gemm(queue, dtype, 1, count * G, m, n, k, ws, ws, ws, offsets, (0, 0, 0), strides, lds, **kw)
+        flat = (x._replace(per_group=0, per_image=x.per_group) for x in (a, b, c))
+        grid_gemm(queue, engine, dtype, 1, count * G, m, n, k, *flat, **kw)

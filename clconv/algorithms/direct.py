@@ -107,7 +107,7 @@ class Direct:
                            "faster (ResNeXt-like groups on an H200 and on PoCL)")
         return True, ""
 
-    def __init__(self, g, dtype, device, workspace_limit, per_group=False):
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm=None):
         self.g, self.dtype = g, dtype
         self.per_group = False   # no GEMMs, so no per-group queues
         self.taps = g.Cg * g.kh * g.kw

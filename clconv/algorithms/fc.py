@@ -8,7 +8,7 @@ strided-batched GEMM over the groups, over the whole batch, with no workspace:
   grad-weight   dW[g]    = dY[:, g]^T @ X[:, g]   M=Kg  N=Kd  K=N
 """
 from ..bias import prefill_bias
-from ..blas import grid_gemm
+from ..gemm import Operand as Op, grid_gemm
 
 
 class FullyConnected:
@@ -21,8 +21,8 @@ class FullyConnected:
         return False, (f"needs a kernel covering the whole unpadded input (kernel {g.kh}x{g.kw}, "
                        f"input {g.H}x{g.W}, padding {g.pads})")
 
-    def __init__(self, g, dtype, device, workspace_limit, per_group=False):
-        self.g, self.dtype, self.per_group = g, dtype, per_group
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
+        self.g, self.dtype, self.per_group, self.gemm = g, dtype, per_group, gemm
         self.workspace = {"forward": 0, "backward_input": 0, "backward_weight": 0}
 
     def describe(self, pass_name):
@@ -32,22 +32,21 @@ class FullyConnected:
         return (f"fully-connected GEMM over the whole batch, {g.groups} group(s) in one batched call, "
                 f"M={mnk[0]} N={mnk[1]} K={mnk[2]}, no im2col, no workspace")
 
-    def _gemm(self, queue, m, n, k, a, b, c, offsets, group_strides, lds, **kw):
-        grid_gemm(queue, self.dtype, self.g.groups, 1, m, n, k, a, b, c, offsets, group_strides, (0, 0, 0), lds,
-                  per_group=self.per_group, **kw)
+    def _gemm(self, queue, m, n, k, a, b, c, **kw):
+        grid_gemm(queue, self.gemm, self.dtype, self.g.groups, 1, m, n, k, a, b, c, per_group=self.per_group, **kw)
 
     def forward(self, queue, x, w, bias, y, ws):
         g = self.g
         beta = prefill_bias(queue, self.dtype, y, bias, g)
-        self._gemm(queue, g.N, g.Kg, g.Kd, x.buf, w.buf, y.buf, (x.off, w.off, y.off), (g.Kd, g.Kg * g.Kd, g.Kg),
-                   (g.C * g.H * g.W, g.Kd, g.K), beta=beta, b_transp=True, what="forward (fc)")
+        self._gemm(queue, g.N, g.Kg, g.Kd, Op(x.buf, x.off, g.C * g.H * g.W, g.Kd), Op(w.buf, w.off, g.Kd, g.Kg * g.Kd),
+                   Op(y.buf, y.off, g.K, g.Kg), beta=beta, b_transp=True, what="forward (fc)")
 
     def backward_input(self, queue, w, dy, dx, ws):
         g = self.g
-        self._gemm(queue, g.N, g.Kd, g.Kg, dy.buf, w.buf, dx.buf, (dy.off, w.off, dx.off), (g.Kg, g.Kg * g.Kd, g.Kd),
-                   (g.K, g.Kd, g.C * g.H * g.W), what="grad-input (fc)")
+        self._gemm(queue, g.N, g.Kd, g.Kg, Op(dy.buf, dy.off, g.K, g.Kg), Op(w.buf, w.off, g.Kd, g.Kg * g.Kd),
+                   Op(dx.buf, dx.off, g.C * g.H * g.W, g.Kd), what="grad-input (fc)")
 
     def backward_weight(self, queue, x, dy, dw, ws):
         g = self.g
-        self._gemm(queue, g.Kg, g.Kd, g.N, dy.buf, x.buf, dw.buf, (dy.off, x.off, dw.off), (g.Kg, g.Kd, g.Kg * g.Kd),
-                   (g.K, g.C * g.H * g.W, g.Kd), a_transp=True, what="grad-weight (fc)")
+        self._gemm(queue, g.Kg, g.Kd, g.N, Op(dy.buf, dy.off, g.K, g.Kg), Op(x.buf, x.off, g.C * g.H * g.W, g.Kd),
+                   Op(dw.buf, dw.off, g.Kd, g.Kg * g.Kd), a_transp=True, what="grad-weight (fc)")

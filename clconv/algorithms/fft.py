@@ -22,6 +22,7 @@ import functools
 import numpy as np
 import pyopencl as cl
 
+from ..gemm import Operand
 from ..programs import INT32_MAX, ClconvError, get_kernel, launch, work_group_limit
 from .common import Ref, idx_for, position_gemm
 
@@ -107,8 +108,8 @@ class FFT:
                            "not worth its transforms")
         return True, ""
 
-    def __init__(self, g, dtype, device, workspace_limit, per_group=False):
-        self.g, self.dtype, self.per_group = g, dtype, per_group
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
+        self.g, self.dtype, self.per_group, self.gemm = g, dtype, per_group, gemm
         self.fh, self.fw = frame(g)
         self.F = _frequencies(g)
         # images per work-group of the image and of the output transforms (FH/2 work-items
@@ -140,7 +141,7 @@ class FFT:
     def _layout(self, pass_name, B):
         """Offsets of the workspace regions after the first, then its end, for chunks of B
         images. The rotated image spectra X (F, 2C, 2B) come first, at offset 0: they are the
-        GEMM's B operand (see blas._in_place); then for the convolutions the filter spectra
+        GEMM's B operand (see gemm.clblast._in_place); then for the convolutions the filter spectra
         (F, K, 2Cg) and the products Y (F, K, 2B), for grad-weight DY (F, K, 2B) and dW (F, K, 2Cg)."""
         t, F = self.geometry[pass_name], self.F
         filters, images = F * t.K * 2 * t.Cg, F * t.K * 2 * B
@@ -176,11 +177,11 @@ class FFT:
                x.buf, x.off + n0 * C * H * W, ws, at, nb, C, H, W, *pads, Cg, int(rotated),
                what=f"{what}: image transform")
 
-    def _gemm(self, queue, ws, t, m, n, k, offsets, strides, lds, **kw):
-        """The F x G per-frequency GEMMs; ``strides`` from one group to the next, G of them
-        from one frequency to the next."""
-        position_gemm(queue, self.dtype, self.per_group, ws, t.groups, self.F, m, n, k, offsets, strides,
-                      tuple(s * t.groups for s in strides), lds, **kw)
+    def _gemm(self, queue, ws, t, m, n, k, a, b, c, **kw):
+        """The F x G per-frequency GEMMs on (offset, leading dimension, group stride) triples
+        in the workspace ``ws``, G groups from one frequency to the next."""
+        a, b, c = (Operand(ws, off, ld, step, step * t.groups) for off, ld, step in (a, b, c))
+        position_gemm(queue, self.gemm, self.dtype, self.per_group, t.groups, self.F, m, n, k, a, b, c, **kw)
 
     def _convolve(self, queue, pass_name, x, w, bias, y, ws, what):
         """y = conv(x, w) (+ bias) over the pass's geometry, w flipped for grad-input."""
@@ -197,8 +198,8 @@ class FFT:
             self._images(queue, idx, x, n0, nb, t.C, t.H, t.W, (t.pads[0][0], t.pads[1][0]), t.Cg, ws, 0, True,
                          what)
             # per (frequency, group): Y (Kg, 2nb) = W (Kg, 2Cg) @ X rotated (2Cg, 2nb)
-            self._gemm(queue, ws, t, t.Kg, 2 * nb, 2 * t.Cg, (u, 0, m),
-                       (t.Kg * 2 * t.Cg, 2 * t.Cg * 2 * nb, t.Kg * 2 * nb), (2 * t.Cg, 2 * nb, 2 * nb), what=what)
+            self._gemm(queue, ws, t, t.Kg, 2 * nb, 2 * t.Cg, (u, 2 * t.Cg, t.Kg * 2 * t.Cg),
+                       (0, 2 * nb, 2 * t.Cg * 2 * nb), (m, 2 * nb, t.Kg * 2 * nb), what=what)
             launch(queue, output, (nb, self.fh // 2, t.K), (self.nbo, self.fh // 2, 1), ws, m,
                    y.buf, y.off + n0 * t.K * t.OH * t.OW, b.buf, b.off, int(bias is not None), nb, t.K, t.OH, t.OW,
                    t.K * t.OH * t.OW, t.OH * t.OW, 1, 1, what=f"{what}: output transform")
@@ -220,8 +221,8 @@ class FFT:
                          what)
             self._images(queue, idx, dy, n0, nb, t.K, t.OH, t.OW, (0, 0), t.Kg, ws, d, False, what)
             # per (frequency, group): dW (Kg, 2Cg) (+)= DY (Kg, 2nb) @ (X rotated (2Cg, 2nb))^T
-            self._gemm(queue, ws, t, t.Kg, 2 * t.Cg, 2 * nb, (d, 0, s),
-                       (t.Kg * 2 * nb, 2 * t.Cg * 2 * nb, t.Kg * 2 * t.Cg), (2 * nb, 2 * nb, 2 * t.Cg),
+            self._gemm(queue, ws, t, t.Kg, 2 * t.Cg, 2 * nb, (d, 2 * nb, t.Kg * 2 * nb),
+                       (0, 2 * nb, 2 * t.Cg * 2 * nb), (s, 2 * t.Cg, t.Kg * 2 * t.Cg),
                        beta=1.0 if n0 > 0 else 0.0, b_transp=True, what=what)
         # the taps: IDFT(dW) on the dilated filter grid, as the output transform with the
         # channels for images: tap (ci, k) to dw (k, ci)

@@ -23,9 +23,8 @@ straight into Y. On an H200 that took the 7x7 stem's grad-weight from 0.048-0.05
 """
 import pyopencl as cl
 
-from .. import gemm
 from ..bias import fill_bias
-from ..blas import grid_gemm
+from ..gemm import Im2colB, Operand as Op, grid_gemm
 from ..programs import INT32_MAX, get_kernel, launch
 from .common import Ref, idx_for, largest_divisor_at_most, max_slices, sum_partials
 
@@ -41,8 +40,8 @@ class Im2col:
     def applies(g):
         return True, "general: any shape, stride, padding, dilation and groups"
 
-    def __init__(self, g, dtype, device, workspace_limit, per_group=False):
-        self.g, self.dtype, self.per_group = g, dtype, per_group
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
+        self.g, self.dtype, self.per_group, self.gemm = g, dtype, per_group, gemm
         itemsize = dtype.itemsize
         self.rows = g.C * g.kh * g.kw
         per_image = (self.rows + g.K) * g.P
@@ -77,21 +76,21 @@ class Im2col:
                 f"per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2]}")
         if pass_name == "backward_weight" and self.slices > 1:
             text += f", split-K into {self.slices} slices summed in order"
-        if pass_name != "backward_input" and g.Cg <= IMPLICIT_MAX_CHANNELS:
-            text += ("; on clconv's GEMM kernel im2col is read in place (implicit; the forward is then one GEMM "
-                     f"per group and image, M={g.Kg} N={g.P} K={g.Kd}, into the output), on CLBlast's written out")
+        if pass_name != "backward_input" and self._implicit():
+            text += ("; im2col read in place by clconv's GPU GEMM kernel (implicit; the forward is one GEMM "
+                     f"per group and image, M={g.Kg} N={g.P} K={g.Kd}, into the output)")
         return text
 
-    def _implicit(self, queue, m, n, count):
-        """Whether the GEMMs (count of M x N) read im2col in place: few channels, on clconv's kernel."""
-        return self.g.Cg <= IMPLICIT_MAX_CHANNELS and gemm.use_own(queue.device, m, n, count, self.dtype.itemsize)
+    def _implicit(self):
+        """Whether forward and grad-weight read im2col in place: few channels, on the GPU GEMM kernel."""
+        return self.g.Cg <= IMPLICIT_MAX_CHANNELS and self.gemm == "gpu"
 
     def _im2col_b(self, pj, images):
         """The input as the GEMM's im2col operand, slices of pj columns, matrices over ``images``."""
         g = self.g
         (pt, _), (pl, _) = g.pads
         xs = g.C * g.H * g.W
-        return gemm.Im2colB(g.H, g.W, xs, g.P, g.OW, g.kh, g.kw, *g.stride, pt, pl, *g.dilation, pj,
+        return Im2colB(g.H, g.W, xs, g.P, g.OW, g.kh, g.kw, *g.stride, pt, pl, *g.dilation, pj,
                             (images - 1) * xs + g.Cg * g.H * g.W)
 
     def _geometry_args(self, B):
@@ -111,7 +110,7 @@ class Im2col:
     def _to_columns(self, queue, idx, dy, n0, B, ws, t):
         """dY of images n0 ... n0+B-1 (B, K, P) as (K, B*P): (buffer, offset) of T, or of dY
         itself for one image of one group (with more groups, dY at an offset CLBlast might
-        misread would take one GEMM per group: see blas._in_place)."""
+        misread would take one GEMM per group: see gemm.clblast._in_place)."""
         g = self.g
         if B == 1 and g.groups == 1:
             return dy.buf, dy.off + n0 * g.K * g.P
@@ -120,18 +119,17 @@ class Im2col:
                what="grad_output layout")
         return ws, t
 
-    def _group_gemm(self, queue, m, n, k, a, b, c, offsets, strides, lds, **kw):
-        grid_gemm(queue, self.dtype, self.g.groups, 1, m, n, k, a, b, c, offsets, strides, (0, 0, 0), lds,
-                  per_group=self.per_group, **kw)
+    def _group_gemm(self, queue, m, n, k, a, b, c, **kw):
+        grid_gemm(queue, self.gemm, self.dtype, self.g.groups, 1, m, n, k, a, b, c, per_group=self.per_group, **kw)
 
     def forward(self, queue, x, w, bias, y, ws):
         g, B = self.g, self.chunk
         Kg, Kd = g.Kg, g.Kd
-        if self._implicit(queue, Kg, g.P, g.groups * g.N):   # one GEMM over groups x images into Y
+        if self._implicit():   # one GEMM over groups x images into Y
             if bias is not None:
                 fill_bias(queue, self.dtype, y, bias, g.N, g.K, g.P)
-            grid_gemm(queue, self.dtype, g.groups, g.N, Kg, g.P, Kd, w.buf, x.buf, y.buf, (w.off, x.off, y.off),
-                      (Kg * Kd, g.Cg * g.H * g.W, Kg * g.P), (0, g.C * g.H * g.W, g.K * g.P), (Kd, 0, g.P),
+            grid_gemm(queue, self.gemm, self.dtype, g.groups, g.N, Kg, g.P, Kd, Op(w.buf, w.off, Kd, Kg * Kd),
+                      Op(x.buf, x.off, 0, g.Cg * g.H * g.W, g.C * g.H * g.W), Op(y.buf, y.off, g.P, Kg * g.P, g.K * g.P),
                       beta=float(bias is not None), per_group=self.per_group, im2col=self._im2col_b(0, 1),
                       what="forward (implicit im2col)")
             return
@@ -145,8 +143,8 @@ class Im2col:
             out = Ref(y.buf, y.off + n0 * g.K * g.P) if nb == 1 else Ref(ws, self.rows * ld)
             if nb == 1 and bias is not None:
                 fill_bias(queue, self.dtype, out, bias, 1, g.K, g.P)
-            self._group_gemm(queue, Kg, ld, Kd, w.buf, ws, out.buf, (w.off, col, out.off),
-                             (Kg * Kd, Kd * ld, Kg * ld), (Kd, ld, ld), beta=float(nb == 1 and bias is not None),
+            self._group_gemm(queue, Kg, ld, Kd, Op(w.buf, w.off, Kd, Kg * Kd), Op(ws, col, ld, Kd * ld),
+                             Op(out.buf, out.off, ld, Kg * ld), beta=float(nb == 1 and bias is not None),
                              what="forward")
             if nb > 1:
                 launch(queue, self._kernel(queue, "cnhw_to_nchw", idx), (ld, g.K), TILE, ws, out.off, y.buf,
@@ -162,8 +160,8 @@ class Im2col:
             nb = min(B, g.N - n0)
             col, ld = g.K * nb * g.P, nb * g.P
             t_buf, t = self._to_columns(queue, idx, dy, n0, nb, ws, 0)
-            self._group_gemm(queue, Kd, ld, Kg, w.buf, t_buf, ws, (w.off, t, col), (Kg * Kd, Kg * ld, Kd * ld),
-                             (Kd, ld, ld), a_transp=True, what="grad-input")
+            self._group_gemm(queue, Kd, ld, Kg, Op(w.buf, w.off, Kd, Kg * Kd), Op(t_buf, t, ld, Kg * ld),
+                             Op(ws, col, ld, Kd * ld), a_transp=True, what="grad-input")
             launch(queue, col2im, (g.H * g.W, g.C, nb), (64, 1, 1), ws, col,
                    dx.buf, dx.off + n0 * g.C * g.H * g.W, *self._geometry_args(nb), what="col2im")
 
@@ -178,7 +176,7 @@ class Im2col:
             S = self.slices if nb == B else self.last_slices
             L = ld // S   # slice length: S slices cover the nb * P columns exactly
             # B: col (Kd x ld per group), or the input read through im2col in place
-            if self._implicit(queue, Kg, Kd, G * S):
+            if self._implicit():
                 b_buf, b_off, b_si, b_sj = x.buf, x.off + n0 * g.C * g.H * g.W, g.Cg * g.H * g.W, 0
                 im2col = self._im2col_b(L if S > 1 else 0, nb)
             else:
@@ -186,13 +184,12 @@ class Im2col:
                 b_buf, b_off, b_si, b_sj, im2col = ws, col, Kd * ld, L, None
             t_buf, t = self._to_columns(queue, idx, dy, n0, nb, ws, self.rows * ld)
             if S == 1:
-                self._group_gemm(queue, Kg, Kd, ld, t_buf, b_buf, dw.buf, (t, b_off, dw.off),
-                                 (Kg * ld, b_si, Kg * Kd), (ld, ld, Kd), beta=0.0 if n0 == 0 else 1.0,
+                self._group_gemm(queue, Kg, Kd, ld, Op(t_buf, t, ld, Kg * ld), Op(b_buf, b_off, ld, b_si),
+                                 Op(dw.buf, dw.off, Kd, Kg * Kd), beta=0.0 if n0 == 0 else 1.0,
                                  b_transp=True, im2col=im2col, what="grad-weight")
                 continue
-            grid_gemm(queue, self.dtype, G, S, Kg, Kd, L, t_buf, b_buf, ws, offsets=(t, b_off, part),
-                      group_strides=(Kg * ld, b_si, Kg * Kd), image_strides=(L, b_sj, g.K * Kd),
-                      lds=(ld, ld, Kd), b_transp=True, per_group=self.per_group, im2col=im2col,
-                      what="grad-weight (split-K)")
+            grid_gemm(queue, self.gemm, self.dtype, G, S, Kg, Kd, L, Op(t_buf, t, ld, Kg * ld, L),
+                      Op(b_buf, b_off, ld, b_si, b_sj), Op(ws, part, Kd, Kg * Kd, g.K * Kd), b_transp=True,
+                      per_group=self.per_group, im2col=im2col, what="grad-weight (split-K)")
             n = g.K * Kd
             sum_partials(queue, self.dtype, idx, Ref(ws, part), S, n, dw, n0 > 0, "grad-weight (sum of slices)")

@@ -14,7 +14,7 @@ the im2col layout). Otherwise it uses the im2col algorithm, whose im2col for a 1
 kernel is the (C, N*H*W) layout that makes it one GEMM per group.
 """
 from ..bias import prefill_bias
-from ..blas import grid_gemm
+from ..gemm import Operand as Op, grid_gemm
 from .common import MIN_SLICE, Ref, idx_for, max_slices, sum_partials
 from .im2col import Im2col
 
@@ -29,12 +29,12 @@ class Pointwise:
         return False, f"needs a 1x1 kernel with stride 1 and no padding (kernel {g.kh}x{g.kw}, stride {g.stride}, " \
                       f"padding {g.pads})"
 
-    def __init__(self, g, dtype, device, workspace_limit, per_group=False):
-        self.g, self.dtype, self.per_group = g, dtype, per_group
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
+        self.g, self.dtype, self.per_group, self.gemm = g, dtype, per_group, gemm
         # grad-weight: images per chunk of per-image partial sums (1: the im2col layout instead)
         fits = workspace_limit // (g.K * g.Cg * dtype.itemsize)
         self.images = min(g.N, max_slices(g.K * g.Cg, g.N * g.P), fits) if g.P >= MIN_SLICE else 1
-        self._weight = None if self.images > 1 else Im2col(g, dtype, device, workspace_limit, per_group)
+        self._weight = None if self.images > 1 else Im2col(g, dtype, device, workspace_limit, per_group, gemm)
         self.workspace = {"forward": 0, "backward_input": 0,
                           "backward_weight": self.images * g.K * g.Cg if self._weight is None
                           else self._weight.workspace["backward_weight"]}
@@ -54,17 +54,15 @@ class Pointwise:
     def forward(self, queue, x, w, bias, y, ws):
         g = self.g
         beta = prefill_bias(queue, self.dtype, y, bias, g)
-        grid_gemm(queue, self.dtype, g.groups, g.N, g.Kg, g.P, g.Cg, w.buf, x.buf, y.buf,
-                  offsets=(w.off, x.off, y.off), group_strides=(g.Kg * g.Cg, g.Cg * g.P, g.Kg * g.P),
-                  image_strides=(0, g.C * g.P, g.K * g.P), lds=(g.Cg, g.P, g.P),
+        grid_gemm(queue, self.gemm, self.dtype, g.groups, g.N, g.Kg, g.P, g.Cg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
+                  Op(x.buf, x.off, g.P, g.Cg * g.P, g.C * g.P), Op(y.buf, y.off, g.P, g.Kg * g.P, g.K * g.P),
                   beta=beta, per_group=self.per_group, what="forward (1x1)")
 
     def backward_input(self, queue, w, dy, dx, ws):
         g = self.g
-        grid_gemm(queue, self.dtype, g.groups, g.N, g.Cg, g.P, g.Kg, w.buf, dy.buf, dx.buf,
-                  offsets=(w.off, dy.off, dx.off), group_strides=(g.Kg * g.Cg, g.Kg * g.P, g.Cg * g.P),
-                  image_strides=(0, g.K * g.P, g.C * g.P), lds=(g.Cg, g.P, g.P), a_transp=True,
-                  per_group=self.per_group, what="grad-input (1x1)")
+        grid_gemm(queue, self.gemm, self.dtype, g.groups, g.N, g.Cg, g.P, g.Kg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
+                  Op(dy.buf, dy.off, g.P, g.Kg * g.P, g.K * g.P), Op(dx.buf, dx.off, g.P, g.Cg * g.P, g.C * g.P),
+                  a_transp=True, per_group=self.per_group, what="grad-input (1x1)")
 
     def backward_weight(self, queue, x, dy, dw, ws):
         if self._weight is not None:
@@ -74,8 +72,8 @@ class Pointwise:
         idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
-            grid_gemm(queue, self.dtype, g.groups, nb, g.Kg, g.Cg, g.P, dy.buf, x.buf, ws,
-                      offsets=(dy.off + n0 * g.K * g.P, x.off + n0 * g.C * g.P, 0),
-                      group_strides=(g.Kg * g.P, g.Cg * g.P, g.Kg * g.Cg), image_strides=(g.K * g.P, g.C * g.P, n),
-                      lds=(g.P, g.P, g.Cg), b_transp=True, per_group=self.per_group, what="grad-weight (1x1)")
+            grid_gemm(queue, self.gemm, self.dtype, g.groups, nb, g.Kg, g.Cg, g.P,
+                      Op(dy.buf, dy.off + n0 * g.K * g.P, g.P, g.Kg * g.P, g.K * g.P),
+                      Op(x.buf, x.off + n0 * g.C * g.P, g.P, g.Cg * g.P, g.C * g.P), Op(ws, 0, g.Cg, g.Kg * g.Cg, n),
+                      b_transp=True, per_group=self.per_group, what="grad-weight (1x1)")
             sum_partials(queue, self.dtype, idx, Ref(ws, 0), nb, n, dw, n0 > 0, "grad-weight (1x1, sum of images)")

@@ -18,6 +18,7 @@ the batch of one batched GEMM (their operands are evenly spaced offsets into
 the workspace); with per-group queues, each group's GEMMs run on its own queue.
 """
 
+from ..gemm import Operand as Op
 from ..programs import INT32_MAX, get_kernel, launch, reduction_work_group, work_group_limit
 from .common import Ref, idx_for, largest_divisor_at_most, max_slices, position_gemm, sum_partials
 
@@ -57,8 +58,8 @@ class Winograd:
                            "its 36 GEMMs would be too thin")
         return True, ""
 
-    def __init__(self, g, dtype, device, workspace_limit, per_group=False):
-        self.g, self.dtype, self.per_group = g, dtype, per_group
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
+        self.g, self.dtype, self.per_group, self.gemm = g, dtype, per_group, gemm
         self.tile = ALPHA + 1 - g.kh    # outputs per tile side
         # each pass runs over a convolution geometry: grad-input over the transposed one
         self.geometry = {"forward": g, "backward_input": g.transposed(), "backward_weight": g}
@@ -89,7 +90,7 @@ class Winograd:
     def _layout(self, pass_name, B):
         """Offsets of the workspace regions after the first, then its end, for chunks of B
         images. V (36, C, P) comes first, at offset 0: it is the GEMM's B operand (see
-        blas._in_place); then U (36, K, Ci) and M (36, K, P), or for grad-weight Z (36, K, P),
+        gemm.clblast._in_place); then U (36, K, Ci) and M (36, K, P), or for grad-weight Z (36, K, P),
         dU (36, K, Ci) and its partial sums (S, 36, K, Ci), V and Z then stored slice-major
         (S, 36, channels, P / S)."""
         t, P = self.geometry[pass_name], B * self._tiles_per_image(pass_name)
@@ -149,10 +150,9 @@ class Winograd:
         t = self.geometry[pass_name]
         return (nb, t.K, t.OH, t.OW) + self.grid[pass_name] + t.dilation
 
-    def _gemm(self, queue, ws, G, m, n, k, offsets, strides, positions, lds, count=T2, **kw):
+    def _gemm(self, queue, G, m, n, k, a, b, c, count=T2, **kw):
         """The ``count`` (36 tile positions, or slices x 36) x G GEMMs: see position_gemm."""
-        position_gemm(queue, self.dtype, self.per_group, ws, G, count, m, n, k, offsets, strides, positions, lds,
-                      **kw)
+        position_gemm(queue, self.gemm, self.dtype, self.per_group, G, count, m, n, k, a, b, c, **kw)
 
     def _convolve(self, queue, pass_name, x, w, bias, y, ws, what):
         """y = conv(x, w) (+ bias) over the pass's geometry, w flipped for grad-input."""
@@ -169,8 +169,8 @@ class Winograd:
             nb = min(B, t.N - n0)
             P = nb * tp
             self._input(queue, idx, pass_name, x, n0, nb, ws, 0)
-            self._gemm(queue, ws, G, Ko, P, Ci, (u, 0, m), (Ko * Ci, Ci * P, Ko * P),
-                       (t.K * Ci, t.C * P, t.K * P), (Ci, P, P), what=what)
+            self._gemm(queue, G, Ko, P, Ci, Op(ws, u, Ci, Ko * Ci, t.K * Ci), Op(ws, 0, P, Ci * P, t.C * P),
+                       Op(ws, m, P, Ko * P, t.K * P), what=what)
             launch(queue, output, (P, t.K), self._local(output, queue.device), ws, m,
                    y.buf, y.off + n0 * t.K * t.OH * t.OW, b.buf, b.off, int(bias is not None),
                    *self._tile_args(pass_name, nb), what=f"{what}: output transform")
@@ -199,8 +199,8 @@ class Winograd:
                    *self._tile_args("backward_weight", nb), L,
                    what="grad-weight (Winograd): grad_output transform")
             # GEMM (slice, t, group) at index (s * 36 + t) * G + g: into dU, or its partial sums
-            self._gemm(queue, ws, t.groups, Kg, Cg, L, (z, 0, du if S == 1 else part),
-                       (Kg * L, Cg * L, Kg * Cg), (t.K * L, t.C * L, t.K * Cg), (L, L, Cg), count=S * T2,
+            self._gemm(queue, t.groups, Kg, Cg, L, Op(ws, z, L, Kg * L, t.K * L), Op(ws, 0, L, Cg * L, t.C * L),
+                       Op(ws, du if S == 1 else part, Cg, Kg * Cg, t.K * Cg), count=S * T2,
                        beta=1.0 if S == 1 and n0 > 0 else 0.0, b_transp=True, what="grad-weight (Winograd)")
             if S > 1:
                 sum_partials(queue, self.dtype, idx, Ref(ws, part), S, n, Ref(ws, du), n0 > 0,

@@ -119,7 +119,7 @@ def apply_tuned(device, dtype):
     with _lock:
         if key not in _applied:
             _applied[key] = {}
-            from . import tuning
+            from .. import tuning
             entry = tuning.load().get(tuning.gemm_key(device, dtype))
             stored = entry.get("overrides") if isinstance(entry, dict) else None
             for kernel, params in (stored if isinstance(stored, dict) else {}).items():

@@ -1,5 +1,4 @@
-"""GEMMs on raw buffers with explicit element offsets: CLBlast through pyclblast, or clconv's
-own kernel (:mod:`clconv.gemm`) where that one is faster; :func:`grid_gemm` decides.
+"""CLBlast's GEMM through pyclblast, on raw buffers with explicit element offsets.
 
 pyclblast takes ``Array`` objects but only uses ``base_data`` and ignores
 ``Array.offset``; we wrap each raw buffer in a minimal 2-D ``Array`` and always
@@ -9,11 +8,9 @@ ordered by in-order queues (and markers/barriers between queues).
 import pyclblast
 import pyopencl as cl
 import pyopencl.array as cla
-from pyopencl.tools import context_dependent_memoize
 
-from . import gemm
-from .gemm_params import apply_tuned
-from .programs import ClconvError, not_capturable, record
+from ..programs import ClconvError, not_capturable, record
+from .clblast_params import apply_tuned
 
 
 class _Operand(cla.Array):
@@ -101,71 +98,20 @@ def gemm_strided_batched(queue, dtype, m, n, k, count, a, a_off, lda, a_stride, 
     return event
 
 
-@context_dependent_memoize
-def _queue_pool(context, device):
-    """The per-group in-order queues of one context and device (grown on demand)."""
-    return []
-
-
-def group_queues(queue, count):
-    """``count`` in-order queues on the context and device of ``queue``, kept per context."""
-    pool = _queue_pool(queue.context, queue.device)
-    while len(pool) < count:
-        pool.append(cl.CommandQueue(queue.context, queue.device))
-    return pool[:count]
-
-
-def grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, offsets, group_strides, image_strides,
-              lds, *, beta=0.0, a_transp=False, b_transp=False, per_group=False, im2col=None, what=""):
-    """Run one GEMM per (group, image) pair with offsets ``base + g * group_stride + i * image_stride``.
-
-    Where clconv's own GEMM kernel is the better one (:func:`clconv.gemm.use_own`), the whole
-    grid is one launch of it. For CLBlast, the smaller of the two dimensions becomes a
-    (host-side, non-blocking) loop and the other one the batch of a strided-batched GEMM, so there are
-    min(groups, images) launches (the larger number where only that batch is
-    one CLBlast reads correctly). ``offsets``, ``group_strides``,
-    ``image_strides`` and ``lds`` are (A, B, C) triples. ``im2col`` (a :class:`clconv.gemm.Im2colB`):
-    B is read in place through im2col, on clconv's kernel only.
-
-    With ``per_group`` each group's GEMM (batched over the images) runs on its
-    own in-order queue: those queues wait for a marker of everything enqueued
-    on ``queue`` so far, and ``queue`` waits for all of them before going on.
-    CLBlast takes no wait list, hence the barriers.
-    """
-    own = gemm.use_own(queue.device, m, n, groups * images, dtype.itemsize)
-    if im2col is not None and not own:
-        raise ClconvError(f"clconv: {what}: an implicit im2col operand needs clconv's own GEMM kernel")
-    flags = dict(beta=beta, a_transp=a_transp, b_transp=b_transp, what=what)
-
-    def run(q, i, loop_strides, count, batch_strides):
-        a_off, b_off, c_off = (o + i * s for o, s in zip(offsets, loop_strides))
-        if own:
-            gemm.grid_gemm(q, dtype, 1, count, m, n, k, a, b, c, (a_off, b_off, c_off), (0, 0, 0), batch_strides,
-                           lds, im2col=im2col, **flags)
-        else:
-            gemm_strided_batched(q, dtype, m, n, k, count, a, a_off, lds[0], batch_strides[0],
-                                 b, b_off, lds[1], batch_strides[1], c, c_off, lds[2], batch_strides[2], **flags)
-
-    if per_group and groups > 1:
-        not_capturable()
-        ready = cl.enqueue_marker(queue)
-        queue.flush()   # other queues wait on this marker: it must reach the device
-        done = []
-        for g, q in enumerate(group_queues(queue, groups)):
-            cl.enqueue_barrier(q, wait_for=[ready])
-            run(q, g, group_strides, images, image_strides)
-            done.append(cl.enqueue_marker(q))
-            q.flush()
-        cl.enqueue_barrier(queue, wait_for=done)
-    elif own:
-        gemm.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, offsets, group_strides, image_strides, lds,
-                       im2col=im2col, **flags)
-    else:
-        # loop over the smaller dimension, unless its batch has strides CLBlast would misread
-        # (_in_place; such a batch runs one GEMM at a time): then over the other one
-        gemmk = _gemmk(queue.device, dtype)
-        ways = [(groups, group_strides, images, image_strides), (images, image_strides, groups, group_strides)]
-        loop, loop_strides, count, batch_strides = min(ways, key=lambda w: (
-            bool(_in_place(m, n, k, w[2], lds, (0, 0, 0), w[3], a_transp, b_transp, gemmk)), w[0]))
-        for i in range(loop):
-            run(queue, i, loop_strides, count, batch_strides)
+def grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False,
+              b_transp=False, what=""):
+    """The (group, image) grid of GEMMs on :class:`clconv.gemm.Operand` s as strided-batched
+    calls: one axis is a (host-side, non-blocking) loop, the other the batch, the loop over the
+    smaller one unless its batch has strides CLBlast would misread (:func:`_in_place`; such a
+    batch runs one GEMM at a time): then over the other one."""
+    lds = (a.ld, b.ld, c.ld)
+    gemmk = _gemmk(queue.device, dtype)
+    ways = [(groups, "per_group", images, "per_image"), (images, "per_image", groups, "per_group")]
+    loop, loop_axis, count, batch_axis = min(ways, key=lambda w: (
+        bool(_in_place(m, n, k, w[2], lds, (0, 0, 0), [getattr(x, w[3]) for x in (a, b, c)], a_transp, b_transp,
+                       gemmk)), w[0]))
+    for i in range(loop):
+        a_off, b_off, c_off = (x.off + i * getattr(x, loop_axis) for x in (a, b, c))
+        gemm_strided_batched(queue, dtype, m, n, k, count, a.buf, a_off, a.ld, getattr(a, batch_axis),
+                             b.buf, b_off, b.ld, getattr(b, batch_axis), c.buf, c_off, c.ld, getattr(c, batch_axis),
+                             alpha=alpha, beta=beta, a_transp=a_transp, b_transp=b_transp, what=what)

@@ -1,13 +1,13 @@
 """The CLBlast GEMM wrapper computes the right product wherever its operands sit in a buffer.
 
 CLBlast's strided-batched GEMM ignores the offset and batch stride of an operand it reads in
-place (clconv.blas._in_place); these sizes are multiples of its tiles, where that happens.
+place (clconv.gemm.clblast._in_place); these sizes are multiples of its tiles, where that happens.
 """
 import numpy as np
 import pyopencl as cl
 import pytest
 
-from clconv.blas import gemm_strided_batched
+from clconv.gemm.clblast import gemm_strided_batched
 from helpers import assert_close
 
 M, N, K, COUNT = 512, 1024, 512, 2
@@ -44,8 +44,9 @@ def test_grouped_1x1_batches_what_clblast_reads_correctly(groups, images, queue,
     """Batched over the images, a group's input is not packed (its stride is C*P): the GEMMs
     batch over the groups instead, one call per image, not one per (group, image)."""
     import clconv
-    from clconv import blas, reference
-    monkeypatch.setenv("CLCONV_GEMM", "clblast")   # GPUs would run clconv's own kernel
+    from clconv import reference
+    from clconv.gemm import clblast as blas
+    monkeypatch.setenv("CLCONV_GEMM", "clblast")   # clconv's own kernels would run otherwise
     calls = []
     for name in ("gemm", "gemmStridedBatched"):
         original = getattr(blas.pyclblast, name)
@@ -62,10 +63,10 @@ def test_grouped_1x1_batches_what_clblast_reads_correctly(groups, images, queue,
 
 GEMMK1_CODE = """
 import numpy as np, pyopencl as cl, clconv
-from clconv import blas, gemm_params
+from clconv.gemm import clblast as blas, clblast_params
 q = clconv.default_queue()
-params = next(p for p in gemm_params.candidates("Xgemm") if p["GEMMK"] == 1)
-gemm_params.override(q.device, np.float32, "Xgemm", params)
+params = next(p for p in clblast_params.candidates("Xgemm") if p["GEMMK"] == 1)
+clblast_params.override(q.device, np.float32, "Xgemm", params)
 M, N, K = 512, 1024, 512
 rng = np.random.default_rng(0)
 a, b = rng.standard_normal((2, M, K), np.float32), rng.standard_normal((2, K, N), np.float32)

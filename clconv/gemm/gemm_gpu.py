@@ -1,4 +1,4 @@
-"""clconv's own GEMM kernel (kernels/gemm.cl), and when it runs instead of CLBlast's.
+"""Host side of kernels/gemm_gpu.cl: clconv's GEMM for GPUs, local-memory tiles.
 
 CLBlast's tiled GEMM first copies operands whose sizes are not multiples of its tiles into
 padded buffers, one launch each, and its batched call covers one batch stride. Ours reads the
@@ -11,41 +11,22 @@ two engines interleaved in one run):
   one 4096^3 product                                         3.26 ms, CLBlast 4.52
   fully-connected forward (1600, 4096, 9216)                 3.58 ms, CLBlast 4.39
   7x7 stem grad-weight at batch 64 (64, 147, 12544 x 64)     1.18 ms, CLBlast 1.20
-so GPUs use ours wherever one of its tiles fits the device. CPUs (PoCL) keep CLBlast, whose
-kernels suit them better. ``CLCONV_GEMM=clblast`` or ``=clconv`` forces one.
+so GPUs use ours wherever one of its tiles fits the device (:func:`clconv.gemm.choose`).
 """
 import functools
-import os
 from typing import NamedTuple
 
 import numpy as np
 import pyopencl as cl
 from pyopencl.tools import context_dependent_memoize
 
-from .programs import ClconvError, get_kernel, index_type, launch
+from ..programs import ClconvError, get_kernel, index_type, launch
 
 # (rows, columns) of C per work-group, and their relative speed on a 4096^3 SGEMM (H200, mean
 # of the three layouts: 42.7, 40.2, 38.4 TFLOP/s): bigger tiles reuse more but leave more edge waste
 TILES = (((128, 128), 1.0), ((128, 64), 0.94), ((64, 64), 0.90))
-TK = 8                   # depth of the kernel's slices (kernels/gemm.cl)
+TK = 8                   # depth of the kernel's slices (kernels/gemm_gpu.cl)
 PAD = 4                  # its local-memory row padding
-ENGINES = ("auto", "clconv", "clblast")
-
-
-def engine():
-    """The GEMM engine asked for by ``CLCONV_GEMM`` ("auto" when unset or empty)."""
-    name = os.environ.get("CLCONV_GEMM", "").strip().lower() or "auto"
-    if name not in ENGINES:
-        raise ValueError(f"CLCONV_GEMM must be one of {ENGINES}, not {os.environ['CLCONV_GEMM']!r}")
-    return name
-
-
-def use_own(device, m, n, count, itemsize=4):
-    """Whether ``count`` GEMMs with M x N results run on clconv's kernel (else CLBlast's)."""
-    name = engine()
-    if name != "auto":
-        return name == "clconv"
-    return _facts(device)[0] and tile(device, m, n, count, itemsize) is not None
 
 
 @functools.lru_cache(maxsize=None)
@@ -88,7 +69,7 @@ def tile(device, m, n, count, itemsize=4):
 
 
 class Im2colB(NamedTuple):
-    """B read in place as the im2col matrix of an NCHW input (kernels/gemm.cl's IM_* defines):
+    """B read in place as the im2col matrix of an NCHW input (kernels/gemm_gpu.cl's IM_* defines):
     input h x w, images xs values apart, p output positions per image in rows of ow, taps
     kh x kw, strides, paddings (top, left), dilations; column p of matrix (i, j) counts from
     j * pj. ``span``: values of the input a matrix can read from its start (for the index type)."""
@@ -115,36 +96,36 @@ class Im2colB(NamedTuple):
 @context_dependent_memoize
 def _kernel(context, dtype, tm, tn, a_transp, b_transp, va, vb, idx, im2col=()):
     """The GEMM kernel for a TM x TN tile (looked up on every call: positional and memoised)."""
-    return get_kernel(context, "gemm.cl", "gemm", dtype, TM=tm, TN=tn, TK=TK, PAD=PAD, A_TRANSP=int(a_transp),
+    return get_kernel(context, "gemm_gpu.cl", "gemm_gpu", dtype, TM=tm, TN=tn, TK=TK, PAD=PAD, A_TRANSP=int(a_transp),
                       B_TRANSP=int(b_transp), VA=va, VB=vb, IDX=idx, IM2COL=int(bool(im2col)), **dict(im2col))
 
 
-def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, offsets, si, sj, lds, *, alpha=1.0, beta=0.0,
-              a_transp=False, b_transp=False, im2col=None, what=""):
+def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False, b_transp=False,
+              im2col=None, what=""):
     """C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j] for i < gi, j < gj, in one launch.
 
-    Matrix (i, j) of an operand starts at element ``offset + i * si + j * sj`` of its buffer;
-    ``offsets``, ``si``, ``sj`` and ``lds`` are (A, B, C) triples. C matrices must not overlap.
-    ``im2col`` (an :class:`Im2colB`): B is the im2col matrix of the input at B's offsets, read
-    in place (its leading dimension is unused).
+    ``a``, ``b``, ``c``: :class:`clconv.gemm.Operand` s (matrix (i, j) at ``at(i, j)``); C
+    matrices must not overlap. ``im2col`` (an :class:`Im2colB`): B is the im2col matrix of the
+    input at B's offsets, read in place (its leading dimension is unused).
     """
-    assert (gi == 1 or si[2]) and (gj == 1 or sj[2]), "GEMMs into one C would race"
+    ops = (a, b, c)
+    assert (gi == 1 or c.per_group) and (gj == 1 or c.per_image), "GEMMs into one C would race"
     itemsize = np.dtype(dtype).itemsize
     chosen = tile(queue.device, m, n, gi * gj, itemsize)
     if chosen is None:
         raise ClconvError(f"clconv: {what}: no tile of clconv's GEMM kernel fits {queue.device.name.strip()} "
-                          f"(work-group and local-memory limits); unset CLCONV_GEMM=clconv to use CLBlast's")
+                          f"(work-group and local-memory limits); use gemm='clblast'")
     tm, tn = chosen
     shapes = ((k, m) if a_transp else (m, k), (n, k) if b_transp else (k, n), (m, n))   # as stored, row-major
-    spans = [(rows - 1) * ld + cols for (rows, cols), ld in zip(shapes, lds)]
+    spans = [(rows - 1) * x.ld + cols for (rows, cols), x in zip(shapes, ops)]
     if im2col is not None:
         spans[1] = im2col.span
-    idx = index_type(*(off + (gi - 1) * i + (gj - 1) * j + span for off, i, j, span in zip(offsets, si, sj, spans)))
-    va, vb = (1 if x == 1 and im2col else read_width(queue.device, itemsize, offsets[x], si[x], sj[x], lds[x], gi, gj)
-              for x in (0, 1))   # an im2col B is gathered one value at a time
+    idx = index_type(*(x.at(gi - 1, gj - 1) + span for x, span in zip(ops, spans)))
+    va, vb = (1 if x is b and im2col else read_width(queue.device, itemsize, x.off, x.per_group, x.per_image, x.ld,
+                                                     gi, gj)
+              for x in (a, b))   # an im2col B is gathered one value at a time
     kernel = _kernel(queue.context, np.dtype(dtype), tm, tn, bool(a_transp), bool(b_transp), va, vb, idx,
                      im2col.defines() if im2col else ())
     groups = -(-m // tm) * -(-n // tn) * gi * gj
     return launch(queue, kernel, (groups * tn // 8, tm // 8), (tn // 8, tm // 8), m, n, k, alpha, beta, gj,
-                  a, offsets[0], lds[0], si[0], sj[0], b, offsets[1], lds[1], si[1], sj[1],
-                  c, offsets[2], lds[2], si[2], sj[2], what=what)
+                  *(v for x in ops for v in (x.buf, x.off, x.ld, x.per_group, x.per_image)), what=what)

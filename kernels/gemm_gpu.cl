@@ -160,10 +160,10 @@ inline REAL im2col_at(__global const REAL* x, const int r, const int p)
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WX, WY, 1)))
-void gemm(const int M, const int N, const int K, const REAL alpha, const REAL beta, const int GJ,
-          __global const REAL* restrict a, const IDX a_off, const int lda, const IDX a_si, const IDX a_sj,
-          __global const REAL* restrict b, const IDX b_off, const int ldb, const IDX b_si, const IDX b_sj,
-          __global REAL* restrict c, const IDX c_off, const int ldc, const IDX c_si, const IDX c_sj)
+void gemm_gpu(const int M, const int N, const int K, const REAL alpha, const REAL beta, const int GJ,
+              __global const REAL* restrict a, const IDX a_off, const int lda, const IDX a_si, const IDX a_sj,
+              __global const REAL* restrict b, const IDX b_off, const int ldb, const IDX b_si, const IDX b_sj,
+              __global REAL* restrict c, const IDX c_off, const int ldc, const IDX c_si, const IDX c_sj)
 {
     // typed as vectors so that the reads in the inner loop are single 16-byte loads
     __local REAL4 As[2][TK][(TM + PAD) / 4];

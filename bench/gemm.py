@@ -1,0 +1,181 @@
+"""GEMM engines on the convolution workloads' GEMM shapes, against NumPy and the machine's peak.
+
+    python -m bench.gemm [--repeat R] [--json PATH] [--engine NAME ...]
+
+Times each engine that runs on the device (clconv's CPU kernel, clconv's GPU kernel, CLBlast)
+on the products the fully-connected, pointwise and im2col passes of bench/workloads.json run
+(their layouts and batch counts), interleaved round by round, plus NumPy's matmul (its BLAS)
+on the same shapes in the same process. The peak is measured: an OpenCL kernel of independent
+vector multiply-add chains on every compute unit (FLOP/s the device's compiler can issue), beside the
+figure derived from the clock /proc/cpuinfo reports and 32 single-precision FLOP per cycle and
+core (two 256-bit FMA pipes, as on AVX2 and AVX-512 x86 cores of this generation).
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
+
+import clconv
+from clconv.gemm import Operand, clblast, gemm_cpu, gemm_gpu
+
+from .run import load_workloads
+
+PEAK_SOURCE = """
+__kernel void peak(__global float* out, const int n, const float s)
+{
+    float8 v[CHAINS];
+    #pragma unroll
+    for (int c = 0; c < CHAINS; ++c) v[c] = (float8)(get_global_id(0) + c);
+    for (int i = 0; i < n; ++i) {
+        #pragma unroll
+        for (int c = 0; c < CHAINS; ++c) v[c] = v[c] * s + 0.5f;
+    }
+    float8 t = 0;
+    #pragma unroll
+    for (int c = 0; c < CHAINS; ++c) t += v[c];
+    out[get_global_id(0)] = t.s0 + t.s1 + t.s2 + t.s3 + t.s4 + t.s5 + t.s6 + t.s7;
+}
+"""
+CHAINS = 12
+
+
+def measured_peak(queue, seconds=0.5):
+    """GFLOP/s of independent float8 multiply-add chains, CHAINS per work-item, 8 work-items per compute unit."""
+    program = cl.Program(queue.context, f"#define CHAINS {CHAINS}\n" + PEAK_SOURCE).build()
+    kernel = program.peak
+    items = 8 * queue.device.max_compute_units
+    out = cl.Buffer(queue.context, cl.mem_flags.WRITE_ONLY, 4 * items)
+    n = 1000
+    while True:
+        t0 = time.perf_counter()
+        kernel(queue, (items,), (1,), out, np.int32(n), np.float32(0.999))
+        queue.finish()
+        dt = time.perf_counter() - t0
+        if dt > seconds:
+            return 2 * 8 * CHAINS * n * items / dt / 1e9
+        n *= 2
+
+
+def clock_peak():
+    """(GHz, GFLOP/s) from /proc/cpuinfo's clock, 32 FLOP per cycle and core; None where unknown."""
+    try:
+        mhz = [float(line.split(":")[1]) for line in open("/proc/cpuinfo") if line.startswith("cpu MHz")]
+    except OSError:
+        return None
+    return (max(mhz) / 1e3, max(mhz) / 1e3 * 32 * os.cpu_count()) if mhz else None
+
+
+def shapes(size):
+    """(name, M, N, K, count, a_transp, b_transp): the GEMMs of the workloads' GEMM passes."""
+    found = []
+    for w in load_workloads():
+        s = w[size]
+        N, C, H, W, K, kh, kw, G = (s[x] for x in ("N", "C", "H", "W", "K", "kh", "kw", "groups"))
+        Cg, Kg = C // G, K // G
+        if (kh, kw) == (H, W) and s["padding"] == 0:   # fully connected
+            Kd = Cg * kh * kw
+            found += [(f"{w['name']} fwd", N, Kg, Kd, G, False, True), (f"{w['name']} dgrad", N, Kd, Kg, G, False, False),
+                      (f"{w['name']} wgrad", Kg, Kd, N, G, True, False)]
+        elif (kh, kw) == (1, 1) and s["stride"] == 1 and s["padding"] == 0:   # pointwise, per image
+            P = H * W
+            found += [(f"{w['name']} fwd", Kg, P, Cg, G * N, False, False),
+                      (f"{w['name']} dgrad", Cg, P, Kg, G * N, True, False),
+                      (f"{w['name']} wgrad", Kg, Cg, P, G * N, False, True)]
+        elif w["name"] in ("dense_3x3", "stem_7x7_s2"):   # im2col over the batch
+            OH = (H + 2 * s["padding"] - s["dilation"] * (kh - 1) - 1) // s["stride"] + 1
+            OW = (W + 2 * s["padding"] - s["dilation"] * (kw - 1) - 1) // s["stride"] + 1
+            P, Kd = N * OH * OW, Cg * kh * kw
+            found += [(f"{w['name']} fwd", Kg, P, Kd, G, False, False),
+                      (f"{w['name']} dgrad", Kd, P, Kg, G, True, False),
+                      (f"{w['name']} wgrad", Kg, Kd, P, G, False, True)]
+    return found
+
+
+def engines(queue, names):
+    """{name: run(m, n, k, count, a, b, c, a_transp, b_transp)} for the engines that run here."""
+    f32 = np.dtype(np.float32)
+
+    def batched(grid):
+        def run(m, n, k, count, a, b, c, at, bt):
+            grid(queue, f32, 1, count, m, n, k, Operand(a, 0, m if at else k, 0, m * k),
+                 Operand(b, 0, k if bt else n, 0, k * n), Operand(c, 0, n, 0, m * n), a_transp=at, b_transp=bt,
+                 what="bench")
+        return run
+    found = {"clconv-cpu": batched(gemm_cpu.grid_gemm), "clblast": batched(clblast.grid_gemm)}
+    if gemm_gpu.tile(queue.device, 128, 128, 1) is not None:
+        found["clconv-gpu"] = batched(gemm_gpu.grid_gemm)
+    return {k: v for k, v in found.items() if not names or k in names}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench.gemm", description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=5, help="rounds of interleaved runs (default 5)")
+    ap.add_argument("--engine", action="append", help="only these engines (clconv-cpu, clconv-gpu, clblast)")
+    ap.add_argument("--size", choices=("cpu", "gpu"), default="cpu")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+    queue = clconv.default_queue()
+    device = queue.device
+    peak = measured_peak(queue)
+    clock = clock_peak()
+    print(f"device: {device.platform.name} / {device.name.strip()}")
+    print(f"measured fma peak: {peak:.1f} GFLOP/s" + (f"; clock {clock[0]:.2f} GHz x 32 FLOP x {os.cpu_count()} "
+                                                      f"cores = {clock[1]:.1f} GFLOP/s" if clock else ""))
+    runs = engines(queue, args.engine)
+    rng = np.random.default_rng(0)
+    rows = []
+    for name, m, n, k, count, at, bt in shapes(args.size):
+        ha = rng.standard_normal((count, k, m) if at else (count, m, k)).astype(np.float32)
+        hb = rng.standard_normal((count, n, k) if bt else (count, k, n)).astype(np.float32)
+        a, b = cla.to_device(queue, ha), cla.to_device(queue, hb)
+        opa = ha.transpose(0, 2, 1) if at else ha
+        opb = hb.transpose(0, 2, 1) if bt else hb
+        want = np.matmul(opa.astype(np.float64), opb.astype(np.float64))
+        flop = 2.0 * m * n * k * count
+        times = {e: [] for e in runs}
+        times["numpy"] = []
+        outs = {e: cla.empty(queue, (count, m, n), np.float32) for e in runs}
+        for e, fn in runs.items():   # warm up, and check once
+            fn(m, n, k, count, a.base_data, b.base_data, outs[e].base_data, at, bt)
+            queue.finish()
+            err = np.abs(outs[e].get() - want).max() / np.abs(want).max()
+            assert err < 1e-4, f"{e} {name}: normalised error {err}"
+        np.matmul(opa, opb)
+        for _ in range(args.repeat):   # interleaved rounds
+            for e, fn in runs.items():
+                inner = max(1, int(0.2 / max(min(times[e], default=0.05), 1e-4)))
+                t0 = time.perf_counter()
+                for _ in range(inner):
+                    fn(m, n, k, count, a.base_data, b.base_data, outs[e].base_data, at, bt)
+                queue.finish()
+                times[e].append((time.perf_counter() - t0) / inner)
+            t0 = time.perf_counter()
+            np.matmul(opa, opb)
+            times["numpy"].append(time.perf_counter() - t0)
+        row = {"gemm": name, "m": m, "n": n, "k": k, "count": count, "a_transp": at, "b_transp": bt,
+               "engines": {e: {"median_ms": statistics.median(t) * 1e3, "min_ms": min(t) * 1e3,
+                               "gflops": flop / statistics.median(t) / 1e9,
+                               "percent_of_peak": 100 * flop / statistics.median(t) / 1e9 / peak}
+                           for e, t in times.items()}}
+        rows.append(row)
+        cells = "  ".join(f"{e} {d['gflops']:6.1f} GFLOP/s ({d['percent_of_peak']:3.0f}%)" for e, d in row["engines"].items())
+        print(f"{name:22s} {'T' if at else 'N'}{'T' if bt else 'N'} {m:5d}x{n:5d}x{k:5d} x{count:<3d} {cells}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": device.name.strip(), "platform": device.platform.name, "driver": device.driver_version,
+                       "machine": platform.machine(), "measured_peak_gflops": peak,
+                       "clock_peak": clock and {"ghz": clock[0], "gflops": clock[1]},
+                       "numpy": np.__version__, "shapes": rows}, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

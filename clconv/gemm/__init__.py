@@ -1,0 +1,123 @@
+"""GEMMs: one entry point (:func:`grid_gemm`) over three engines, chosen once per plan.
+
+  cpu      clconv's kernel for CPU devices (kernels/gemm_cpu.cl, :mod:`.gemm_cpu`): register
+           blocks, no local memory, no barriers
+  gpu      clconv's kernel for GPUs (kernels/gemm_gpu.cl, :mod:`.gemm_gpu`): local-memory tiles
+  clblast  CLBlast through pyclblast (:mod:`.clblast`, its parameters in :mod:`.clblast_params`)
+
+:func:`choose` picks one for a device ("auto": clconv's own kernel for the device's type,
+CLBlast where no GPU tile fits; ``CLCONV_GEMM`` or a plan's ``gemm=`` can force one, "clconv"
+meaning clconv's kernel for the device's type); a plan fixes it when it is built and names it
+in ``explain()``. Every call site passes its matrices as :class:`Operand`\\ s.
+"""
+from typing import NamedTuple
+
+import os
+
+import pyopencl as cl
+from pyopencl.tools import context_dependent_memoize
+
+from ..programs import ClconvError, not_capturable
+from . import clblast, gemm_cpu, gemm_gpu
+from .gemm_gpu import Im2colB
+
+ENGINES = ("cpu", "gpu", "clblast")
+CHOICES = ("auto", "clconv") + ENGINES
+
+
+class Operand(NamedTuple):
+    """One matrix operand of a grid of GEMMs: its buffer, the element offset of its first
+    matrix, its leading dimension, and the elements from one matrix to the next along the
+    grid's group and image axes (0: the same matrix for all)."""
+    buf: object
+    off: int
+    ld: int
+    per_group: int = 0
+    per_image: int = 0
+
+    def at(self, group=0, image=0):
+        """The element offset of matrix (group, image)."""
+        return self.off + group * self.per_group + image * self.per_image
+
+
+def choose(device, requested="auto"):
+    """(engine, reason) for ``device``: ``requested`` ("auto", "clconv" or an engine), where
+    "auto" defers to ``CLCONV_GEMM`` when that is set."""
+    if requested == "auto":
+        requested = os.environ.get("CLCONV_GEMM", "").strip().lower() or "auto"
+        source = f"CLCONV_GEMM={requested}"
+    else:
+        source = f"gemm={requested!r}"
+    if requested not in CHOICES:
+        raise ValueError(f"the GEMM engine must be one of {CHOICES}, not {requested!r} ({source})")
+    gpu = bool(device.type & cl.device_type.GPU)
+    if requested in ENGINES:
+        return requested, f"{source} asks for it"
+    own = "gpu" if gpu else "cpu"
+    if own == "gpu" and gemm_gpu.tile(device, 128, 128, 1) is None:
+        if requested == "clconv":
+            raise ValueError(f"no tile of clconv's GPU GEMM kernel fits {device.name.strip()} (work-group and "
+                             f"local-memory limits); use gemm='clblast' ({source})")
+        return "clblast", "no tile of clconv's GPU GEMM kernel fits this device's work-group and local memory"
+    why = ("clconv's GPU kernel measured faster than CLBlast's on every measured shape (H200)" if gpu else
+           "clconv's CPU kernel measured 3-14x faster than CLBlast's on this project's GEMM shapes (PoCL and "
+           "Intel's CPU runtime, bench/gemm.py)")
+    return own, why if requested == "auto" else f"{source} asks for clconv's kernel for this device: {why}"
+
+
+@context_dependent_memoize
+def _queue_pool(context, device):
+    """The per-group in-order queues of one context and device (grown on demand)."""
+    return []
+
+
+def group_queues(queue, count):
+    """``count`` in-order queues on the context and device of ``queue``, kept per context."""
+    pool = _queue_pool(queue.context, queue.device)
+    while len(pool) < count:
+        pool.append(cl.CommandQueue(queue.context, queue.device))
+    return pool[:count]
+
+
+def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False,
+              b_transp=False, per_group=False, im2col=None, what=""):
+    """C[g, i] = alpha * op(A[g, i]) @ op(B[g, i]) + beta * C[g, i] for every (group g, image i),
+    row-major; ``a``, ``b``, ``c`` are :class:`Operand` s, op(A) M x K, op(B) K x N.
+
+    clconv's kernels run the whole grid as one launch. CLBlast's strided-batched call covers one
+    axis: the smaller becomes a (host-side, non-blocking) loop and the larger the batch (the
+    other way round where only that batch is one CLBlast reads correctly, see
+    :func:`.clblast.in_place`). ``im2col`` (an :class:`Im2colB`): B is read in place through
+    im2col, on the GPU kernel only.
+
+    With ``per_group`` each group's GEMMs (batched over the images) run on an in-order queue of
+    their own: those queues wait for a marker of everything enqueued on ``queue`` so far, and
+    ``queue`` waits for all of them before going on (CLBlast takes no wait list).
+    """
+    if im2col is not None and engine != "gpu":
+        raise ClconvError(f"clconv: {what}: an implicit im2col operand needs clconv's GPU GEMM kernel")
+    flags = dict(alpha=alpha, beta=beta, a_transp=a_transp, b_transp=b_transp, what=what)
+    ops = (a, b, c)
+    if per_group and groups > 1:
+        not_capturable()
+        ready = cl.enqueue_marker(queue)
+        queue.flush()   # other queues wait on this marker: it must reach the device
+        done = []
+        for g, q in enumerate(group_queues(queue, groups)):
+            cl.enqueue_barrier(q, wait_for=[ready])
+            one = [x._replace(off=x.at(g), per_group=0) for x in ops]
+            _run(q, engine, dtype, 1, images, m, n, k, *one, im2col, flags)
+            done.append(cl.enqueue_marker(q))
+            q.flush()
+        cl.enqueue_barrier(queue, wait_for=done)
+    else:
+        _run(queue, engine, dtype, groups, images, m, n, k, *ops, im2col, flags)
+
+
+def _run(queue, engine, dtype, groups, images, m, n, k, a, b, c, im2col, flags):
+    if engine == "cpu":
+        gemm_cpu.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, **flags)
+    elif engine == "gpu":
+        gemm_gpu.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, im2col=im2col, **flags)
+    else:
+        clblast.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, **flags)

@@ -1,0 +1,85 @@
+"""Host side of kernels/gemm_cpu.cl: clconv's GEMM for CPU devices.
+
+Each work-item owns a register block of C (MR rows by NV vectors of the device's native
+width, or MR x NR dot products when both operands are stored along k) and loops over K with
+fma(); no local memory, no barriers, single-work-item work-groups (see the kernel). The block
+comes from the device's native vector width; a work-item takes several row blocks of one
+column block when there are many, so each work-group has enough work to hide the runtime's
+cost per work-group.
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from ..programs import get_kernel, index_type, launch
+
+# Work per work-item (multiply-adds) below which it takes more row blocks, and work-groups per
+# compute unit it keeps at least (for balance between the runtime's threads).
+WORK_PER_ITEM = 1 << 19
+GROUPS_PER_UNIT = 8
+
+
+class Tile(NamedTuple):
+    """A work-item's block: ``inner`` (dot products) or outer products; ``mr`` rows; ``cols``
+    columns as ``nv`` vectors of ``vw`` (outer) or ``cols`` dot products (inner); ``tm`` row
+    blocks per work-item."""
+    inner: bool
+    vw: int
+    mr: int
+    nv: int
+    cols: int
+    tm: int
+
+
+def vector_width(device, itemsize):
+    """Values per vector: the device's native width for the dtype, from 4 to 256 bits' worth.
+
+    Wider vectors are not used: PoCL 3.0 (LLVM 14) fails to compile 16-wide float vectors for
+    an AVX-512 CPU ('Do not know how to scalarize', 'Cannot select: fma'), and cores that run
+    AVX-512 as two 256-bit halves (AMD's Zen 4) reach the same peak with 256-bit vectors."""
+    native = device.native_vector_width_double if itemsize == 8 else device.native_vector_width_float
+    return max(4, min(32 // itemsize, native or 4))
+
+
+# Vector registers a register block may fill: 16, as on AVX2. (PoCL 3.0 reports a native
+# float width of 16 on an AVX-512 CPU but compiles for AVX2's 16 registers there: 12 x 2
+# accumulators spilled to the stack in its objects.)
+REGISTERS = 16
+
+
+def tile(device, m, n, k, count, itemsize, b_transp):
+    """The register block and row blocks per work-item for ``count`` M x N x K products."""
+    vw = vector_width(device, itemsize)
+    if b_transp:   # dot products: MR x NR vector sums, 16 of them (4 x 4)
+        inner, mr, nv, cols = True, 4, 1, 4
+    else:          # outer products: 2 vectors of columns, rows to fill the registers (6 x 2 of 16)
+        inner, nv = False, 2
+        mr, cols = REGISTERS // 2 - 2, nv * vw
+    blocks = -(-m // mr)
+    per_block = mr * cols * k
+    columns = -(-n // cols) * count
+    least = GROUPS_PER_UNIT * device.max_compute_units
+    tm = max(1, min(blocks, -(-WORK_PER_ITEM // max(per_block, 1)), blocks * columns // least or 1))
+    return Tile(inner, vw, mr, nv, cols, tm)
+
+
+def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False, b_transp=False,
+              what=""):
+    """C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j] for i < gi, j < gj, in one
+    launch; ``a``, ``b``, ``c``: :class:`clconv.gemm.Operand` s (matrix (i, j) at ``at(i, j)``),
+    C matrices must not overlap. op(A) = A^T with op(B) = B^T runs as C^T = op(B)^T op(A)^T,
+    stored transposed."""
+    assert (gi == 1 or c.per_group) and (gj == 1 or c.per_image), "GEMMs into one C would race"
+    c_transp = a_transp and b_transp
+    if c_transp:   # C^T (N x M) = B (stored N x K) @ A (stored K x M): both untransposed
+        m, n, a, b, a_transp, b_transp = n, m, b, a, False, False
+    itemsize = np.dtype(dtype).itemsize
+    t = tile(queue.device, m, n, k, gi * gj, itemsize, b_transp)
+    ops = (a, b, c)
+    shapes = ((k, m) if a_transp else (m, k), (n, k) if b_transp else (k, n), (n, m) if c_transp else (m, n))
+    idx = index_type(*(x.at(gi - 1, gj - 1) + (rows - 1) * x.ld + cols for x, (rows, cols) in zip(ops, shapes)))
+    kernel = get_kernel(queue.context, "gemm_cpu.cl", "gemm_cpu", dtype, IDX=idx, VW=t.vw, INNER=int(t.inner),
+                        MR=t.mr, NV=t.nv, NR=t.cols, TM=t.tm, A_TRANSP=int(a_transp), C_TRANSP=int(c_transp))
+    blocks = -(-m // t.mr)
+    return launch(queue, kernel, (-(-blocks // t.tm), -(-n // t.cols), gi * gj), (1, 1, 1), m, n, k, alpha, beta, gj,
+                  *(v for x in ops for v in (x.buf, x.off, x.ld, x.per_group, x.per_image)), what=what)

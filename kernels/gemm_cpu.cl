@@ -1,0 +1,216 @@
+// GEMM for CPU devices over a 2-D grid of matrices, row-major:
+//   C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j],  i < GI, j < GJ,
+// op(A) M x K, op(B) K x N; matrix (i, j) of an operand starts at off + i * si + j * sj.
+//
+// Made for CPU OpenCL runtimes (PoCL, Intel's), which run a work-group's work-items as a
+// loop and vectorise within one work-item only as far as it is written with vectors: each
+// work-item here owns a register block of C, MR rows by NV vectors of VW values, for TM
+// consecutive row blocks of one column block (the B values of a k step are loaded once per
+// block and stay in cache across the row blocks), loops over K with multiply-adds (MADD) and
+// needs no local memory and no barriers. Work-groups are
+// single work-items; dimension 0 runs over the row blocks, so consecutive work-groups, which a
+// runtime hands to its threads in turn, share their columns of B.
+//
+// Two forms, chosen by the host from the operands' layouts:
+//   OUTER (INNER 0)  per k, a row of op(B)'s NV vectors times each of the MR values of
+//                    op(A)'s column, broadcast: for B stored K x N (B_TRANSP 0), A either way.
+//   INNER (INNER 1)  dot products along k, both operands stored along k (A M x K, B N x K):
+//                    MR x NR vector partial sums of VW k values each, summed across the
+//                    vector at the end; the last K % VW values one at a time.
+// A block past the edge of C reads clamped rows and columns (valid data, discarded) and skips
+// its stores; in the OUTER form the columns past N of the last column block read zeros.
+//
+// Specialised by the host with prepended #defines; the defaults below are for reading.
+#ifndef REAL
+#define REAL float
+#endif
+#ifndef IDX            // index type: int when every index formed is below 2^31, else long
+#define IDX long
+#endif
+#ifndef VW             // values per vector, 4 or 8: the device's native width, 256 bits at most
+#define VW 8
+#endif
+#ifndef INNER          // 0: outer products (B stored K x N); 1: dot products (A M x K, B N x K)
+#define INNER 0
+#endif
+#ifndef MR             // rows of C per register block
+#define MR 12
+#endif
+#ifndef NV             // OUTER: vectors of columns per register block
+#define NV 2
+#endif
+#ifndef NR             // INNER: columns of C per register block
+#define NR 4
+#endif
+#ifndef TM             // row blocks per work-item
+#define TM 1
+#endif
+#ifndef A_TRANSP       // OUTER: 1 when A is stored K x M (op(A) = A^T)
+#define A_TRANSP 0
+#endif
+#ifndef C_TRANSP       // OUTER: 1 to store the block transposed, at C[n][m] (the host runs
+#define C_TRANSP 0     // op(A) = A^T with op(B) = B^T as C^T = B A this way)
+#endif
+
+#ifndef MADD           // a * b + c: OpenCL C contracts it to one FMA instruction by default. PoCL 3.0
+                       // calls its fma() builtin as a function, not inlined (seen in its objects)
+#define MADD(a, b, c) ((a) * (b) + (c))
+#endif
+
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define REALV CAT(REAL, VW)
+// Vector loads and stores as VW consecutive scalars, which the compiler merges into one
+// unaligned access: PoCL 3.0 calls its vloadn/vstoren builtins (and min, fma) as functions,
+// not inlined (seen in its objects).
+#if VW == 8
+#define VLOAD(i, p) ((REALV)((p)[8 * (i)], (p)[8 * (i) + 1], (p)[8 * (i) + 2], (p)[8 * (i) + 3], \
+                              (p)[8 * (i) + 4], (p)[8 * (i) + 5], (p)[8 * (i) + 6], (p)[8 * (i) + 7]))
+#define VSTORE(v, i, p) ((p)[8 * (i)] = (v).s0, (p)[8 * (i) + 1] = (v).s1, (p)[8 * (i) + 2] = (v).s2, \
+                         (p)[8 * (i) + 3] = (v).s3, (p)[8 * (i) + 4] = (v).s4, (p)[8 * (i) + 5] = (v).s5, \
+                         (p)[8 * (i) + 6] = (v).s6, (p)[8 * (i) + 7] = (v).s7)
+#else
+#define VLOAD(i, p) ((REALV)((p)[4 * (i)], (p)[4 * (i) + 1], (p)[4 * (i) + 2], (p)[4 * (i) + 3]))
+#define VSTORE(v, i, p) ((p)[4 * (i)] = (v).s0, (p)[4 * (i) + 1] = (v).s1, (p)[4 * (i) + 2] = (v).s2, \
+                         (p)[4 * (i) + 3] = (v).s3)
+#endif
+#define LAST(i, n) ((i) < (n) ? (i) : (n) - 1)
+
+inline REAL vsum(const REALV v)   // the sum of a vector's values
+{
+#if VW == 8
+    const CAT(REAL, 4) q = v.lo + v.hi;
+#else
+    const CAT(REAL, 4) q = v;
+#endif
+    const CAT(REAL, 2) p = q.lo + q.hi;
+    return p.lo + p.hi;
+}
+
+inline REALV load_edge(__global const REAL* p, const int rest)   // p[0 .. rest-1], zero past them
+{
+    REAL v[VW];
+    _Pragma("unroll") for (int q = 0; q < VW; ++q)
+        v[q] = q < rest ? p[q] : (REAL)0;
+    return VLOAD(0, v);
+}
+
+#if INNER
+#define COLS NR
+#else
+#define COLS (NV * VW)
+#endif
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void gemm_cpu(const int M, const int N, const int K, const REAL alpha, const REAL beta, const int GJ,
+              __global const REAL* restrict a, const IDX a_off, const int lda, const IDX a_si, const IDX a_sj,
+              __global const REAL* restrict b, const IDX b_off, const int ldb, const IDX b_si, const IDX b_sj,
+              __global REAL* restrict c, const IDX c_off, const int ldc, const IDX c_si, const IDX c_sj)
+{
+    const int n0 = get_global_id(1) * COLS, z = get_global_id(2);
+    const int i = z / GJ, j = z - i * GJ;
+    a += a_off + i * a_si + j * a_sj;
+    b += b_off + i * b_si + j * b_sj;
+    c += c_off + i * c_si + j * c_sj;
+
+    for (int t = 0; t < TM; ++t) {
+        const int m0 = (get_global_id(0) * TM + t) * MR;
+        if (m0 >= M) break;
+        // rows of op(A) past M read row M - 1
+        IDX ra[MR];
+        _Pragma("unroll") for (int r = 0; r < MR; ++r)
+            ra[r] = LAST(m0 + r, M);
+#if INNER
+        // columns of C past N read row N - 1 of B
+        IDX rb[NR];
+        _Pragma("unroll") for (int s = 0; s < NR; ++s)
+            rb[s] = LAST(n0 + s, N);
+        REALV acc[MR][NR];
+        _Pragma("unroll") for (int r = 0; r < MR; ++r)
+            _Pragma("unroll") for (int s = 0; s < NR; ++s)
+                acc[r][s] = 0;
+        const int KV = K - K % VW;
+        for (int k = 0; k < KV; k += VW) {
+            REALV bv[NR];
+            _Pragma("unroll") for (int s = 0; s < NR; ++s)
+                bv[s] = VLOAD(0, b + rb[s] * ldb + k);
+            _Pragma("unroll") for (int r = 0; r < MR; ++r) {
+                const REALV av = VLOAD(0, a + ra[r] * lda + k);
+                _Pragma("unroll") for (int s = 0; s < NR; ++s)
+                    acc[r][s] = MADD(av, bv[s], acc[r][s]);
+            }
+        }
+        REAL sum[MR][NR];
+        _Pragma("unroll") for (int r = 0; r < MR; ++r)
+            _Pragma("unroll") for (int s = 0; s < NR; ++s)
+                sum[r][s] = vsum(acc[r][s]);
+        for (int k = KV; k < K; ++k)
+            _Pragma("unroll") for (int r = 0; r < MR; ++r)
+                _Pragma("unroll") for (int s = 0; s < NR; ++s)
+                    sum[r][s] = MADD(a[ra[r] * lda + k], b[rb[s] * ldb + k], sum[r][s]);
+        _Pragma("unroll") for (int r = 0; r < MR; ++r) {
+            if (m0 + r >= M) break;
+            _Pragma("unroll") for (int s = 0; s < NR; ++s) {
+                if (n0 + s < N) {
+                    const IDX o = (IDX)(m0 + r) * ldc + n0 + s;
+                    c[o] = beta == (REAL)0 ? alpha * sum[r][s] : alpha * sum[r][s] + beta * c[o];
+                }
+            }
+        }
+#else
+        REALV acc[MR][NV];
+        _Pragma("unroll") for (int r = 0; r < MR; ++r)
+            _Pragma("unroll") for (int v = 0; v < NV; ++v)
+                acc[r][v] = 0;
+#if A_TRANSP
+#define A_AT(r, k) a[(IDX)(k) * lda + ra[r]]
+#else
+#define A_AT(r, k) a[ra[r] * lda + (k)]
+#endif
+#define OUTER_STEP(LOAD_B)                                                     \
+        for (int k = 0; k < K; ++k) {                                          \
+            __global const REAL* bk = b + (IDX)k * ldb + n0;                   \
+            REALV bv[NV];                                                      \
+            _Pragma("unroll") for (int v = 0; v < NV; ++v)                     \
+                bv[v] = LOAD_B(v);                                             \
+            _Pragma("unroll") for (int r = 0; r < MR; ++r) {                   \
+                const REALV av = (REALV)(A_AT(r, k));                          \
+                _Pragma("unroll") for (int v = 0; v < NV; ++v)                 \
+                    acc[r][v] = MADD(av, bv[v], acc[r][v]);                    \
+            }                                                                  \
+        }
+#define B_FULL(v) VLOAD(v, bk)
+#define B_EDGE(v) load_edge(bk + (v) * VW, N - n0 - (v) * VW)
+        if (n0 + COLS <= N) {
+            OUTER_STEP(B_FULL)
+        } else {
+            OUTER_STEP(B_EDGE)
+        }
+        _Pragma("unroll") for (int r = 0; r < MR; ++r) {
+            if (m0 + r >= M) break;
+            _Pragma("unroll") for (int v = 0; v < NV; ++v) {
+                const int rest = N - n0 - v * VW;   // columns of this vector inside C
+                const REALV out = alpha * acc[r][v];
+#if C_TRANSP
+                REAL part[VW];
+                VSTORE(out, 0, part);
+                for (int q = 0; q < VW && q < rest; ++q) {
+                    __global REAL* p = c + (IDX)(n0 + v * VW + q) * ldc + m0 + r;
+                    *p = beta == (REAL)0 ? part[q] : MADD(beta, *p, part[q]);
+                }
+#else
+                __global REAL* cr = c + (IDX)(m0 + r) * ldc + n0 + v * VW;
+                if (rest >= VW) {
+                    VSTORE(beta == (REAL)0 ? out : MADD((REALV)beta, VLOAD(0, cr), out), 0, cr);
+                } else {
+                    REAL part[VW];
+                    VSTORE(beta == (REAL)0 ? out : MADD((REALV)beta, load_edge(cr, rest), out), 0, part);
+                    for (int q = 0; q < rest; ++q)
+                        cr[q] = part[q];
+                }
+#endif
+            }
+        }
+#endif
+    }
+}
