@@ -2,23 +2,24 @@
 //   C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j],  i < GI, j < GJ,
 // op(A) M x K, op(B) K x N; matrix (i, j) of an operand starts at off + i * si + j * sj.
 //
-// Made for CPU OpenCL runtimes (PoCL, Intel's), which run a work-group's work-items as a
-// loop and vectorise within one work-item only as far as it is written with vectors: each
-// work-item here owns a register block of C, MR rows by NV vectors of VW values, for TM
-// consecutive row blocks of one column block (the B values of a k step are loaded once per
-// block and stay in cache across the row blocks), loops over K with multiply-adds (MADD) and
-// needs no local memory and no barriers. Work-groups are
-// single work-items; dimension 0 runs over the row blocks, so consecutive work-groups, which a
-// runtime hands to its threads in turn, share their columns of B.
+// Made for CPU OpenCL runtimes (PoCL, Intel's), which run a work-group's work-items as a loop
+// and vectorise a work-item only as far as it is written with vectors. Each work-item owns a
+// register block of C and loops over k with multiply-adds (MADD): no local memory, no
+// barriers, work-groups of one work-item. It computes TM consecutive row blocks of one column
+// block, K in slices of KC, each slice over all its row blocks, so that the slice of B stays
+// in the first-level cache while they use it; dimension 0 runs over the row blocks, so
+// consecutive work-groups, which a runtime hands to its threads in turn, share B's columns.
 //
 // Two forms, chosen by the host from the operands' layouts:
-//   OUTER (INNER 0)  per k, a row of op(B)'s NV vectors times each of the MR values of
-//                    op(A)'s column, broadcast: for B stored K x N (B_TRANSP 0), A either way.
-//   INNER (INNER 1)  dot products along k, both operands stored along k (A M x K, B N x K):
-//                    MR x NR vector partial sums of VW k values each, summed across the
-//                    vector at the end; the last K % VW values one at a time.
+//   OUTER (INNER 0)  a block of MR rows by NV vectors of VW columns: per k, the NV vectors of a
+//                    row of op(B) times each of MR values of op(A), broadcast. For B stored
+//                    K x N, A either way; C_TRANSP stores the block transposed (the host runs
+//                    A^T B^T as (B A)^T).
+//   INNER (INNER 1)  MR x NR dot products along k, for A stored M x K and B stored N x K:
+//                    vector partial sums of VW k values each, summed across the vector at the
+//                    end of a slice; a slice's last (k1 - k0) % VW values one at a time.
 // A block past the edge of C reads clamped rows and columns (valid data, discarded) and skips
-// its stores; in the OUTER form the columns past N of the last column block read zeros.
+// their stores; in the OUTER form the columns past N of the last column block read zeros.
 //
 // Specialised by the host with prepended #defines; the defaults below are for reading.
 #ifndef REAL
@@ -44,6 +45,9 @@
 #endif
 #ifndef TM             // row blocks per work-item
 #define TM 1
+#endif
+#ifndef KC             // depth of the K slices, a multiple of VW
+#define KC 256
 #endif
 #ifndef A_TRANSP       // OUTER: 1 when A is stored K x M (op(A) = A^T)
 #define A_TRANSP 0
@@ -112,105 +116,115 @@ void gemm_cpu(const int M, const int N, const int K, const REAL alpha, const REA
     a += a_off + i * a_si + j * a_sj;
     b += b_off + i * b_si + j * b_sj;
     c += c_off + i * c_si + j * c_sj;
-
-    for (int t = 0; t < TM; ++t) {
-        const int m0 = (get_global_id(0) * TM + t) * MR;
-        if (m0 >= M) break;
-        // rows of op(A) past M read row M - 1
-        IDX ra[MR];
-        _Pragma("unroll") for (int r = 0; r < MR; ++r)
-            ra[r] = LAST(m0 + r, M);
 #if INNER
-        // columns of C past N read row N - 1 of B
-        IDX rb[NR];
-        _Pragma("unroll") for (int s = 0; s < NR; ++s)
-            rb[s] = LAST(n0 + s, N);
-        REALV acc[MR][NR];
-        _Pragma("unroll") for (int r = 0; r < MR; ++r)
-            _Pragma("unroll") for (int s = 0; s < NR; ++s)
-                acc[r][s] = 0;
-        const int KV = K - K % VW;
-        for (int k = 0; k < KV; k += VW) {
-            REALV bv[NR];
-            _Pragma("unroll") for (int s = 0; s < NR; ++s)
-                bv[s] = VLOAD(0, b + rb[s] * ldb + k);
-            _Pragma("unroll") for (int r = 0; r < MR; ++r) {
-                const REALV av = VLOAD(0, a + ra[r] * lda + k);
-                _Pragma("unroll") for (int s = 0; s < NR; ++s)
-                    acc[r][s] = MADD(av, bv[s], acc[r][s]);
-            }
-        }
-        REAL sum[MR][NR];
-        _Pragma("unroll") for (int r = 0; r < MR; ++r)
-            _Pragma("unroll") for (int s = 0; s < NR; ++s)
-                sum[r][s] = vsum(acc[r][s]);
-        for (int k = KV; k < K; ++k)
+    // columns of C past N read row N - 1 of B
+    IDX rb[NR];
+    _Pragma("unroll") for (int s = 0; s < NR; ++s)
+        rb[s] = LAST(n0 + s, N);
+#endif
+
+    // K in slices of KC: a slice of this column block's B stays in cache across the row blocks.
+    // The first slice's sums go to C as alpha * sum + beta * C, later ones add alpha * sum.
+    for (int k0 = 0; k0 < K; k0 += KC) {
+        const int k1 = K - k0 < KC ? K : k0 + KC;
+        const REAL keep = k0 == 0 ? beta : (REAL)1;   // what C's value counts for
+        for (int t = 0; t < TM; ++t) {
+            const int m0 = (get_global_id(0) * TM + t) * MR;
+            if (m0 >= M) break;
+            // rows of op(A) past M read row M - 1
+            IDX ra[MR];
+            _Pragma("unroll") for (int r = 0; r < MR; ++r)
+                ra[r] = LAST(m0 + r, M);
+#if INNER
+            REALV acc[MR][NR];
             _Pragma("unroll") for (int r = 0; r < MR; ++r)
                 _Pragma("unroll") for (int s = 0; s < NR; ++s)
-                    sum[r][s] = MADD(a[ra[r] * lda + k], b[rb[s] * ldb + k], sum[r][s]);
-        _Pragma("unroll") for (int r = 0; r < MR; ++r) {
-            if (m0 + r >= M) break;
-            _Pragma("unroll") for (int s = 0; s < NR; ++s) {
-                if (n0 + s < N) {
-                    const IDX o = (IDX)(m0 + r) * ldc + n0 + s;
-                    c[o] = beta == (REAL)0 ? alpha * sum[r][s] : alpha * sum[r][s] + beta * c[o];
+                    acc[r][s] = 0;
+            const int kv = k1 - (k1 - k0) % VW;   // the slice's whole vectors end here
+            for (int k = k0; k < kv; k += VW) {
+                REALV bv[NR];
+                _Pragma("unroll") for (int s = 0; s < NR; ++s)
+                    bv[s] = VLOAD(0, b + rb[s] * ldb + k);
+                _Pragma("unroll") for (int r = 0; r < MR; ++r) {
+                    const REALV av = VLOAD(0, a + ra[r] * lda + k);
+                    _Pragma("unroll") for (int s = 0; s < NR; ++s)
+                        acc[r][s] = MADD(av, bv[s], acc[r][s]);
                 }
             }
-        }
+            REAL sum[MR][NR];
+            _Pragma("unroll") for (int r = 0; r < MR; ++r)
+                _Pragma("unroll") for (int s = 0; s < NR; ++s)
+                    sum[r][s] = vsum(acc[r][s]);
+            for (int k = kv; k < k1; ++k)
+                _Pragma("unroll") for (int r = 0; r < MR; ++r)
+                    _Pragma("unroll") for (int s = 0; s < NR; ++s)
+                        sum[r][s] = MADD(a[ra[r] * lda + k], b[rb[s] * ldb + k], sum[r][s]);
+            _Pragma("unroll") for (int r = 0; r < MR; ++r) {
+                if (m0 + r >= M) break;
+                _Pragma("unroll") for (int s = 0; s < NR; ++s) {
+                    if (n0 + s < N) {
+                        __global REAL* p = c + (IDX)(m0 + r) * ldc + n0 + s;
+                        *p = keep == (REAL)0 ? alpha * sum[r][s] : MADD(keep, *p, alpha * sum[r][s]);
+                    }
+                }
+            }
 #else
-        REALV acc[MR][NV];
-        _Pragma("unroll") for (int r = 0; r < MR; ++r)
-            _Pragma("unroll") for (int v = 0; v < NV; ++v)
-                acc[r][v] = 0;
+            REALV acc[MR][NV];
+            _Pragma("unroll") for (int r = 0; r < MR; ++r)
+                _Pragma("unroll") for (int v = 0; v < NV; ++v)
+                    acc[r][v] = 0;
 #if A_TRANSP
 #define A_AT(r, k) a[(IDX)(k) * lda + ra[r]]
 #else
 #define A_AT(r, k) a[ra[r] * lda + (k)]
 #endif
 #define OUTER_STEP(LOAD_B)                                                     \
-        for (int k = 0; k < K; ++k) {                                          \
-            __global const REAL* bk = b + (IDX)k * ldb + n0;                   \
-            REALV bv[NV];                                                      \
-            _Pragma("unroll") for (int v = 0; v < NV; ++v)                     \
-                bv[v] = LOAD_B(v);                                             \
-            _Pragma("unroll") for (int r = 0; r < MR; ++r) {                   \
-                const REALV av = (REALV)(A_AT(r, k));                          \
+            for (int k = k0; k < k1; ++k) {                                    \
+                __global const REAL* bk = b + (IDX)k * ldb + n0;               \
+                REALV bv[NV];                                                  \
                 _Pragma("unroll") for (int v = 0; v < NV; ++v)                 \
-                    acc[r][v] = MADD(av, bv[v], acc[r][v]);                    \
-            }                                                                  \
-        }
+                    bv[v] = LOAD_B(v);                                         \
+                _Pragma("unroll") for (int r = 0; r < MR; ++r) {               \
+                    const REALV av = (REALV)(A_AT(r, k));                      \
+                    _Pragma("unroll") for (int v = 0; v < NV; ++v)             \
+                        acc[r][v] = MADD(av, bv[v], acc[r][v]);                \
+                }                                                              \
+            }
 #define B_FULL(v) VLOAD(v, bk)
 #define B_EDGE(v) load_edge(bk + (v) * VW, N - n0 - (v) * VW)
-        if (n0 + COLS <= N) {
-            OUTER_STEP(B_FULL)
-        } else {
-            OUTER_STEP(B_EDGE)
-        }
-        _Pragma("unroll") for (int r = 0; r < MR; ++r) {
-            if (m0 + r >= M) break;
-            _Pragma("unroll") for (int v = 0; v < NV; ++v) {
-                const int rest = N - n0 - v * VW;   // columns of this vector inside C
-                const REALV out = alpha * acc[r][v];
-#if C_TRANSP
-                REAL part[VW];
-                VSTORE(out, 0, part);
-                for (int q = 0; q < VW && q < rest; ++q) {
-                    __global REAL* p = c + (IDX)(n0 + v * VW + q) * ldc + m0 + r;
-                    *p = beta == (REAL)0 ? part[q] : MADD(beta, *p, part[q]);
-                }
-#else
-                __global REAL* cr = c + (IDX)(m0 + r) * ldc + n0 + v * VW;
-                if (rest >= VW) {
-                    VSTORE(beta == (REAL)0 ? out : MADD((REALV)beta, VLOAD(0, cr), out), 0, cr);
-                } else {
-                    REAL part[VW];
-                    VSTORE(beta == (REAL)0 ? out : MADD((REALV)beta, load_edge(cr, rest), out), 0, part);
-                    for (int q = 0; q < rest; ++q)
-                        cr[q] = part[q];
-                }
-#endif
+            if (n0 + COLS <= N) {
+                OUTER_STEP(B_FULL)
+            } else {
+                OUTER_STEP(B_EDGE)
             }
-        }
+            _Pragma("unroll") for (int r = 0; r < MR; ++r) {
+                if (m0 + r >= M) break;
+                _Pragma("unroll") for (int v = 0; v < NV; ++v) {
+                    const int rest = N - n0 - v * VW;   // columns of this vector inside C
+                    const REALV out = alpha * acc[r][v];
+#if C_TRANSP
+                    REAL part[VW];
+                    VSTORE(out, 0, part);
+                    for (int q = 0; q < VW && q < rest; ++q) {
+                        __global REAL* p = c + (IDX)(n0 + v * VW + q) * ldc + m0 + r;
+                        *p = keep == (REAL)0 ? part[q] : MADD(keep, *p, part[q]);
+                    }
+#else
+                    __global REAL* cr = c + (IDX)(m0 + r) * ldc + n0 + v * VW;
+                    if (rest >= VW) {
+                        const REALV sum = keep == (REAL)0 ? out : MADD((REALV)keep, VLOAD(0, cr), out);
+                        VSTORE(sum, 0, cr);
+                    } else {
+                        const REALV sum = keep == (REAL)0 ? out : MADD((REALV)keep, load_edge(cr, rest), out);
+                        REAL part[VW];
+                        VSTORE(sum, 0, part);
+                        for (int q = 0; q < rest; ++q)
+                            cr[q] = part[q];
+                    }
 #endif
+                }
+            }
+#endif
+        }
     }
 }

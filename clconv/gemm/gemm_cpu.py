@@ -1,11 +1,11 @@
 """Host side of kernels/gemm_cpu.cl: clconv's GEMM for CPU devices.
 
-Each work-item owns a register block of C (MR rows by NV vectors of the device's native
-width, or MR x NR dot products when both operands are stored along k) and loops over K with
-fma(); no local memory, no barriers, single-work-item work-groups (see the kernel). The block
-comes from the device's native vector width; a work-item takes several row blocks of one
-column block when there are many, so each work-group has enough work to hide the runtime's
-cost per work-group.
+Each work-item owns a register block of C (6 rows by 2 vectors of the device's native width,
+at most 256 bits, or 4 x 3 dot products when both operands are stored along k: each fills 16
+registers) and loops over K with multiply-adds; no local memory, no barriers, single-work-item
+work-groups (see the kernel). A work-item takes several row blocks of one column block when
+there are many, so each work-group has enough work to hide the runtime's cost per
+work-group, and runs K in slices whose part of B fits half a first-level cache.
 """
 from typing import NamedTuple
 
@@ -17,18 +17,20 @@ from ..programs import get_kernel, index_type, launch
 # compute unit it keeps at least (for balance between the runtime's threads).
 WORK_PER_ITEM = 1 << 19
 GROUPS_PER_UNIT = 8
+SLICE_BYTES = 16 << 10   # a K slice of B's columns for one block: half a 32 KiB first-level cache
 
 
 class Tile(NamedTuple):
     """A work-item's block: ``inner`` (dot products) or outer products; ``mr`` rows; ``cols``
     columns as ``nv`` vectors of ``vw`` (outer) or ``cols`` dot products (inner); ``tm`` row
-    blocks per work-item."""
+    blocks per work-item; ``kc`` the depth of the K slices."""
     inner: bool
     vw: int
     mr: int
     nv: int
     cols: int
     tm: int
+    kc: int
 
 
 def vector_width(device, itemsize):
@@ -50,8 +52,8 @@ REGISTERS = 16
 def tile(device, m, n, k, count, itemsize, b_transp):
     """The register block and row blocks per work-item for ``count`` M x N x K products."""
     vw = vector_width(device, itemsize)
-    if b_transp:   # dot products: MR x NR vector sums, 16 of them (4 x 4)
-        inner, mr, nv, cols = True, 4, 1, 4
+    if b_transp:   # dot products: 4 x 3 vector sums and 3 vectors of B fill 16 registers with A's
+        inner, mr, nv, cols = True, 4, 1, 3   # (PoCL: 4 x 3 ran at 150-170 GFLOP/s, 4 x 4 spilled: 80-110)
     else:          # outer products: 2 vectors of columns, rows to fill the registers (6 x 2 of 16)
         inner, nv = False, 2
         mr, cols = REGISTERS // 2 - 2, nv * vw
@@ -60,7 +62,8 @@ def tile(device, m, n, k, count, itemsize, b_transp):
     columns = -(-n // cols) * count
     least = GROUPS_PER_UNIT * device.max_compute_units
     tm = max(1, min(blocks, -(-WORK_PER_ITEM // max(per_block, 1)), blocks * columns // least or 1))
-    return Tile(inner, vw, mr, nv, cols, tm)
+    kc = max(vw, SLICE_BYTES // (cols * itemsize) // vw * vw)
+    return Tile(inner, vw, mr, nv, cols, tm, kc)
 
 
 def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False, b_transp=False,
@@ -79,7 +82,8 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     shapes = ((k, m) if a_transp else (m, k), (n, k) if b_transp else (k, n), (n, m) if c_transp else (m, n))
     idx = index_type(*(x.at(gi - 1, gj - 1) + (rows - 1) * x.ld + cols for x, (rows, cols) in zip(ops, shapes)))
     kernel = get_kernel(queue.context, "gemm_cpu.cl", "gemm_cpu", dtype, IDX=idx, VW=t.vw, INNER=int(t.inner),
-                        MR=t.mr, NV=t.nv, NR=t.cols, TM=t.tm, A_TRANSP=int(a_transp), C_TRANSP=int(c_transp))
+                        MR=t.mr, NV=t.nv, NR=t.cols, TM=t.tm, KC=t.kc, A_TRANSP=int(a_transp),
+                        C_TRANSP=int(c_transp))
     blocks = -(-m // t.mr)
     return launch(queue, kernel, (-(-blocks // t.tm), -(-n // t.cols), gi * gj), (1, 1, 1), m, n, k, alpha, beta, gj,
                   *(v for x in ops for v in (x.buf, x.off, x.ld, x.per_group, x.per_image)), what=what)
