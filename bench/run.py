@@ -7,7 +7,8 @@ For every workload in bench/workloads.json (the 'gpu' sizes on a GPU, else the
 'cpu' sizes) and every pass: warm-up runs (excluding kernel builds), then
 repeated batches of back-to-back runs each ended by queue.finish(), min and median per run, GFLOP/s, GB/s, the
 algorithm the planner chose, and one correctness check against the NumPy
-reference. Peers (bench/peers.py) are timed the same way in the same run.
+reference. Peers (bench/peers.py) are timed the same way in the same run, PyTorch in rounds
+alternating with clconv's, pass by pass.
 A table goes to stdout; JSON to bench/results/<device>-<date>.json.
 """
 import argparse
@@ -35,6 +36,8 @@ from . import peers
 
 HERE = Path(__file__).resolve().parent
 PASSES = ("forward", "backward_input", "backward_weight")
+ROUNDS = 3         # alternating rounds of clconv and PyTorch per pass
+SETTLE_S = 0.2     # pause after a PyTorch run on the CPU
 SHORT = {"forward": "fwd", "backward_input": "dgrad", "backward_weight": "wgrad"}
 
 
@@ -103,10 +106,25 @@ def run_workload(w, size, queue, repeat, with_peers, log, algorithm="auto", queu
     result = {"name": w["name"], "size": size, "shape": s, "flop_per_pass": g.flops(),
               "explain": plan.explain(), "passes": {}}
     nbytes = pass_bytes(g, 4)
+    # PyTorch, the peer the targets are set against, is timed interleaved with clconv, pass by
+    # pass, in ROUNDS alternating rounds (these shared machines drift); the other peers after
+    torch = peers.torch_peer(_peer_shape(g), queue.device, host) if with_peers else "no peers asked for"
+    if isinstance(torch, str):
+        log(f"  torch: {torch}")
     for p in PASSES:
-        tmin, tmed = time_it(ours[p], queue.finish, repeat)
+        times, peer_times = [], []
+        for _ in range(ROUNDS if not isinstance(torch, str) else 1):
+            times.append(time_it(ours[p], queue.finish, repeat))
+            if not isinstance(torch, str):
+                peer_times.append(time_it(torch[0][p], torch[1], max(3, repeat // 2)))
+                time.sleep(SETTLE_S)   # its threads spin a while after a call: not on clconv's time
+        tmin, tmed = min(t[0] for t in times), statistics.median(t[1] for t in times)
         result["passes"][p] = {"algorithm": plan.algorithms[p], "min_ms": tmin * 1e3, "median_ms": tmed * 1e3,
                                "gflops": g.flops() / tmed / 1e9, "gbps": nbytes / tmed / 1e9, "peers": {}}
+        if peer_times:
+            result["passes"][p]["peers"][torch[2]] = {"min_ms": min(t[0] for t in peer_times) * 1e3,
+                                                      "median_ms": statistics.median(t[1] for t in peer_times) * 1e3,
+                                                      "interleaved": True}
     # correctness once: forward and grad-input on the first images, grad-weight on the whole batch
     n = min(g.N, 4)
     x, wt, dy = host["x"], host["w"], host["dy"]
@@ -132,17 +150,15 @@ def run_workload(w, size, queue, repeat, with_peers, log, algorithm="auto", queu
     return result
 
 
+def _peer_shape(g):
+    return {"stride": g.stride[0], "padding": g.pads[0][0], "dilation": g.dilation[0], "groups": g.groups,
+            "N": g.N, "C": g.C, "H": g.H, "W": g.W, "K": g.K, "kh": g.kh, "kw": g.kw}
+
+
 def _peers(g, queue, host, dev, outs, log):
-    """(label, {pass: fn}, sync) for every peer available here."""
-    shape = {"stride": g.stride[0], "padding": g.pads[0][0], "dilation": g.dilation[0], "groups": g.groups,
-             "N": g.N, "C": g.C, "H": g.H, "W": g.W, "K": g.K, "kh": g.kh, "kw": g.kw}
+    """(label, {pass: fn}, sync) for every peer besides PyTorch (timed with clconv's passes)."""
+    shape = _peer_shape(g)
     found = []
-    t = peers.torch_peer(shape, queue.device, host)
-    if isinstance(t, str):
-        log(f"  torch: {t}")
-    else:
-        fns, sync, label = t
-        found.append((label, fns, sync))
     if g.N * g.K * g.P * g.Kd <= 2e10:   # float64 NumPy on the largest sizes takes too long to repeat
         found.append(("numpy", peers.numpy_peer(shape, host), lambda: None))
     loop = peers.clblast_loop_peer(shape, queue, dev, outs["forward"])

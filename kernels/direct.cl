@@ -338,3 +338,129 @@ __kernel void direct_weight_sum(__global const REAL* restrict part, const int S,
     for (int s = 0; s < S; ++s) acc += part[((IDX)k * S + s) * TAPS + t];
     dw[dw_off + kt] = acc;
 }
+
+// ---- CPU devices ----------------------------------------------------------------------
+// CPU runtimes run a work-group's work-items as a loop and vectorise one work-item as far
+// as it is written with vectors, so these kernels give each work-item whole output rows,
+// VW columns at a time: work-groups of one work-item, no local memory, no barriers.
+#ifndef VW             // values per vector of the row kernels: 4 or 8
+#define VW 8
+#endif
+#ifndef RB             // output rows per work-item of direct_rows
+#define RB 1
+#endif
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define REALV CAT(REAL, VW)
+typedef union { REALV v; REAL s[VW]; } lanes;   // a vector and its values
+
+// VW values of input row xr at columns ix0, ix0 + SW, ... (zero outside 0 .. W - 1), as
+// consecutive scalars, which the compiler merges into vector loads (PoCL 3.0 calls its
+// vloadn builtins as functions).
+inline REALV row_values(__global const REAL* restrict xr, const int ix0, const int W)
+{
+    lanes v;
+#if SW == 2   // two vectors of consecutive values, then their even lanes: no strided loads
+    if (ix0 >= 0 && ix0 + 2 * VW - 1 < W) {
+        lanes lo, hi;
+        _Pragma("unroll") for (int q = 0; q < VW; ++q) lo.s[q] = xr[ix0 + q], hi.s[q] = xr[ix0 + VW + q];
+        return (REALV)(lo.v.even, hi.v.even);
+    }
+    {
+#else
+    if (ix0 >= 0 && ix0 + (VW - 1) * SW < W) {
+        _Pragma("unroll") for (int q = 0; q < VW; ++q) v.s[q] = xr[ix0 + q * SW];
+    } else {
+#endif
+        _Pragma("unroll") for (int q = 0; q < VW; ++q) {
+            const int ix = ix0 + q * SW;
+            v.s[q] = ix >= 0 && ix < W ? xr[ix] : (REAL)0;
+        }
+    }
+    return v.v;
+}
+
+// The same sum as direct_forward (FLIP included), for CPU devices: work-item (band, nk)
+// computes RB output rows from band * RB of the KB planes (n, k0 .. k0 + KB - 1), VW
+// columns at a time, each input row value of a tap loaded once for the KB filters.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void direct_rows(__global const REAL* restrict x, const IDX x_off,
+                 __global const REAL* restrict w, const IDX w_off,
+                 __global const REAL* restrict bias, const IDX bias_off, const int has_bias,
+                 __global REAL* restrict y, const IDX y_off, GEOMETRY)
+{
+    const int nk = get_global_id(1);
+    const int k0 = (nk % (K / KB)) * KB, n = nk / (K / KB), c0 = (k0 / KG) * CG;
+    const int oy_end = min(OH, (int)(get_global_id(0) + 1) * RB);
+    REAL bk[KB];
+    _Pragma("unroll") for (int b = 0; b < KB; ++b) bk[b] = has_bias ? bias[bias_off + k0 + b] : (REAL)0;
+    for (int oy = get_global_id(0) * RB; oy < oy_end; ++oy) {
+        for (int ox0 = 0; ox0 < OW; ox0 += VW) {
+            REALV acc[KB];
+            _Pragma("unroll") for (int b = 0; b < KB; ++b) acc[b] = (REALV)bk[b];
+            for (int c = 0; c < CG; ++c) {
+                __global const REAL* xc = x + x_off + ((IDX)n * C + c0 + c) * H * W;
+                _Pragma("unroll") for (int i = 0; i < KH; ++i) {
+                    const int iy = oy * SH - PT + i * DH;
+                    if (iy < 0 || iy >= H) continue;
+                    _Pragma("unroll") for (int j = 0; j < KW; ++j) {
+                        const REALV v = row_values(xc + iy * W, ox0 * SW - PL + j * DW, W);
+                        _Pragma("unroll") for (int b = 0; b < KB; ++b)
+                            acc[b] = (REALV)w[w_off + WBASE(k0 + b, c) + TAP(i, j)] * v + acc[b];
+                    }
+                }
+            }
+            _Pragma("unroll") for (int b = 0; b < KB; ++b) {
+                __global REAL* yr = y + y_off + ((IDX)n * K + k0 + b) * OH * OW + oy * OW + ox0;
+                lanes out;
+                out.v = acc[b];
+                if (ox0 + VW <= OW) {
+                    _Pragma("unroll") for (int q = 0; q < VW; ++q) yr[q] = out.s[q];
+                } else {
+                    for (int q = 0; q < OW - ox0; ++q) yr[q] = out.s[q];
+                }
+            }
+        }
+    }
+}
+
+// grad-weight stage 1 for CPU devices: work-item (k, s) sums dy[n, k, oy, ox] *
+// x[n, c, ...] for every tap of filter k over slice s of the N * OH output rows, VW columns at
+// a time into one vector per tap of a channel (channel by channel, so the accumulators stay
+// in registers), then across the vectors: part[(k * S + s) * TAPS + tap], as stage 1 above.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void direct_weight_rows(__global const REAL* restrict x, const IDX x_off,
+                        __global const REAL* restrict dy, const IDX dy_off,
+                        __global REAL* restrict part, const int S, GEOMETRY)
+{
+    const int k = get_global_id(0) / S, s = get_global_id(0) % S;
+    const int c0 = (k / KG) * CG, rows = N * OH, per = (rows + S - 1) / S;
+    const int begin = per * s, end = min(rows, begin + per);
+    for (int c = 0; c < CG; ++c) {
+        REALV acc[KH * KW];
+        _Pragma("unroll") for (int t = 0; t < KH * KW; ++t) acc[t] = 0;
+        for (int row = begin; row < end; ++row) {
+            const int n = row / OH, oy = row - n * OH;
+            __global const REAL* g = dy + dy_off + ((IDX)n * K + k) * OH * OW + oy * OW;
+            __global const REAL* xc = x + x_off + ((IDX)n * C + c0 + c) * H * W;
+            for (int ox0 = 0; ox0 < OW; ox0 += VW) {
+                lanes gv;   // zero past the row's end, so those columns add nothing
+                _Pragma("unroll") for (int q = 0; q < VW; ++q) gv.s[q] = ox0 + q < OW ? g[ox0 + q] : (REAL)0;
+                const REALV gr = gv.v;
+                _Pragma("unroll") for (int i = 0; i < KH; ++i) {
+                    const int iy = oy * SH - PT + i * DH;
+                    if (iy < 0 || iy >= H) continue;
+                    _Pragma("unroll") for (int j = 0; j < KW; ++j)
+                        acc[i * KW + j] = gr * row_values(xc + iy * W, ox0 * SW - PL + j * DW, W) + acc[i * KW + j];
+                }
+            }
+        }
+        _Pragma("unroll") for (int t = 0; t < KH * KW; ++t) {
+            lanes a;
+            a.v = acc[t];
+            REAL sum = 0;
+            _Pragma("unroll") for (int q = 0; q < VW; ++q) sum += a.s[q];
+            part[((IDX)k * S + s) * TAPS + c * KH * KW + t] = sum;
+        }
+    }
+}

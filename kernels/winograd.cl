@@ -154,14 +154,20 @@ __kernel void winograd_filter(__global const REAL* restrict w, const IDX w_off,
     const int grp = k / Ko;
     const __global REAL* g = w + w_off + (flip ? (IDX)(grp * Ci + ci) * Ko + (k - grp * Ko) : (IDX)k * Ci + ci) * FR * FR;
     REAL v[6][6];
+    #pragma unroll
     for (int i = 0; i < FR; ++i)
+        #pragma unroll
         for (int j = 0; j < FR; ++j)
             v[i][j] = flip ? g[FR * FR - 1 - FR * i - j] : g[FR * i + j];
+    #pragma unroll
     for (int j = 0; j < FR; ++j) filter_1d(&v[0][j], 6);
+    #pragma unroll
     for (int i = 0; i < 6; ++i) filter_1d(&v[i][0], 1);
     const IDX step = (IDX)K * Ci;
     IDX dst = u_off + (IDX)k * Ci + ci;
+    #pragma unroll
     for (int i = 0; i < 6; ++i)
+        #pragma unroll
         for (int j = 0; j < 6; ++j, dst += step)
             u[dst] = v[i][j];
 }
@@ -181,20 +187,26 @@ __kernel void winograd_input(__global const REAL* restrict x, const IDX x_off,
     const int y0 = tile_start(th, DH) - PT, x0 = tile_start(t - th * TW, DW) - PL;
     const __global REAL* src = x + x_off + ((IDX)b * C + c) * H * W;
     REAL v[6][6];
+    #pragma unroll
     for (int i = 0; i < 6; ++i) {
         const int y = y0 + i * DH;
         const bool row_in = y >= 0 && y < H;
+        #pragma unroll
         for (int j = 0; j < 6; ++j) {
             const int xx = x0 + j * DW;
             v[i][j] = (row_in && xx >= 0 && xx < W) ? src[y * W + xx] : (REAL)0;
         }
     }
+    #pragma unroll
     for (int j = 0; j < 6; ++j) input_1d(&v[0][j], 6);
+    #pragma unroll
     for (int i = 0; i < 6; ++i) input_1d(&v[i][0], 1);
     const int s = p / L;
     const IDX step = (IDX)C * L;
     IDX dst = out_off + ((IDX)s * 36 * C + c) * L + p - s * L;
+    #pragma unroll
     for (int i = 0; i < 6; ++i)
+        #pragma unroll
         for (int j = 0; j < 6; ++j, dst += step)
             out[dst] = v[i][j];
 }
@@ -213,18 +225,24 @@ __kernel void winograd_output(__global const REAL* restrict m, const IDX m_off,
     const IDX step = (IDX)K * P;
     IDX src = m_off + (IDX)k * P + p;
     REAL v[6][6];
+    #pragma unroll
     for (int i = 0; i < 6; ++i)
+        #pragma unroll
         for (int j = 0; j < 6; ++j, src += step)
             v[i][j] = m[src];
+    #pragma unroll
     for (int j = 0; j < 6; ++j) output_1d(&v[0][j], 6);
+    #pragma unroll
     for (int i = 0; i < TM; ++i) output_1d(&v[i][0], 1);
     const REAL b0 = has_bias ? bias[bias_off + k] : (REAL)0;
     const int b = p / (TH * TW), t = p - b * TH * TW, th = t / TW;
     const int oy0 = tile_start(th, DH), ox0 = tile_start(t - th * TW, DW);
     __global REAL* dst = y + y_off + ((IDX)b * K + k) * OH * OW;
+    #pragma unroll
     for (int i = 0; i < TM; ++i) {
         const int oy = oy0 + i * DH;
         if (oy >= OH) break;
+        #pragma unroll
         for (int j = 0; j < TM; ++j) {
             const int ox = ox0 + j * DW;
             if (ox < OW) dst[oy * OW + ox] = v[i][j] + b0;
@@ -246,19 +264,25 @@ __kernel void winograd_grad_output(__global const REAL* restrict dy, const IDX d
     const int oy0 = tile_start(th, DH), ox0 = tile_start(t - th * TW, DW);
     const __global REAL* src = dy + dy_off + ((IDX)b * K + k) * OH * OW;
     REAL v[6][6];
+    #pragma unroll
     for (int i = 0; i < TM; ++i) {
         const int oy = oy0 + i * DH;
+        #pragma unroll
         for (int j = 0; j < TM; ++j) {
             const int ox = ox0 + j * DW;
             v[i][j] = (oy < OH && ox < OW) ? src[oy * OW + ox] : (REAL)0;
         }
     }
+    #pragma unroll
     for (int j = 0; j < TM; ++j) grad_output_1d(&v[0][j], 6);
+    #pragma unroll
     for (int i = 0; i < 6; ++i) grad_output_1d(&v[i][0], 1);
     const int s = p / L;
     const IDX step = (IDX)K * L;
     IDX dst = z_off + ((IDX)s * 36 * K + k) * L + p - s * L;
+    #pragma unroll
     for (int i = 0; i < 6; ++i)
+        #pragma unroll
         for (int j = 0; j < 6; ++j, dst += step)
             z[dst] = v[i][j];
 }
@@ -274,13 +298,19 @@ __kernel void winograd_grad_filter(__global const REAL* restrict du, const IDX d
     const IDX step = (IDX)K * Ci;
     IDX src = du_off + (IDX)k * Ci + ci;
     REAL v[6][6];
+    #pragma unroll
     for (int i = 0; i < 6; ++i)
+        #pragma unroll
         for (int j = 0; j < 6; ++j, src += step)
             v[i][j] = du[src];
+    #pragma unroll
     for (int j = 0; j < 6; ++j) grad_filter_1d(&v[0][j], 6);
+    #pragma unroll
     for (int i = 0; i < FR; ++i) grad_filter_1d(&v[i][0], 1);
     __global REAL* g = dw + dw_off + ((IDX)k * Ci + ci) * FR * FR;
+    #pragma unroll
     for (int i = 0; i < FR; ++i)
+        #pragma unroll
         for (int j = 0; j < FR; ++j)
             g[FR * i + j] = v[i][j];
 }

@@ -118,7 +118,7 @@ def test_cpu_kernel_grid_of_products_at_offsets(variant, dtype, a_transp, b_tran
     stored along K, A^T B^T as (B A)^T), with edge blocks in M and N and a K tail."""
     change = CPU_VARIANTS[variant]
     if change == "vw4":
-        monkeypatch.setattr(gemm_cpu, "vector_width", lambda device, itemsize: 4)
+        monkeypatch.setattr(gemm_cpu, "cpu_vector_width", lambda device, itemsize: 4)
     elif change is not None:
         sized = gemm_cpu.tile
         monkeypatch.setattr(gemm_cpu, "tile", lambda *args: change(sized(*args)))

@@ -11,6 +11,7 @@ atomics.
 """
 import pyopencl as cl
 
+from ..device import cpu_vector_width
 from ..programs import get_kernel, launch, reduction_work_group
 from .common import idx_for
 
@@ -65,6 +66,20 @@ def _filters_per_item(g, tile, compute_units):
     planes = -(-g.OW // tx) * -(-g.OH // (ty * ry)) * g.N * g.K
     return next(kb for kb in (16, 8, 4, 2, 1)
                 if kb == 1 or g.Kg % kb == 0 and kb * ry <= MAX_ACC and planes // kb >= compute_units)
+
+
+CPU_ITEMS_PER_UNIT = 8   # CPU devices: work-items (one per work-group) per compute unit, at least
+CPU_MAX_FILTERS = 8      # and filters per work-item: 8 vector sums beside an input vector and a weight
+
+
+def _rows_per_item(g, compute_units):
+    """(KB, RB) of the CPU forward kernel over geometry ``g``: filters per work-item, the most
+    of 8, 4, 2, 1 dividing a group's filters (each input vector feeds KB sums), and output rows
+    per work-item, all of a plane's unless that leaves fewer than CPU_ITEMS_PER_UNIT work-items
+    per compute unit."""
+    kb = next(b for b in (CPU_MAX_FILTERS, 4, 2, 1) if g.Kg % b == 0)
+    planes, want = g.N * g.K // kb, CPU_ITEMS_PER_UNIT * compute_units
+    return kb, g.OH if planes >= want or not planes else max(1, g.OH // -(-want // planes))
 
 
 def _patch_sizes(g):
@@ -129,27 +144,40 @@ class Direct:
         # enough work-groups in stage 1 to fill the device (about 4 per compute unit), each
         # slice keeping at least 1024 positions, as many as the workspace holds; fixed per
         # device and limit, so deterministic
-        fill = -(-4 * device.max_compute_units // g.K)
         room = workspace_limit // (g.K * self.taps * dtype.itemsize)
         if room < 1:
             raise ValueError(f"grad-weight of input {list(g.input_shape)} with weight {list(g.weight_shape)} needs "
                              f"{g.K * self.taps * dtype.itemsize} workspace bytes, above the limit of "
                              f"{workspace_limit} bytes")
-        self.slices = max(1, min(64, fill, g.N * g.P // 1024, room))
+        if self.staged:
+            fill = -(-4 * units // g.K)
+            self.slices = max(1, min(64, fill, g.N * g.P // 1024, room))
+        else:   # CPU devices: row kernels, slices of at least 4 output rows, CPU_ITEMS_PER_UNIT per unit
+            self.vw = cpu_vector_width(device, dtype.itemsize)
+            self.rows = {"forward": _rows_per_item(g, units)}
+            if self.transposed:
+                self.rows["backward_input"] = _rows_per_item(self.transposed, units)
+            fill = -(-CPU_ITEMS_PER_UNIT * units // g.K)
+            self.slices = max(1, min(64, fill, g.N * g.OH // 4, room))
         self.workspace = {"forward": 0, "backward_input": 0, "backward_weight": g.K * self.slices * self.taps}
 
     def describe(self, pass_name):
         g = self.g
         if pass_name == "backward_weight":
-            return (f"direct grad-weight, {g.K} x {self.slices} partial sums of {self.taps} taps, "
+            kind = "" if self.staged else " (rows of output, vectors along them)"
+            return (f"direct grad-weight{kind}, {g.K} x {self.slices} partial sums of {self.taps} taps, "
                     "then an ordered sum")
         tx, ty, ph, pw, ry = self.tiles[pass_name]
         as_forward = pass_name == "forward" or self.transposed
-        staged = (f" of {ry} row(s) x {self.kb[pass_name]} filter(s) per work-item, staging a {ph}x{pw} patch "
-                  "in local memory" if as_forward and self.staged else "")
         flipped = (" (the forward kernel over grad_output with rotated, transposed weights)"
                    if pass_name == "backward_input" and self.transposed else "")
         taps = self.g.Kg * self.g.kh * self.g.kw if flipped else self.taps
+        if as_forward and not self.staged:
+            kb, rb = self.rows[pass_name]
+            return (f"direct row kernel{flipped}, {taps} taps per output, work-items of {rb} output row(s) x {kb} "
+                    f"filter(s), {self.vw} columns per vector, no GEMM, no workspace")
+        staged = (f" of {ry} row(s) x {self.kb[pass_name]} filter(s) per work-item, staging a {ph}x{pw} patch "
+                  "in local memory" if as_forward and self.staged else "")
         return (f"direct kernel{flipped}, {taps} taps per output, {tx}x{ty} tiles{staged}, "
                 "no GEMM, no workspace")
 
@@ -166,18 +194,17 @@ class Direct:
         """The kernels' GEOMETRY arguments."""
         return self.specs[id(g or self.g)][0]
 
-    def _kernel(self, queue, name, idx, tile=None, g=None, kb=1):
-        """``name`` built for geometry ``g`` (the transposed one flips the weights). The filter's
-        sizes are compiled in (loops unrolled, divisions folded) except for the grad-weight
-        partials on CPUs, where unrolling their accumulators measured 1.2-1.5x slower (PoCL)."""
+    def _kernel(self, queue, name, idx, tile=None, g=None, kb=1, rb=1):
+        """``name`` built for geometry ``g`` (the transposed one flips the weights), the filter's
+        sizes compiled in (loops unrolled, divisions folded)."""
         g = g or self.g
-        key = (queue.context.int_ptr, name, idx, id(g), kb, tile)
+        key = (queue.context.int_ptr, name, idx, id(g), kb, tile, rb)
         found = self._kernels.get(key)
         if found:
             return found
         wg = reduction_work_group(queue.device)
         tx, ty, ph, pw, ry = tile or self.tiles["forward"]
-        constants = {} if name == "direct_weight_partial" and not self.staged else self.specs[id(g)][1]
+        constants = self.specs[id(g)][1]
         # the forward's weights staged in local memory where a filter has several channels
         # (H200: 7x7 stem forward 0.030 -> 0.024 ms, ResNeXt grad-input 0.193 -> 0.161 ms);
         # depthwise filters are too small to pay for it (strided depthwise forward 2-3% slower)
@@ -190,25 +217,33 @@ class Direct:
         wvec = wstage and kb % 4 == 0
         found = self._kernels[key] = (
             get_kernel(queue.context, "direct.cl", name, self.dtype, IDX=idx, TAPS=self.taps, WG=wg, TX=tx, TY=ty,
-                       PH=ph, PW=pw, RY=ry, KB=kb, STAGE=int(self.staged), WSTAGE=int(wstage),
+                       PH=ph, PW=pw, RY=ry, KB=kb, RB=rb, VW=getattr(self, "vw", 8), STAGE=int(self.staged), WSTAGE=int(wstage),
                        WVEC=int(wvec), FLIP=int(g is self.transposed), **constants), wg)
         return found
 
-    def _forward(self, queue, g, tile, kb, x, w, bias, y, what):
-        """direct_forward over geometry ``g``; the transposed geometry flips the weights."""
-        tx, ty, _, _, ry = tile
-        knl, _ = self._kernel(queue, "direct_forward", idx_for(self.dtype, x, w, y, bias), tile, g, kb)
+    def _forward(self, queue, pass_name, g, x, w, bias, y, what):
+        """The forward kernel over geometry ``g`` (the transposed one flips the weights): on GPUs
+        direct_forward's tiles, on CPUs direct_rows' bands of output rows."""
         b = bias if bias is not None else w
-        launch(queue, knl, (g.OW, -(-g.OH // (ty * ry)) * ty, g.N * g.K // kb), (tx, ty, 1), x.buf, x.off, w.buf,
-               w.off, b.buf, b.off, int(bias is not None), y.buf, y.off, *self._sizes(g), what=what)
+        idx = idx_for(self.dtype, x, w, y, bias)
+        args = (x.buf, x.off, w.buf, w.off, b.buf, b.off, int(bias is not None), y.buf, y.off, *self._sizes(g))
+        if not self.staged:
+            kb, rb = self.rows[pass_name]
+            knl, _ = self._kernel(queue, "direct_rows", idx, None, g, kb, rb)
+            launch(queue, knl, (-(-g.OH // rb), g.N * g.K // kb), (1, 1), *args, what=what)
+            return
+        tile, kb = self.tiles[pass_name], self.kb[pass_name]
+        tx, ty, _, _, ry = tile
+        knl, _ = self._kernel(queue, "direct_forward", idx, tile, g, kb)
+        launch(queue, knl, (g.OW, -(-g.OH // (ty * ry)) * ty, g.N * g.K // kb), (tx, ty, 1), *args, what=what)
 
     def forward(self, queue, x, w, bias, y, ws):
-        self._forward(queue, self.g, self.tiles["forward"], self.kb["forward"], x, w, bias, y, "forward (direct)")
+        self._forward(queue, "forward", self.g, x, w, bias, y, "forward (direct)")
 
     def backward_input(self, queue, w, dy, dx, ws):
         if self.transposed:
-            return self._forward(queue, self.transposed, self.tiles["backward_input"], self.kb["backward_input"], dy,
-                                 w, None, dx, "grad-input (direct, as a forward pass)")
+            return self._forward(queue, "backward_input", self.transposed, dy, w, None, dx,
+                                 "grad-input (direct, as a forward pass)")
         g = self.g
         idx = idx_for(self.dtype, w, dy, dx)
         tx, ty = self.tiles["backward_input"][:2]
@@ -219,9 +254,14 @@ class Direct:
     def backward_weight(self, queue, x, dy, dw, ws):
         g, S = self.g, self.slices
         idx = idx_for(self.dtype, x, dy, dw)
-        partial, wg = self._kernel(queue, "direct_weight_partial", idx)
-        launch(queue, partial, (g.K * S * wg,), (wg,), x.buf, x.off, dy.buf, dy.off,
-               ws, S, *self._sizes(), what="grad-weight (direct, partials)")
+        if self.staged:
+            partial, wg = self._kernel(queue, "direct_weight_partial", idx)
+            launch(queue, partial, (g.K * S * wg,), (wg,), x.buf, x.off, dy.buf, dy.off,
+                   ws, S, *self._sizes(), what="grad-weight (direct, partials)")
+        else:
+            partial, _ = self._kernel(queue, "direct_weight_rows", idx)
+            launch(queue, partial, (g.K * S,), (1,), x.buf, x.off, dy.buf, dy.off,
+                   ws, S, *self._sizes(), what="grad-weight (direct, partials)")
         total, _ = self._kernel(queue, "direct_weight_sum", idx)
         launch(queue, total, (g.K * self.taps,), (64,), ws, S, dw.buf, dw.off, g.K,
                what="grad-weight (direct, sum)")

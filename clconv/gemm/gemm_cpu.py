@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..device import cpu_vector_width
 from ..programs import get_kernel, index_type, launch
 
 # Work per work-item (multiply-adds) below which it takes more row blocks, and work-groups per
@@ -33,16 +34,6 @@ class Tile(NamedTuple):
     kc: int
 
 
-def vector_width(device, itemsize):
-    """Values per vector: the device's native width for the dtype, from 4 to 256 bits' worth.
-
-    Wider vectors are not used: PoCL 3.0 (LLVM 14) fails to compile 16-wide float vectors for
-    an AVX-512 CPU ('Do not know how to scalarize', 'Cannot select: fma'), and cores that run
-    AVX-512 as two 256-bit halves (AMD's Zen 4) reach the same peak with 256-bit vectors."""
-    native = device.native_vector_width_double if itemsize == 8 else device.native_vector_width_float
-    return max(4, min(32 // itemsize, native or 4))
-
-
 # Vector registers a register block may fill: 16, as on AVX2. (PoCL 3.0 reports a native
 # float width of 16 on an AVX-512 CPU but compiles for AVX2's 16 registers there: 12 x 2
 # accumulators spilled to the stack in its objects.)
@@ -51,7 +42,7 @@ REGISTERS = 16
 
 def tile(device, m, n, k, count, itemsize, b_transp):
     """The register block and row blocks per work-item for ``count`` M x N x K products."""
-    vw = vector_width(device, itemsize)
+    vw = cpu_vector_width(device, itemsize)
     if b_transp:   # dot products: 4 x 3 vector sums and 3 vectors of B fill 16 registers with A's
         inner, mr, nv, cols = True, 4, 1, 3   # (PoCL: 4 x 3 ran at 150-170 GFLOP/s, 4 x 4 spilled: 80-110)
     else:          # outer products: 2 vectors of columns, rows to fill the registers (6 x 2 of 16)
