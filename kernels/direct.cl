@@ -360,11 +360,13 @@ typedef union { REALV v; REAL s[VW]; } lanes;   // a vector and its values
 inline REALV row_values(__global const REAL* restrict xr, const int ix0, const int W)
 {
     lanes v;
-#if SW == 2   // two vectors of consecutive values, then their even lanes: no strided loads
+#if SW == 2   // 2 * VW consecutive values, then the even ones: no strided loads (taking them with
+              // a vector's .even crashed Oclgrind 21.10's uninitialised-value tracking)
     if (ix0 >= 0 && ix0 + 2 * VW - 1 < W) {
-        lanes lo, hi;
-        _Pragma("unroll") for (int q = 0; q < VW; ++q) lo.s[q] = xr[ix0 + q], hi.s[q] = xr[ix0 + VW + q];
-        return (REALV)(lo.v.even, hi.v.even);
+        REAL r[2 * VW];
+        _Pragma("unroll") for (int q = 0; q < 2 * VW; ++q) r[q] = xr[ix0 + q];
+        _Pragma("unroll") for (int q = 0; q < VW; ++q) v.s[q] = r[2 * q];
+        return v.v;
     }
     {
 #else
@@ -461,6 +463,56 @@ void direct_weight_rows(__global const REAL* restrict x, const IDX x_off,
             REAL sum = 0;
             _Pragma("unroll") for (int q = 0; q < VW; ++q) sum += a.s[q];
             part[((IDX)k * S + s) * TAPS + c * KH * KW + t] = sum;
+        }
+    }
+}
+
+// VW consecutive values p[o0 .. o0 + VW - 1], zero outside 0 .. n - 1.
+inline REALV span_values(__global const REAL* restrict p, const int o0, const int n)
+{
+    lanes v;
+    if (o0 >= 0 && o0 + VW <= n) {
+        _Pragma("unroll") for (int q = 0; q < VW; ++q) v.s[q] = p[o0 + q];
+    } else {
+        _Pragma("unroll") for (int q = 0; q < VW; ++q) v.s[q] = o0 + q >= 0 && o0 + q < n ? p[o0 + q] : (REAL)0;
+    }
+    return v.v;
+}
+
+// direct_input's sum for CPU devices: work-item (band, n * C + c) computes RB input-gradient
+// rows from band * RB of plane (n, c). A row's columns are taken by stride phase px, VW at a
+// time: columns px, px + SW, ... meet the output grid through the same taps j, at consecutive
+// output columns, so each (filter, tap) adds one vector of grad_output.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void direct_input_rows(__global const REAL* restrict w, const IDX w_off,
+                       __global const REAL* restrict dy, const IDX dy_off,
+                       __global REAL* restrict dx, const IDX dx_off, GEOMETRY)
+{
+    const int nc = get_global_id(1), c = nc % C, n = nc / C, k0 = (c / CG) * KG, cw = c % CG;
+    const int iy_end = min(H, (int)(get_global_id(0) + 1) * RB);
+    for (int iy = get_global_id(0) * RB; iy < iy_end; ++iy) {
+        __global REAL* row = dx + dx_off + (IDX)nc * H * W + iy * W;
+        for (int px = 0; px < SW && px < W; ++px) {
+            const int count = (W - px + SW - 1) / SW;   // columns of this phase
+            for (int u0 = 0; u0 < count; u0 += VW) {
+                REALV acc = 0;
+                for (int m = 0; m < KG; ++m) {
+                    const __global REAL* dk = dy + dy_off + ((IDX)n * K + k0 + m) * OH * OW;
+                    const __global REAL* wk = w + w_off + ((IDX)(k0 + m) * CG + cw) * KH * KW;
+                    _Pragma("unroll") for (int i = 0; i < KH; ++i) {
+                        const int ny = iy + PT - i * DH;   // = oy * SH where tap i reads row iy
+                        if (ny % SH || ny < 0 || ny / SH >= OH) continue;
+                        _Pragma("unroll") for (int j = 0; j < KW; ++j) {
+                            const int nx = px + PL - j * DW;   // = ox * SW for column u = 0 of this phase
+                            if (nx % SW) continue;
+                            acc = (REALV)wk[i * KW + j] * span_values(dk + ny / SH * OW, nx / SW + u0, OW) + acc;
+                        }
+                    }
+                }
+                lanes out;
+                out.v = acc;
+                for (int q = 0; q < VW && u0 + q < count; ++q) row[px + (u0 + q) * SW] = out.s[q];
+            }
         }
     }
 }

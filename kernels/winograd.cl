@@ -31,110 +31,112 @@
 
 // The 1-D transforms, in place on v[0], v[s], v[2s], ... (after inlining every index is a
 // constant, so the tiles live in registers). Interpolation points 0, 1, -1, 2, -2, infinity.
-
-// B^T d: 6 input values -> 6
-inline void input_1d(REAL* v, const int s)
-{
-    const REAL d0 = v[0], d1 = v[s], d2 = v[2 * s], d3 = v[3 * s], d4 = v[4 * s], d5 = v[5 * s];
-    v[0] = 4 * d0 - 5 * d2 + d4;
-    v[s] = -4 * (d1 + d2) + d3 + d4;
-    v[2 * s] = 4 * (d1 - d2) - d3 + d4;
-    v[3 * s] = 2 * (d3 - d1) - d2 + d4;
-    v[4 * s] = 2 * (d1 - d3) - d2 + d4;
-    v[5 * s] = 4 * d1 - 5 * d3 + d5;
-}
-
+// Defined once for a type T with a name suffix: for REAL values (suffix none) and, in the
+// CPU kernels below, for vectors of VW tiles' values (suffix _v).
 #if FR == 3
-// G g: 3 filter taps -> 6 (the filter polynomial at each point, scaled)
-inline void filter_1d(REAL* v, const int s)
-{
-    const REAL g0 = v[0], g1 = v[s], g2 = v[2 * s];
-    v[0] = g0 / 4;
-    v[s] = -(g0 + g1 + g2) / 6;
-    v[2 * s] = -(g0 - g1 + g2) / 6;
-    v[3 * s] = g0 / 24 + g1 / 12 + g2 / 6;
-    v[4 * s] = g0 / 24 - g1 / 12 + g2 / 6;
-    v[5 * s] = g2;
-}
-
-// A^T m: 6 products -> 4 outputs
-inline void output_1d(REAL* v, const int s)
-{
-    const REAL m0 = v[0], m1 = v[s], m2 = v[2 * s], m3 = v[3 * s], m4 = v[4 * s], m5 = v[5 * s];
-    v[0] = m0 + m1 + m2 + m3 + m4;
-    v[s] = m1 - m2 + 2 * (m3 - m4);
-    v[2 * s] = m1 + m2 + 4 * (m3 + m4);
-    v[3 * s] = m1 - m2 + 8 * (m3 - m4) + m5;
-}
-
-// A e, the adjoint of output_1d: 4 output gradients -> 6
-inline void grad_output_1d(REAL* v, const int s)
-{
-    const REAL e0 = v[0], e1 = v[s], e2 = v[2 * s], e3 = v[3 * s];
-    v[0] = e0;
-    v[s] = e0 + e1 + e2 + e3;
-    v[2 * s] = e0 - e1 + e2 - e3;
-    v[3 * s] = e0 + 2 * e1 + 4 * e2 + 8 * e3;
-    v[4 * s] = e0 - 2 * e1 + 4 * e2 - 8 * e3;
-    v[5 * s] = e3;
-}
-
-// G^T u, the adjoint of filter_1d: 6 -> 3 filter taps
-inline void grad_filter_1d(REAL* v, const int s)
-{
-    const REAL u0 = v[0], u1 = v[s], u2 = v[2 * s], u3 = v[3 * s], u4 = v[4 * s], u5 = v[5 * s];
-    v[0] = u0 / 4 - (u1 + u2) / 6 + (u3 + u4) / 24;
-    v[s] = (u2 - u1) / 6 + (u3 - u4) / 12;
-    v[2 * s] = (u3 + u4 - u1 - u2) / 6 + u5;
-}
+#define TRANSFORMS_FR(T, SUFFIX) \
+/* G g: 3 filter taps -> 6 (the filter polynomial at each point, scaled) */                   \
+inline void filter_1d##SUFFIX(T* v, const int s)                                              \
+{                                                                                             \
+    const T g0 = v[0], g1 = v[s], g2 = v[2 * s];                                              \
+    v[0] = g0 / 4;                                                                            \
+    v[s] = -(g0 + g1 + g2) / 6;                                                               \
+    v[2 * s] = -(g0 - g1 + g2) / 6;                                                           \
+    v[3 * s] = g0 / 24 + g1 / 12 + g2 / 6;                                                    \
+    v[4 * s] = g0 / 24 - g1 / 12 + g2 / 6;                                                    \
+    v[5 * s] = g2;                                                                            \
+}                                                                                             \
+/* A^T m: 6 products -> 4 outputs */                                                          \
+inline void output_1d##SUFFIX(T* v, const int s)                                              \
+{                                                                                             \
+    const T m0 = v[0], m1 = v[s], m2 = v[2 * s], m3 = v[3 * s], m4 = v[4 * s], m5 = v[5 * s]; \
+    v[0] = m0 + m1 + m2 + m3 + m4;                                                            \
+    v[s] = m1 - m2 + 2 * (m3 - m4);                                                           \
+    v[2 * s] = m1 + m2 + 4 * (m3 + m4);                                                       \
+    v[3 * s] = m1 - m2 + 8 * (m3 - m4) + m5;                                                  \
+}                                                                                             \
+/* A e, the adjoint of output_1d: 4 output gradients -> 6 */                                  \
+inline void grad_output_1d##SUFFIX(T* v, const int s)                                         \
+{                                                                                             \
+    const T e0 = v[0], e1 = v[s], e2 = v[2 * s], e3 = v[3 * s];                               \
+    v[0] = e0;                                                                                \
+    v[s] = e0 + e1 + e2 + e3;                                                                 \
+    v[2 * s] = e0 - e1 + e2 - e3;                                                             \
+    v[3 * s] = e0 + 2 * e1 + 4 * e2 + 8 * e3;                                                 \
+    v[4 * s] = e0 - 2 * e1 + 4 * e2 - 8 * e3;                                                 \
+    v[5 * s] = e3;                                                                            \
+}                                                                                             \
+/* G^T u, the adjoint of filter_1d: 6 -> 3 filter taps */                                     \
+inline void grad_filter_1d##SUFFIX(T* v, const int s)                                         \
+{                                                                                             \
+    const T u0 = v[0], u1 = v[s], u2 = v[2 * s], u3 = v[3 * s], u4 = v[4 * s], u5 = v[5 * s]; \
+    v[0] = u0 / 4 - (u1 + u2) / 6 + (u3 + u4) / 24;                                           \
+    v[s] = (u2 - u1) / 6 + (u3 - u4) / 12;                                                    \
+    v[2 * s] = (u3 + u4 - u1 - u2) / 6 + u5;                                                  \
+}                                                                                             \
+/* end of TRANSFORMS_FR */
 #elif FR == 5
-// G g: 5 filter taps -> 6, the same points and scales as for 3 taps
-inline void filter_1d(REAL* v, const int s)
-{
-    const REAL g0 = v[0], g1 = v[s], g2 = v[2 * s], g3 = v[3 * s], g4 = v[4 * s];
-    const REAL even = g0 + g2 + g4, odd = g1 + g3, even2 = g0 + 4 * g2 + 16 * g4, odd2 = 2 * g1 + 8 * g3;
-    v[0] = g0 / 4;
-    v[s] = -(even + odd) / 6;
-    v[2 * s] = -(even - odd) / 6;
-    v[3 * s] = (even2 + odd2) / 24;
-    v[4 * s] = (even2 - odd2) / 24;
-    v[5 * s] = g4;
-}
-
-// A^T m: 6 products -> 2 outputs
-inline void output_1d(REAL* v, const int s)
-{
-    const REAL m0 = v[0], m1 = v[s], m2 = v[2 * s], m3 = v[3 * s], m4 = v[4 * s], m5 = v[5 * s];
-    v[0] = m0 + m1 + m2 + m3 + m4;
-    v[s] = m1 - m2 + 2 * (m3 - m4) + m5;
-}
-
-// A e, the adjoint of output_1d: 2 output gradients -> 6
-inline void grad_output_1d(REAL* v, const int s)
-{
-    const REAL e0 = v[0], e1 = v[s];
-    v[0] = e0;
-    v[s] = e0 + e1;
-    v[2 * s] = e0 - e1;
-    v[3 * s] = e0 + 2 * e1;
-    v[4 * s] = e0 - 2 * e1;
-    v[5 * s] = e1;
-}
-
-// G^T u, the adjoint of filter_1d: 6 -> 5 filter taps
-inline void grad_filter_1d(REAL* v, const int s)
-{
-    const REAL u0 = v[0], u1 = v[s], u2 = v[2 * s], u3 = v[3 * s], u4 = v[4 * s], u5 = v[5 * s];
-    const REAL sum1 = -(u1 + u2) / 6, dif1 = (u2 - u1) / 6, sum2 = (u3 + u4) / 24, dif2 = (u3 - u4) / 24;
-    v[0] = u0 / 4 + sum1 + sum2;
-    v[s] = dif1 + 2 * dif2;
-    v[2 * s] = sum1 + 4 * sum2;
-    v[3 * s] = dif1 + 8 * dif2;
-    v[4 * s] = sum1 + 16 * sum2 + u5;
-}
+#define TRANSFORMS_FR(T, SUFFIX) \
+/* G g: 5 filter taps -> 6, the same points and scales as for 3 taps */                                \
+inline void filter_1d##SUFFIX(T* v, const int s)                                                       \
+{                                                                                                      \
+    const T g0 = v[0], g1 = v[s], g2 = v[2 * s], g3 = v[3 * s], g4 = v[4 * s];                         \
+    const T even = g0 + g2 + g4, odd = g1 + g3, even2 = g0 + 4 * g2 + 16 * g4, odd2 = 2 * g1 + 8 * g3; \
+    v[0] = g0 / 4;                                                                                     \
+    v[s] = -(even + odd) / 6;                                                                          \
+    v[2 * s] = -(even - odd) / 6;                                                                      \
+    v[3 * s] = (even2 + odd2) / 24;                                                                    \
+    v[4 * s] = (even2 - odd2) / 24;                                                                    \
+    v[5 * s] = g4;                                                                                     \
+}                                                                                                      \
+/* A^T m: 6 products -> 2 outputs */                                                                   \
+inline void output_1d##SUFFIX(T* v, const int s)                                                       \
+{                                                                                                      \
+    const T m0 = v[0], m1 = v[s], m2 = v[2 * s], m3 = v[3 * s], m4 = v[4 * s], m5 = v[5 * s];          \
+    v[0] = m0 + m1 + m2 + m3 + m4;                                                                     \
+    v[s] = m1 - m2 + 2 * (m3 - m4) + m5;                                                               \
+}                                                                                                      \
+/* A e, the adjoint of output_1d: 2 output gradients -> 6 */                                           \
+inline void grad_output_1d##SUFFIX(T* v, const int s)                                                  \
+{                                                                                                      \
+    const T e0 = v[0], e1 = v[s];                                                                      \
+    v[0] = e0;                                                                                         \
+    v[s] = e0 + e1;                                                                                    \
+    v[2 * s] = e0 - e1;                                                                                \
+    v[3 * s] = e0 + 2 * e1;                                                                            \
+    v[4 * s] = e0 - 2 * e1;                                                                            \
+    v[5 * s] = e1;                                                                                     \
+}                                                                                                      \
+/* G^T u, the adjoint of filter_1d: 6 -> 5 filter taps */                                              \
+inline void grad_filter_1d##SUFFIX(T* v, const int s)                                                  \
+{                                                                                                      \
+    const T u0 = v[0], u1 = v[s], u2 = v[2 * s], u3 = v[3 * s], u4 = v[4 * s], u5 = v[5 * s];          \
+    const T sum1 = -(u1 + u2) / 6, dif1 = (u2 - u1) / 6, sum2 = (u3 + u4) / 24, dif2 = (u3 - u4) / 24; \
+    v[0] = u0 / 4 + sum1 + sum2;                                                                       \
+    v[s] = dif1 + 2 * dif2;                                                                            \
+    v[2 * s] = sum1 + 4 * sum2;                                                                        \
+    v[3 * s] = dif1 + 8 * dif2;                                                                        \
+    v[4 * s] = sum1 + 16 * sum2 + u5;                                                                  \
+}                                                                                                      \
+/* end of TRANSFORMS_FR */
 #else
 #error "FR (the filter size) must be 3 or 5"
 #endif
+#define TRANSFORMS(T, SUFFIX) \
+/* B^T d: 6 input values -> 6 */                                                              \
+inline void input_1d##SUFFIX(T* v, const int s)                                               \
+{                                                                                             \
+    const T d0 = v[0], d1 = v[s], d2 = v[2 * s], d3 = v[3 * s], d4 = v[4 * s], d5 = v[5 * s]; \
+    v[0] = 4 * d0 - 5 * d2 + d4;                                                              \
+    v[s] = -4 * (d1 + d2) + d3 + d4;                                                          \
+    v[2 * s] = 4 * (d1 - d2) - d3 + d4;                                                       \
+    v[3 * s] = 2 * (d3 - d1) - d2 + d4;                                                       \
+    v[4 * s] = 2 * (d1 - d3) - d2 + d4;                                                       \
+    v[5 * s] = 4 * d1 - 5 * d3 + d5;                                                          \
+}                                                                                             \
+TRANSFORMS_FR(T, SUFFIX)
+
+TRANSFORMS(REAL, )
 
 // First row of tile t along an axis: tiles of dilated outputs interleave D ways.
 inline int tile_start(const int t, const int D)
@@ -313,4 +315,261 @@ __kernel void winograd_grad_filter(__global const REAL* restrict du, const IDX d
         #pragma unroll
         for (int j = 0; j < FR; ++j)
             g[FR * i + j] = v[i][j];
+}
+
+// ---- CPU devices ----------------------------------------------------------------------
+// CPU runtimes vectorise a work-item only as far as it is written with vectors (PoCL 3.0
+// keeps the kernels above scalar: its cost model finds their gathers too dear). These do
+// the same transforms on VW tiles of one tile row at once, one tile per vector lane,
+// work-groups of one work-item: buffers and results exactly as above.
+#ifndef VW             // tiles per vector: 4 or 8
+#define VW 8
+#endif
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define REALV CAT(REAL, VW)
+typedef union { REALV v; REAL s[VW]; } lanes;   // a vector and its values
+TRANSFORMS(REALV, _v)
+
+// The 36 transformed values of tiles p0 .. p0 + n - 1 (n > VW: VW of them) of channel c,
+// one per lane of v, into out[s][t][c][l] (p = s * L + l) with `channels` channels: each
+// value's VW tiles consecutive where they lie in one slice.
+inline void store_tiles(REALV v[6][6], __global REAL* restrict out, const int p0, const int n, const int channels,
+                        const int c, const int L)
+{
+    const IDX step = (IDX)channels * L;
+    const int s0 = p0 / L;
+    if (n >= VW && (p0 + VW - 1) / L == s0) {
+        __global REAL* dst = out + ((IDX)s0 * 36 * channels + c) * L + p0 - s0 * L;
+        #pragma unroll
+        for (int t = 0; t < 36; ++t) {
+            lanes u;
+            u.v = v[t / 6][t % 6];
+            #pragma unroll
+            for (int q = 0; q < VW; ++q) dst[t * step + q] = u.s[q];
+        }
+        return;
+    }
+    for (int q = 0; q < VW && q < n; ++q) {
+        const int p = p0 + q, s = p / L;
+        __global REAL* dst = out + ((IDX)s * 36 * channels + c) * L + p - s * L;
+        #pragma unroll
+        for (int t = 0; t < 36; ++t) {
+            lanes u;
+            u.v = v[t / 6][t % 6];
+            dst[t * step] = u.s[q];
+        }
+    }
+}
+
+// winograd_input's V for the tile row th of image b, work-item (c, b * TH + th).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void winograd_input_rows(__global const REAL* restrict x, const IDX x_off,
+                         __global REAL* restrict out, const IDX out_off,
+                         const int B, const int C, const int H, const int W,
+                         const int TH, const int TW, const int PT, const int PL,
+                         const int DH, const int DW, const int L)
+{
+    const int c = get_global_id(0), bt = get_global_id(1), b = bt / TH, th = bt - b * TH;
+    const int y0 = tile_start(th, DH) - PT;
+    const __global REAL* src = x + x_off + ((IDX)b * C + c) * H * W;
+    for (int tw0 = 0; tw0 < TW; tw0 += VW) {
+        REALV v[6][6];
+        #pragma unroll
+        for (int i = 0; i < 6; ++i) {
+            const int y = y0 + i * DH;
+            const bool row_in = y >= 0 && y < H;
+            // every lane's patch inside the row (undilated): no bounds to test
+            const int x0 = TM * tw0 - PL;
+            const bool inside = row_in && DW == 1 && tw0 + VW <= TW && x0 >= 0 && x0 + TM * (VW - 1) + 5 < W;
+            #pragma unroll
+            for (int j = 0; j < 6; ++j) {
+                lanes t;
+                if (inside) {
+                    #pragma unroll
+                    for (int q = 0; q < VW; ++q) t.s[q] = src[y * W + x0 + TM * q + j];
+                } else {
+                    #pragma unroll
+                    for (int q = 0; q < VW; ++q) {
+                        const int xx = tile_start(tw0 + q, DW) - PL + j * DW;
+                        t.s[q] = row_in && tw0 + q < TW && xx >= 0 && xx < W ? src[y * W + xx] : (REAL)0;
+                    }
+                }
+                v[i][j] = t.v;
+            }
+        }
+        #pragma unroll
+        for (int j = 0; j < 6; ++j) input_1d_v(&v[0][j], 6);
+        #pragma unroll
+        for (int i = 0; i < 6; ++i) input_1d_v(&v[i][0], 1);
+        store_tiles(v, out + out_off, bt * TW + tw0, TW - tw0, C, c, L);
+    }
+}
+
+// winograd_output's tiles of tile row th of image b, work-item (k, b * TH + th).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void winograd_output_rows(__global const REAL* restrict m, const IDX m_off,
+                          __global REAL* restrict y, const IDX y_off,
+                          __global const REAL* restrict bias, const IDX bias_off, const int has_bias,
+                          const int B, const int K, const int OH, const int OW,
+                          const int TH, const int TW, const int DH, const int DW)
+{
+    const int k = get_global_id(0), bt = get_global_id(1), b = bt / TH, th = bt - b * TH;
+    const int P = B * TH * TW, oy0 = tile_start(th, DH);
+    const IDX step = (IDX)K * P;
+    const REAL b0 = has_bias ? bias[bias_off + k] : (REAL)0;
+    __global REAL* dst = y + y_off + ((IDX)b * K + k) * OH * OW;
+    for (int tw0 = 0; tw0 < TW; tw0 += VW) {
+        const __global REAL* src = m + m_off + (IDX)k * P + bt * TW + tw0;
+        REALV v[6][6];
+        #pragma unroll
+        for (int i = 0; i < 6; ++i)
+            #pragma unroll
+            for (int j = 0; j < 6; ++j) {
+                lanes t;
+                #pragma unroll
+                for (int q = 0; q < VW; ++q) t.s[q] = tw0 + q < TW ? src[(6 * i + j) * step + q] : (REAL)0;
+                v[i][j] = t.v;
+            }
+        #pragma unroll
+        for (int j = 0; j < 6; ++j) output_1d_v(&v[0][j], 6);
+        #pragma unroll
+        for (int i = 0; i < TM; ++i) output_1d_v(&v[i][0], 1);
+        #pragma unroll
+        for (int i = 0; i < TM; ++i) {
+            const int oy = oy0 + i * DH;
+            if (oy >= OH) break;
+            lanes t[TM];
+            #pragma unroll
+            for (int j = 0; j < TM; ++j) t[j].v = v[i][j];
+            if (DW == 1 && tw0 + VW <= TW && TM * (tw0 + VW) <= OW) {   // TM * VW consecutive outputs
+                __global REAL* row = dst + oy * OW + TM * tw0;
+                #pragma unroll
+                for (int q = 0; q < VW; ++q)
+                    #pragma unroll
+                    for (int j = 0; j < TM; ++j) row[TM * q + j] = t[j].s[q] + b0;
+                continue;
+            }
+            #pragma unroll
+            for (int q = 0; q < VW; ++q) {
+                if (tw0 + q >= TW) break;
+                const int ox0 = tile_start(tw0 + q, DW);
+                #pragma unroll
+                for (int j = 0; j < TM; ++j) {
+                    const int ox = ox0 + j * DW;
+                    if (ox < OW) dst[oy * OW + ox] = t[j].s[q] + b0;
+                }
+            }
+        }
+    }
+}
+
+// winograd_grad_output's Z for tile row th of image b, work-item (k, b * TH + th).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void winograd_grad_output_rows(__global const REAL* restrict dy, const IDX dy_off,
+                               __global REAL* restrict z, const IDX z_off,
+                               const int B, const int K, const int OH, const int OW,
+                               const int TH, const int TW, const int DH, const int DW, const int L)
+{
+    const int k = get_global_id(0), bt = get_global_id(1), b = bt / TH, th = bt - b * TH;
+    const int oy0 = tile_start(th, DH);
+    const __global REAL* src = dy + dy_off + ((IDX)b * K + k) * OH * OW;
+    for (int tw0 = 0; tw0 < TW; tw0 += VW) {
+        REALV v[6][6];
+        #pragma unroll
+        for (int i = 0; i < TM; ++i) {
+            const int oy = oy0 + i * DH;
+            #pragma unroll
+            for (int j = 0; j < TM; ++j) {
+                lanes t;
+                #pragma unroll
+                for (int q = 0; q < VW; ++q) {
+                    const int ox = tile_start(tw0 + q, DW) + j * DW;
+                    t.s[q] = oy < OH && tw0 + q < TW && ox < OW ? src[oy * OW + ox] : (REAL)0;
+                }
+                v[i][j] = t.v;
+            }
+        }
+        #pragma unroll
+        for (int j = 0; j < TM; ++j) grad_output_1d_v(&v[0][j], 6);
+        #pragma unroll
+        for (int i = 0; i < 6; ++i) grad_output_1d_v(&v[i][0], 1);
+        store_tiles(v, z + z_off, bt * TW + tw0, TW - tw0, K, k, L);
+    }
+}
+
+// winograd_filter's U for filter k and VW channels at a time, work-item k.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void winograd_filter_rows(__global const REAL* restrict w, const IDX w_off,
+                          __global REAL* restrict u, const IDX u_off,
+                          const int K, const int Ko, const int Ci, const int flip)
+{
+    const int k = get_global_id(0), grp = k / Ko;
+    const IDX step = (IDX)K * Ci;
+    for (int ci0 = 0; ci0 < Ci; ci0 += VW) {
+        REALV v[6][6];
+        #pragma unroll
+        for (int i = 0; i < FR; ++i)
+            #pragma unroll
+            for (int j = 0; j < FR; ++j) {
+                lanes t;
+                #pragma unroll
+                for (int q = 0; q < VW; ++q) {
+                    const int ci = ci0 + q < Ci ? ci0 + q : Ci - 1;
+                    const __global REAL* g = w + w_off + (flip ? (IDX)(grp * Ci + ci) * Ko + (k - grp * Ko)
+                                                               : (IDX)k * Ci + ci) * FR * FR;
+                    t.s[q] = flip ? g[(FR - 1 - i) * FR + FR - 1 - j] : g[i * FR + j];
+                }
+                v[i][j] = t.v;
+            }
+        #pragma unroll
+        for (int j = 0; j < FR; ++j) filter_1d_v(&v[0][j], 6);
+        #pragma unroll
+        for (int i = 0; i < 6; ++i) filter_1d_v(&v[i][0], 1);
+        __global REAL* dst = u + u_off + (IDX)k * Ci + ci0;
+        #pragma unroll
+        for (int i = 0; i < 6; ++i)
+            #pragma unroll
+            for (int j = 0; j < 6; ++j) {
+                lanes t;
+                t.v = v[i][j];
+                for (int q = 0; q < VW && ci0 + q < Ci; ++q) dst[(6 * i + j) * step + q] = t.s[q];
+            }
+    }
+}
+
+// winograd_grad_filter's grad_weight for filter k and VW channels at a time, work-item k.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void winograd_grad_filter_rows(__global const REAL* restrict du, const IDX du_off,
+                               __global REAL* restrict dw, const IDX dw_off,
+                               const int K, const int Ci)
+{
+    const int k = get_global_id(0);
+    const IDX step = (IDX)K * Ci;
+    for (int ci0 = 0; ci0 < Ci; ci0 += VW) {
+        const __global REAL* src = du + du_off + (IDX)k * Ci + ci0;
+        REALV v[6][6];
+        #pragma unroll
+        for (int i = 0; i < 6; ++i)
+            #pragma unroll
+            for (int j = 0; j < 6; ++j) {
+                lanes t;
+                #pragma unroll
+                for (int q = 0; q < VW; ++q) t.s[q] = ci0 + q < Ci ? src[(6 * i + j) * step + q] : (REAL)0;
+                v[i][j] = t.v;
+            }
+        #pragma unroll
+        for (int j = 0; j < 6; ++j) grad_filter_1d_v(&v[0][j], 6);
+        #pragma unroll
+        for (int i = 0; i < FR; ++i) grad_filter_1d_v(&v[i][0], 1);
+        #pragma unroll
+        for (int i = 0; i < FR; ++i)
+            #pragma unroll
+            for (int j = 0; j < FR; ++j) {
+                lanes t;
+                t.v = v[i][j];
+                for (int q = 0; q < VW && ci0 + q < Ci; ++q)
+                    dw[dw_off + ((IDX)k * Ci + ci0 + q) * FR * FR + FR * i + j] = t.s[q];
+            }
+    }
 }

@@ -8,6 +8,7 @@ log is empty each time:
                                              memory-access checks (--data-races)
   python tests/oclgrind_sweep.py --host-gemm every GEMM done on the host instead, with
                                              --data-races --uninitialized
+(--only TEXT runs only the entries whose names contain TEXT.)
 The second run exists because Oclgrind's uninitialised-value tracking reports
 CLBlast's own optimised kernels even on fully initialised inputs (a plain
 3x10x6 SGEMM is enough), and that taint then reaches every kernel reading a
@@ -28,6 +29,7 @@ import clconv
 from clconv import reference
 from clconv.gemm import clblast as blas
 from clconv.workspace import workspace
+from helpers import QueueAs
 
 # (name, input shape, weight shape, options, algorithm, queues, workspace limit in bytes or None)
 SWEEP = [
@@ -86,6 +88,17 @@ SWEEP = [
     ("cpu_gemm_fc_groups", (3, 4, 3, 2), (6, 2, 3, 2), dict(groups=2, gemm="cpu"), "fc", "single", None),
     ("cpu_gemm_winograd", (1, 4, 5, 6), (4, 2, 3, 3), dict(padding=1, groups=2, gemm="cpu"), "winograd",
      "single", None),
+    # the kernels made for CPU devices (their row forms): Oclgrind calls itself a GPU, so these
+    # plans are built on the queue as a CPU device would report it (helpers.QueueAs)
+    ("cpu_direct_depthwise_s2_overpad", (2, 3, 9, 11), (6, 1, 3, 3), dict(stride=2, padding=((2, 1), (1, 3)),
+                                                                           groups=3, cpu=True), "direct",
+     "single", None),
+    ("cpu_direct_groups_d2", (1, 4, 10, 13), (8, 2, 3, 3), dict(padding=2, dilation=2, groups=2, cpu=True),
+     "direct", "single", None),
+    ("cpu_winograd_3x3_dilated", (2, 3, 9, 14), (4, 3, 3, 3), dict(padding=(1, 2), dilation=(1, 2), cpu=True),
+     "winograd", "single", None),
+    ("cpu_winograd_5x5_split_k", (2, 1, 32, 30), (2, 1, 5, 5), dict(padding=2, cpu=True), "winograd", "single",
+     None),
 ]
 
 
@@ -135,17 +148,22 @@ def main():
         pass
     failures = 0
     rng = np.random.default_rng(0)
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""   # a part of the names to run
     for name, xs, ws, opts, algorithm, queues, limit in SWEEP:
+        if only not in name:
+            continue
         opts = dict(opts)
         dtype = np.dtype(opts.pop("dtype", np.float32))
         # Oclgrind calls itself every device type, GPU too: name the GEMM engine
         engine = opts.pop("gemm", "clblast")
+        as_cpu = opts.pop("cpu", False)
         if engine != "clblast" and "--host-gemm" not in sys.argv:
             continue
         x = rng.standard_normal(xs).astype(dtype)
         w = rng.standard_normal(ws).astype(dtype)
         b = rng.standard_normal(ws[0]).astype(dtype)
-        p = clconv.plan(xs, ws, **opts, dtype=dtype, queue=queue, algorithm=algorithm, queues=queues,
+        on = QueueAs(queue, type=cl.device_type.CPU) if as_cpu else queue
+        p = clconv.Plan(clconv.conv_geometry(xs, ws, **opts), dtype, on, algorithm=algorithm, queues=queues,
                         workspace_limit=limit, gemm=engine)
         g = p.geometry
         dy = rng.standard_normal(g.output_shape).astype(dtype)

@@ -75,11 +75,16 @@ CPU_MAX_FILTERS = 8      # and filters per work-item: 8 vector sums beside an in
 def _rows_per_item(g, compute_units):
     """(KB, RB) of the CPU forward kernel over geometry ``g``: filters per work-item, the most
     of 8, 4, 2, 1 dividing a group's filters (each input vector feeds KB sums), and output rows
-    per work-item, all of a plane's unless that leaves fewer than CPU_ITEMS_PER_UNIT work-items
-    per compute unit."""
+    per work-item (:func:`_band`)."""
     kb = next(b for b in (CPU_MAX_FILTERS, 4, 2, 1) if g.Kg % b == 0)
-    planes, want = g.N * g.K // kb, CPU_ITEMS_PER_UNIT * compute_units
-    return kb, g.OH if planes >= want or not planes else max(1, g.OH // -(-want // planes))
+    return kb, _band(g.OH, g.N * g.K // kb, compute_units)
+
+
+def _band(rows, planes, compute_units):
+    """Rows per work-item of a CPU row kernel over ``planes`` planes of ``rows`` rows: all of
+    a plane's unless that leaves fewer than CPU_ITEMS_PER_UNIT work-items per compute unit."""
+    want = CPU_ITEMS_PER_UNIT * compute_units
+    return rows if planes >= want or not planes else max(1, rows // -(-want // planes))
 
 
 def _patch_sizes(g):
@@ -154,9 +159,11 @@ class Direct:
             self.slices = max(1, min(64, fill, g.N * g.P // 1024, room))
         else:   # CPU devices: row kernels, slices of at least 4 output rows, CPU_ITEMS_PER_UNIT per unit
             self.vw = cpu_vector_width(device, dtype.itemsize)
-            self.rows = {"forward": _rows_per_item(g, units)}
-            if self.transposed:
-                self.rows["backward_input"] = _rows_per_item(self.transposed, units)
+            self.rows = {"forward": _rows_per_item(g, units),
+                         # stride 1: the forward kernel over the transposed geometry; else
+                         # direct_input_rows, bands of input-gradient rows of one plane
+                         "backward_input": _rows_per_item(self.transposed, units) if self.transposed
+                         else (1, _band(g.H, g.N * g.C, units))}
             fill = -(-CPU_ITEMS_PER_UNIT * units // g.K)
             self.slices = max(1, min(64, fill, g.N * g.OH // 4, room))
         self.workspace = {"forward": 0, "backward_input": 0, "backward_weight": g.K * self.slices * self.taps}
@@ -172,8 +179,11 @@ class Direct:
         flipped = (" (the forward kernel over grad_output with rotated, transposed weights)"
                    if pass_name == "backward_input" and self.transposed else "")
         taps = self.g.Kg * self.g.kh * self.g.kw if flipped else self.taps
-        if as_forward and not self.staged:
+        if not self.staged:
             kb, rb = self.rows[pass_name]
+            if not as_forward:
+                return (f"direct row kernel, the taps of each stride phase per input-gradient column, work-items "
+                        f"of {rb} row(s) of one plane, {self.vw} columns of a phase per vector, no GEMM, no workspace")
             return (f"direct row kernel{flipped}, {taps} taps per output, work-items of {rb} output row(s) x {kb} "
                     f"filter(s), {self.vw} columns per vector, no GEMM, no workspace")
         staged = (f" of {ry} row(s) x {self.kb[pass_name]} filter(s) per work-item, staging a {ph}x{pw} patch "
@@ -246,10 +256,15 @@ class Direct:
                                  "grad-input (direct, as a forward pass)")
         g = self.g
         idx = idx_for(self.dtype, w, dy, dx)
+        args = (w.buf, w.off, dy.buf, dy.off, dx.buf, dx.off, *self._sizes())
+        if not self.staged:
+            _, rb = self.rows["backward_input"]
+            knl, _ = self._kernel(queue, "direct_input_rows", idx, rb=rb)
+            launch(queue, knl, (-(-g.H // rb), g.N * g.C), (1, 1), *args, what="grad-input (direct)")
+            return
         tx, ty = self.tiles["backward_input"][:2]
         knl, _ = self._kernel(queue, "direct_input", idx, self.tiles["backward_input"])
-        launch(queue, knl, (g.W, g.H, g.N * g.C), (tx, ty, 1), w.buf, w.off, dy.buf, dy.off,
-               dx.buf, dx.off, *self._sizes(), what="grad-input (direct)")
+        launch(queue, knl, (g.W, g.H, g.N * g.C), (tx, ty, 1), *args, what="grad-input (direct)")
 
     def backward_weight(self, queue, x, dy, dw, ws):
         g, S = self.g, self.slices

@@ -18,6 +18,7 @@ the batch of one batched GEMM (their operands are evenly spaced offsets into
 the workspace); with per-group queues, each group's GEMMs run on its own queue.
 """
 
+from ..device import cpu_vector_width, vectorizes_work_items
 from ..gemm import Operand as Op
 from ..programs import INT32_MAX, get_kernel, launch, reduction_work_group, work_group_limit
 from .common import Ref, idx_for, largest_divisor_at_most, max_slices, position_gemm, sum_partials
@@ -61,6 +62,9 @@ class Winograd:
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
         self.g, self.dtype, self.per_group, self.gemm = g, dtype, per_group, gemm
         self.tile = ALPHA + 1 - g.kh    # outputs per tile side
+        # CPU devices whose compiler keeps per-tile kernels scalar: the transforms' _rows
+        # forms, this many tiles (or channels) per vector
+        self.rows = 0 if vectorizes_work_items(device) else cpu_vector_width(device, dtype.itemsize)
         # each pass runs over a convolution geometry: grad-input over the transposed one
         self.geometry = {"forward": g, "backward_input": g.transposed(), "backward_weight": g}
         # tiles (TH, TW) per image along the pass's output rows and columns
@@ -121,29 +125,35 @@ class Winograd:
                 f"chunk, {chunks} chunk(s) of {B} image(s), per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2] // S}")
         if S > 1:
             text += f", split-K into {S} slices of the tiles summed in order"
+        if self.rows:
+            text += f"; transforms in rows, {self.rows} tiles per vector (this CPU compiler keeps per-tile kernels scalar)"
         return text
 
     def _slices(self, tiles):
         """Split-K slices of a grad-weight chunk of ``tiles`` tiles."""
         return largest_divisor_at_most(tiles, self.max_slices)
 
-    def _kernel(self, queue, name, idx):
-        return get_kernel(queue.context, "winograd.cl", name, self.dtype, IDX=idx, FR=self.g.kh)
-
-    @staticmethod
-    def _local(kernel, device):
-        """A transform kernel's work-group: up to LOCAL, within what the kernel allows on ``device``."""
-        return reduction_work_group(device, min(LOCAL, work_group_limit(kernel, device))), 1
+    def _transform(self, queue, name, idx, gpu_range, rows_range, *args, what):
+        """Launch transform ``name``: on GPUs over ``gpu_range`` (a work-item per tile or
+        filter, work-groups of up to LOCAL); on CPUs its _rows form over ``rows_range``
+        (VW tiles or channels per vector, single work-items)."""
+        if self.rows:
+            knl = get_kernel(queue.context, "winograd.cl", name + "_rows", self.dtype, IDX=idx, FR=self.g.kh,
+                             VW=self.rows)
+            launch(queue, knl, rows_range, (1,) * len(rows_range), *args, what=what)
+            return
+        knl = get_kernel(queue.context, "winograd.cl", name, self.dtype, IDX=idx, FR=self.g.kh)
+        local = reduction_work_group(queue.device, min(LOCAL, work_group_limit(knl, queue.device))), 1
+        launch(queue, knl, gpu_range, local, *args, what=what)
 
     def _input(self, queue, idx, pass_name, x, n0, nb, ws, at, slices=1):
         """V (slices, 36, C, nb * tiles / slices) at ``at`` from images n0 ... n0+nb-1 of ``x``."""
         t = self.geometry[pass_name]
         (pt, _), (pl, _) = t.pads
         P = nb * self._tiles_per_image(pass_name)
-        knl = self._kernel(queue, "winograd_input", idx)
-        launch(queue, knl, (P, t.C), self._local(knl, queue.device), x.buf, x.off + n0 * t.C * t.H * t.W, ws, at,
-               nb, t.C, t.H, t.W, *self.grid[pass_name],
-               pt, pl, *t.dilation, P // slices, what="Winograd input transform")
+        self._transform(queue, "winograd_input", idx, (P, t.C), (t.C, nb * self.grid[pass_name][0]),
+                        x.buf, x.off + n0 * t.C * t.H * t.W, ws, at, nb, t.C, t.H, t.W, *self.grid[pass_name],
+                        pt, pl, *t.dilation, P // slices, what="Winograd input transform")
 
     def _tile_args(self, pass_name, nb):
         """The output-side kernels' tile arguments: images, channels, output size, tiles, dilation."""
@@ -160,10 +170,8 @@ class Winograd:
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
         G, Ko, Ci, tp = t.groups, t.Kg, t.Cg, self._tiles_per_image(pass_name)
         u, m = self.layout[pass_name]
-        knl = self._kernel(queue, "winograd_filter", idx)
-        launch(queue, knl, (Ci, t.K), self._local(knl, queue.device), w.buf, w.off, ws, u, t.K, Ko, Ci,
-               int(pass_name == "backward_input"), what=f"{what}: filter transform")
-        output = self._kernel(queue, "winograd_output", idx)
+        self._transform(queue, "winograd_filter", idx, (Ci, t.K), (t.K,), w.buf, w.off, ws, u, t.K, Ko, Ci,
+                        int(pass_name == "backward_input"), what=f"{what}: filter transform")
         b = bias if bias is not None else w
         for n0 in range(0, t.N, B):
             nb = min(B, t.N - n0)
@@ -171,9 +179,9 @@ class Winograd:
             self._input(queue, idx, pass_name, x, n0, nb, ws, 0)
             self._gemm(queue, G, Ko, P, Ci, Op(ws, u, Ci, Ko * Ci, t.K * Ci), Op(ws, 0, P, Ci * P, t.C * P),
                        Op(ws, m, P, Ko * P, t.K * P), what=what)
-            launch(queue, output, (P, t.K), self._local(output, queue.device), ws, m,
-                   y.buf, y.off + n0 * t.K * t.OH * t.OW, b.buf, b.off, int(bias is not None),
-                   *self._tile_args(pass_name, nb), what=f"{what}: output transform")
+            self._transform(queue, "winograd_output", idx, (P, t.K), (t.K, nb * self.grid[pass_name][0]), ws, m,
+                            y.buf, y.off + n0 * t.K * t.OH * t.OW, b.buf, b.off, int(bias is not None),
+                            *self._tile_args(pass_name, nb), what=f"{what}: output transform")
 
     def forward(self, queue, x, w, bias, y, ws):
         self._convolve(queue, "forward", x, w, bias, y, ws, "forward (Winograd)")
@@ -186,7 +194,6 @@ class Winograd:
         idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
         Kg, Cg, tp = t.Kg, t.Cg, self._tiles_per_image("backward_weight")
         z, du, part = self.layout["backward_weight"]
-        grad_output = self._kernel(queue, "winograd_grad_output", idx)
         n = T2 * t.K * Cg   # elements of dU
         for n0 in range(0, t.N, B):
             nb = min(B, t.N - n0)
@@ -194,10 +201,9 @@ class Winograd:
             S = self._slices(P)
             L = P // S   # tiles per slice; V and Z slice-major: (S, 36, channels, L)
             self._input(queue, idx, "backward_weight", x, n0, nb, ws, 0, S)
-            launch(queue, grad_output, (P, t.K), self._local(grad_output, queue.device),
-                   dy.buf, dy.off + n0 * t.K * t.OH * t.OW, ws, z,
-                   *self._tile_args("backward_weight", nb), L,
-                   what="grad-weight (Winograd): grad_output transform")
+            self._transform(queue, "winograd_grad_output", idx, (P, t.K), (t.K, nb * self.grid["backward_weight"][0]),
+                            dy.buf, dy.off + n0 * t.K * t.OH * t.OW, ws, z, *self._tile_args("backward_weight", nb), L,
+                            what="grad-weight (Winograd): grad_output transform")
             # GEMM (slice, t, group) at index (s * 36 + t) * G + g: into dU, or its partial sums
             self._gemm(queue, t.groups, Kg, Cg, L, Op(ws, z, L, Kg * L, t.K * L), Op(ws, 0, L, Cg * L, t.C * L),
                        Op(ws, du if S == 1 else part, Cg, Kg * Cg, t.K * Cg), count=S * T2,
@@ -205,7 +211,6 @@ class Winograd:
             if S > 1:
                 sum_partials(queue, self.dtype, idx, Ref(ws, part), S, n, Ref(ws, du), n0 > 0,
                              "grad-weight (Winograd): sum of slices")
-        knl = self._kernel(queue, "winograd_grad_filter", idx)
-        launch(queue, knl, (Cg, t.K), self._local(knl, queue.device), ws, du, dw.buf, dw.off, t.K, Cg,
-               what="grad-weight (Winograd): filter transform")
+        self._transform(queue, "winograd_grad_filter", idx, (Cg, t.K), (t.K,), ws, du, dw.buf, dw.off, t.K, Cg,
+                        what="grad-weight (Winograd): filter transform")
 
