@@ -362,7 +362,8 @@ inline void store_tiles(REALV v[6][6], __global REAL* restrict out, const int p0
     }
 }
 
-// winograd_input's V for the tile row th of image b, work-item (c, b * TH + th).
+// winograd_input's V for the tile row th of image b, work-item (b * TH + th, c): consecutive
+// work-items write neighbouring tiles of each of the 36 planes.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void winograd_input_rows(__global const REAL* restrict x, const IDX x_off,
                          __global REAL* restrict out, const IDX out_off,
@@ -370,29 +371,31 @@ void winograd_input_rows(__global const REAL* restrict x, const IDX x_off,
                          const int TH, const int TW, const int PT, const int PL,
                          const int DH, const int DW, const int L)
 {
-    const int c = get_global_id(0), bt = get_global_id(1), b = bt / TH, th = bt - b * TH;
+    const int bt = get_global_id(0), c = get_global_id(1), b = bt / TH, th = bt - b * TH;
     const int y0 = tile_start(th, DH) - PT;
     const __global REAL* src = x + x_off + ((IDX)b * C + c) * H * W;
     for (int tw0 = 0; tw0 < TW; tw0 += VW) {
+        int xs[VW];   // each lane's first input column (past W: a lane beyond the row's tiles)
+        #pragma unroll
+        for (int q = 0; q < VW; ++q) xs[q] = tw0 + q < TW ? tile_start(tw0 + q, DW) - PL : W;
+        // every lane's patch inside the row (undilated): no bounds to test
+        const bool inside = DW == 1 && tw0 + VW <= TW && xs[0] >= 0 && xs[VW - 1] + 5 < W;
         REALV v[6][6];
         #pragma unroll
         for (int i = 0; i < 6; ++i) {
             const int y = y0 + i * DH;
             const bool row_in = y >= 0 && y < H;
-            // every lane's patch inside the row (undilated): no bounds to test
-            const int x0 = TM * tw0 - PL;
-            const bool inside = row_in && DW == 1 && tw0 + VW <= TW && x0 >= 0 && x0 + TM * (VW - 1) + 5 < W;
             #pragma unroll
             for (int j = 0; j < 6; ++j) {
                 lanes t;
-                if (inside) {
+                if (inside && row_in) {
                     #pragma unroll
-                    for (int q = 0; q < VW; ++q) t.s[q] = src[y * W + x0 + TM * q + j];
+                    for (int q = 0; q < VW; ++q) t.s[q] = src[y * W + xs[0] + TM * q + j];
                 } else {
                     #pragma unroll
                     for (int q = 0; q < VW; ++q) {
-                        const int xx = tile_start(tw0 + q, DW) - PL + j * DW;
-                        t.s[q] = row_in && tw0 + q < TW && xx >= 0 && xx < W ? src[y * W + xx] : (REAL)0;
+                        const int xx = xs[q] + j * DW;
+                        t.s[q] = row_in && xx >= 0 && xx < W ? src[y * W + xx] : (REAL)0;
                     }
                 }
                 v[i][j] = t.v;
@@ -406,7 +409,7 @@ void winograd_input_rows(__global const REAL* restrict x, const IDX x_off,
     }
 }
 
-// winograd_output's tiles of tile row th of image b, work-item (k, b * TH + th).
+// winograd_output's tiles of tile row th of image b, work-item (b * TH + th, k).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void winograd_output_rows(__global const REAL* restrict m, const IDX m_off,
                           __global REAL* restrict y, const IDX y_off,
@@ -414,7 +417,7 @@ void winograd_output_rows(__global const REAL* restrict m, const IDX m_off,
                           const int B, const int K, const int OH, const int OW,
                           const int TH, const int TW, const int DH, const int DW)
 {
-    const int k = get_global_id(0), bt = get_global_id(1), b = bt / TH, th = bt - b * TH;
+    const int bt = get_global_id(0), k = get_global_id(1), b = bt / TH, th = bt - b * TH;
     const int P = B * TH * TW, oy0 = tile_start(th, DH);
     const IDX step = (IDX)K * P;
     const REAL b0 = has_bias ? bias[bias_off + k] : (REAL)0;
@@ -453,7 +456,7 @@ void winograd_output_rows(__global const REAL* restrict m, const IDX m_off,
             #pragma unroll
             for (int q = 0; q < VW; ++q) {
                 if (tw0 + q >= TW) break;
-                const int ox0 = tile_start(tw0 + q, DW);
+                const int ox0 = DW == 1 ? TM * (tw0 + q) : tile_start(tw0 + q, DW);
                 #pragma unroll
                 for (int j = 0; j < TM; ++j) {
                     const int ox = ox0 + j * DW;
@@ -464,17 +467,20 @@ void winograd_output_rows(__global const REAL* restrict m, const IDX m_off,
     }
 }
 
-// winograd_grad_output's Z for tile row th of image b, work-item (k, b * TH + th).
+// winograd_grad_output's Z for tile row th of image b, work-item (b * TH + th, k).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void winograd_grad_output_rows(__global const REAL* restrict dy, const IDX dy_off,
                                __global REAL* restrict z, const IDX z_off,
                                const int B, const int K, const int OH, const int OW,
                                const int TH, const int TW, const int DH, const int DW, const int L)
 {
-    const int k = get_global_id(0), bt = get_global_id(1), b = bt / TH, th = bt - b * TH;
+    const int bt = get_global_id(0), k = get_global_id(1), b = bt / TH, th = bt - b * TH;
     const int oy0 = tile_start(th, DH);
     const __global REAL* src = dy + dy_off + ((IDX)b * K + k) * OH * OW;
     for (int tw0 = 0; tw0 < TW; tw0 += VW) {
+        int xs[VW];   // each lane's first column (OW: a lane beyond the row's tiles)
+        #pragma unroll
+        for (int q = 0; q < VW; ++q) xs[q] = tw0 + q < TW ? tile_start(tw0 + q, DW) : OW;
         REALV v[6][6];
         #pragma unroll
         for (int i = 0; i < TM; ++i) {
@@ -484,8 +490,8 @@ void winograd_grad_output_rows(__global const REAL* restrict dy, const IDX dy_of
                 lanes t;
                 #pragma unroll
                 for (int q = 0; q < VW; ++q) {
-                    const int ox = tile_start(tw0 + q, DW) + j * DW;
-                    t.s[q] = oy < OH && tw0 + q < TW && ox < OW ? src[oy * OW + ox] : (REAL)0;
+                    const int ox = xs[q] + j * DW;
+                    t.s[q] = oy < OH && ox < OW ? src[oy * OW + ox] : (REAL)0;
                 }
                 v[i][j] = t.v;
             }

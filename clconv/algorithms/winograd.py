@@ -151,7 +151,7 @@ class Winograd:
         t = self.geometry[pass_name]
         (pt, _), (pl, _) = t.pads
         P = nb * self._tiles_per_image(pass_name)
-        self._transform(queue, "winograd_input", idx, (P, t.C), (t.C, nb * self.grid[pass_name][0]),
+        self._transform(queue, "winograd_input", idx, (P, t.C), (nb * self.grid[pass_name][0], t.C),
                         x.buf, x.off + n0 * t.C * t.H * t.W, ws, at, nb, t.C, t.H, t.W, *self.grid[pass_name],
                         pt, pl, *t.dilation, P // slices, what="Winograd input transform")
 
@@ -179,7 +179,7 @@ class Winograd:
             self._input(queue, idx, pass_name, x, n0, nb, ws, 0)
             self._gemm(queue, G, Ko, P, Ci, Op(ws, u, Ci, Ko * Ci, t.K * Ci), Op(ws, 0, P, Ci * P, t.C * P),
                        Op(ws, m, P, Ko * P, t.K * P), what=what)
-            self._transform(queue, "winograd_output", idx, (P, t.K), (t.K, nb * self.grid[pass_name][0]), ws, m,
+            self._transform(queue, "winograd_output", idx, (P, t.K), (nb * self.grid[pass_name][0], t.K), ws, m,
                             y.buf, y.off + n0 * t.K * t.OH * t.OW, b.buf, b.off, int(bias is not None),
                             *self._tile_args(pass_name, nb), what=f"{what}: output transform")
 
@@ -201,7 +201,7 @@ class Winograd:
             S = self._slices(P)
             L = P // S   # tiles per slice; V and Z slice-major: (S, 36, channels, L)
             self._input(queue, idx, "backward_weight", x, n0, nb, ws, 0, S)
-            self._transform(queue, "winograd_grad_output", idx, (P, t.K), (t.K, nb * self.grid["backward_weight"][0]),
+            self._transform(queue, "winograd_grad_output", idx, (P, t.K), (nb * self.grid["backward_weight"][0], t.K),
                             dy.buf, dy.off + n0 * t.K * t.OH * t.OW, ws, z, *self._tile_args("backward_weight", nb), L,
                             what="grad-weight (Winograd): grad_output transform")
             # GEMM (slice, t, group) at index (s * 36 + t) * G + g: into dU, or its partial sums
