@@ -124,3 +124,53 @@ __kernel void sum_partials(__global const REAL* restrict part, const IDX part_of
     for (int s = 0; s < S; ++s) acc += part[part_off + (IDX)s * n + i];
     out[out_off + i] = acc;
 }
+
+// ---- CPU devices ----------------------------------------------------------------------
+#ifndef VW             // values per vector of im2col_rows: 4 or 8
+#define VW 8
+#endif
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+typedef union { CAT(REAL, VW) v; REAL s[VW]; } lanes;   // a vector and its values
+
+// im2col for CPU devices, which vectorise a work-item only as far as it is written with
+// vectors: work-item (b * OH + oy, c), a single-work-item group, writes output row oy of
+// image b into every tap row of channel c, VW neighbouring columns of col at a time.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void im2col_rows(__global const REAL* restrict x, const IDX x_off,
+                 __global REAL* restrict col, const IDX col_off,
+                 const int B, const int C, const int H, const int W,
+                 const int KH, const int KW, const int OH, const int OW,
+                 const int SH, const int SW, const int PT, const int PL,
+                 const int DH, const int DW)
+{
+    const int boy = get_global_id(0), c = get_global_id(1), b = boy / OH, oy = boy - b * OH;
+    const IDX ld = (IDX)B * OH * OW;
+    const __global REAL* xc = x + x_off + ((IDX)b * C + c) * H * W;
+    __global REAL* dst = col + col_off + (IDX)c * KH * KW * ld + (IDX)b * OH * OW + oy * OW;
+    for (int i = 0; i < KH; ++i) {
+        const int y = oy * SH - PT + i * DH;
+        const __global REAL* xr = xc + (IDX)y * W;
+        for (int j = 0; j < KW; ++j, dst += ld) {
+            for (int ox0 = 0; ox0 < OW; ox0 += VW) {
+                const int x0 = ox0 * SW - PL + j * DW;   // input column of the first lane
+                lanes v;
+                if (y < 0 || y >= H) {
+                    for (int q = 0; q < VW; ++q) v.s[q] = 0;
+                } else if (x0 >= 0 && x0 + (VW - 1) * SW < W) {
+                    for (int q = 0; q < VW; ++q) v.s[q] = xr[x0 + q * SW];
+                } else {
+                    for (int q = 0; q < VW; ++q) {
+                        const int xx = x0 + q * SW;
+                        v.s[q] = xx >= 0 && xx < W ? xr[xx] : (REAL)0;
+                    }
+                }
+                if (ox0 + VW <= OW) {
+                    for (int q = 0; q < VW; ++q) dst[ox0 + q] = v.s[q];
+                } else {
+                    for (int q = 0; q < OW - ox0; ++q) dst[ox0 + q] = v.s[q];
+                }
+            }
+        }
+    }
+}

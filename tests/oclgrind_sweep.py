@@ -99,6 +99,9 @@ SWEEP = [
      "winograd", "single", None),
     ("cpu_winograd_5x5_split_k", (2, 1, 32, 30), (2, 1, 5, 5), dict(padding=2, cpu=True), "winograd", "single",
      None),
+    ("cpu_im2col_strided_dilated", (2, 4, 11, 13), (6, 2, 3, 2), dict(stride=(2, 3), padding=((2, 0), (1, 2)),
+                                                                      dilation=(1, 2), groups=2, cpu=True),
+     "im2col", "single", None),
 ]
 
 

@@ -24,6 +24,7 @@ straight into Y. On an H200 that took the 7x7 stem's grad-weight from 0.048-0.05
 import pyopencl as cl
 
 from ..bias import fill_bias
+from ..device import cpu_vector_width
 from ..gemm import Im2colB, Operand as Op, grid_gemm
 from ..programs import INT32_MAX, get_kernel, launch
 from .common import Ref, idx_for, largest_divisor_at_most, max_slices, sum_partials
@@ -42,6 +43,8 @@ class Im2col:
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
         self.g, self.dtype, self.per_group, self.gemm = g, dtype, per_group, gemm
+        # CPU devices: im2col in rows, this many columns per vector
+        self.vw = 0 if device.type & cl.device_type.GPU else cpu_vector_width(device, dtype.itemsize)
         itemsize = dtype.itemsize
         self.rows = g.C * g.kh * g.kw
         per_image = (self.rows + g.K) * g.P
@@ -102,10 +105,15 @@ class Im2col:
         return get_kernel(queue.context, "im2col.cl", name, self.dtype, IDX=idx)
 
     def _im2col(self, queue, idx, x, n0, B, ws, col):
+        """col of images n0 ... n0+B-1: on GPUs a work-item per (output pixel, channel); on CPUs
+        im2col_rows, a work-item per (output row, channel) writing VW columns at a time."""
         g = self.g
-        launch(queue, self._kernel(queue, "im2col", idx), (g.P, g.C, B), (64, 1, 1),
-               x.buf, x.off + n0 * g.C * g.H * g.W, ws, col,
-               *self._geometry_args(B), what="im2col")
+        args = (x.buf, x.off + n0 * g.C * g.H * g.W, ws, col, *self._geometry_args(B))
+        if self.vw:
+            knl = get_kernel(queue.context, "im2col.cl", "im2col_rows", self.dtype, IDX=idx, VW=self.vw)
+            launch(queue, knl, (B * g.OH, g.C), (1, 1), *args, what="im2col")
+            return
+        launch(queue, self._kernel(queue, "im2col", idx), (g.P, g.C, B), (64, 1, 1), *args, what="im2col")
 
     def _to_columns(self, queue, idx, dy, n0, B, ws, t):
         """dY of images n0 ... n0+B-1 (B, K, P) as (K, B*P): (buffer, offset) of T, or of dY
