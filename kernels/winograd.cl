@@ -362,6 +362,19 @@ inline void store_tiles(REALV v[6][6], __global REAL* restrict out, const int p0
     }
 }
 
+// v[i][j] = src[(6 * i + j) * step + q] for the VW lanes q, zero from lane n on: VW consecutive
+// values of each of 36 planes `step` apart.
+inline void load_planes(REALV v[6][6], const __global REAL* restrict src, const IDX step, const int n)
+{
+    #pragma unroll
+    for (int t = 0; t < 36; ++t) {
+        lanes u;
+        #pragma unroll
+        for (int q = 0; q < VW; ++q) u.s[q] = q < n ? src[t * step + q] : (REAL)0;
+        v[t / 6][t % 6] = u.v;
+    }
+}
+
 // winograd_input's V for the tile row th of image b, work-item (b * TH + th, c): consecutive
 // work-items write neighbouring tiles of each of the 36 planes.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
@@ -423,17 +436,8 @@ void winograd_output_rows(__global const REAL* restrict m, const IDX m_off,
     const REAL b0 = has_bias ? bias[bias_off + k] : (REAL)0;
     __global REAL* dst = y + y_off + ((IDX)b * K + k) * OH * OW;
     for (int tw0 = 0; tw0 < TW; tw0 += VW) {
-        const __global REAL* src = m + m_off + (IDX)k * P + bt * TW + tw0;
         REALV v[6][6];
-        #pragma unroll
-        for (int i = 0; i < 6; ++i)
-            #pragma unroll
-            for (int j = 0; j < 6; ++j) {
-                lanes t;
-                #pragma unroll
-                for (int q = 0; q < VW; ++q) t.s[q] = tw0 + q < TW ? src[(6 * i + j) * step + q] : (REAL)0;
-                v[i][j] = t.v;
-            }
+        load_planes(v, m + m_off + (IDX)k * P + bt * TW + tw0, step, TW - tw0);
         #pragma unroll
         for (int j = 0; j < 6; ++j) output_1d_v(&v[0][j], 6);
         #pragma unroll
@@ -553,17 +557,8 @@ void winograd_grad_filter_rows(__global const REAL* restrict du, const IDX du_of
     const int k = get_global_id(0);
     const IDX step = (IDX)K * Ci;
     for (int ci0 = 0; ci0 < Ci; ci0 += VW) {
-        const __global REAL* src = du + du_off + (IDX)k * Ci + ci0;
         REALV v[6][6];
-        #pragma unroll
-        for (int i = 0; i < 6; ++i)
-            #pragma unroll
-            for (int j = 0; j < 6; ++j) {
-                lanes t;
-                #pragma unroll
-                for (int q = 0; q < VW; ++q) t.s[q] = ci0 + q < Ci ? src[(6 * i + j) * step + q] : (REAL)0;
-                v[i][j] = t.v;
-            }
+        load_planes(v, du + du_off + (IDX)k * Ci + ci0, step, Ci - ci0);
         #pragma unroll
         for (int j = 0; j < 6; ++j) grad_filter_1d_v(&v[0][j], 6);
         #pragma unroll
