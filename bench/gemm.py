@@ -82,7 +82,8 @@ def shapes(size):
         Cg, Kg = C // G, K // G
         if (kh, kw) == (H, W) and s["padding"] == 0:   # fully connected
             Kd = Cg * kh * kw
-            found += [(f"{w['name']} fwd", N, Kg, Kd, G, False, True), (f"{w['name']} dgrad", N, Kd, Kg, G, False, False),
+            found += [(f"{w['name']} fwd", N, Kg, Kd, G, False, True),
+                      (f"{w['name']} dgrad", N, Kd, Kg, G, False, False),
                       (f"{w['name']} wgrad", Kg, Kd, N, G, True, False)]
         elif (kh, kw) == (1, 1) and s["stride"] == 1 and s["padding"] == 0:   # pointwise, per image
             P = H * W
@@ -167,8 +168,10 @@ def main(argv=None):
                                "percent_of_peak": 100 * flop / statistics.median(t) / 1e9 / peak}
                            for e, t in times.items()}}
         rows.append(row)
-        cells = "  ".join(f"{e} {d['gflops']:6.1f} GFLOP/s ({d['percent_of_peak']:3.0f}%)" for e, d in row["engines"].items())
-        print(f"{name:22s} {'T' if at else 'N'}{'T' if bt else 'N'} {m:5d}x{n:5d}x{k:5d} x{count:<3d} {cells}", flush=True)
+        cells = "  ".join(f"{e} {d['gflops']:6.1f} GFLOP/s ({d['percent_of_peak']:3.0f}%)"
+                          for e, d in row["engines"].items())
+        layout = ("T" if at else "N") + ("T" if bt else "N")
+        print(f"{name:22s} {layout} {m:5d}x{n:5d}x{k:5d} x{count:<3d} {cells}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": device.name.strip(), "platform": device.platform.name, "driver": device.driver_version,

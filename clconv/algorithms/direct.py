@@ -132,6 +132,7 @@ class Direct:
         self.per_group = False   # no GEMMs, so no per-group queues
         self.taps = g.Cg * g.kh * g.kw
         self.staged = bool(device.type & cl.device_type.GPU)   # on CPUs caches stage better than barriers
+        self.vw = cpu_vector_width(device, dtype.itemsize)      # columns per vector of the CPU row kernels
         self.local_mem = device.local_mem_size
         self.tiles = _patches(g, self.staged)
         # stride 1: grad-input is a forward pass over dy (rotated, transposed weights), so it
@@ -158,7 +159,6 @@ class Direct:
             fill = -(-4 * units // g.K)
             self.slices = max(1, min(64, fill, g.N * g.P // 1024, room))
         else:   # CPU devices: row kernels, slices of at least 4 output rows, CPU_ITEMS_PER_UNIT per unit
-            self.vw = cpu_vector_width(device, dtype.itemsize)
             self.rows = {"forward": _rows_per_item(g, units),
                          # stride 1: the forward kernel over the transposed geometry; else
                          # direct_input_rows, bands of input-gradient rows of one plane
@@ -227,7 +227,7 @@ class Direct:
         wvec = wstage and kb % 4 == 0
         found = self._kernels[key] = (
             get_kernel(queue.context, "direct.cl", name, self.dtype, IDX=idx, TAPS=self.taps, WG=wg, TX=tx, TY=ty,
-                       PH=ph, PW=pw, RY=ry, KB=kb, RB=rb, VW=getattr(self, "vw", 8), STAGE=int(self.staged), WSTAGE=int(wstage),
+                       PH=ph, PW=pw, RY=ry, KB=kb, RB=rb, VW=self.vw, STAGE=int(self.staged), WSTAGE=int(wstage),
                        WVEC=int(wvec), FLIP=int(g is self.transposed), **constants), wg)
         return found
 

@@ -137,7 +137,8 @@ class Im2col:
             if bias is not None:
                 fill_bias(queue, self.dtype, y, bias, g.N, g.K, g.P)
             grid_gemm(queue, self.gemm, self.dtype, g.groups, g.N, Kg, g.P, Kd, Op(w.buf, w.off, Kd, Kg * Kd),
-                      Op(x.buf, x.off, 0, g.Cg * g.H * g.W, g.C * g.H * g.W), Op(y.buf, y.off, g.P, Kg * g.P, g.K * g.P),
+                      Op(x.buf, x.off, 0, g.Cg * g.H * g.W, g.C * g.H * g.W),
+                      Op(y.buf, y.off, g.P, Kg * g.P, g.K * g.P),
                       beta=float(bias is not None), per_group=self.per_group, im2col=self._im2col_b(0, 1),
                       what="forward (implicit im2col)")
             return

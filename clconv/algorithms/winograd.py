@@ -126,7 +126,8 @@ class Winograd:
         if S > 1:
             text += f", split-K into {S} slices of the tiles summed in order"
         if self.rows:
-            text += f"; transforms in rows, {self.rows} tiles per vector (this CPU compiler keeps per-tile kernels scalar)"
+            text += (f"; transforms in rows, {self.rows} tiles per vector (this CPU compiler keeps per-tile kernels "
+                     "scalar)")
         return text
 
     def _slices(self, tiles):

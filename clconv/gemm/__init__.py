@@ -10,9 +10,8 @@ CLBlast where no GPU tile fits; ``CLCONV_GEMM`` or a plan's ``gemm=`` can force 
 meaning clconv's kernel for the device's type); a plan fixes it when it is built and names it
 in ``explain()``. Every call site passes its matrices as :class:`Operand`\\ s.
 """
-from typing import NamedTuple
-
 import os
+from typing import NamedTuple
 
 import pyopencl as cl
 from pyopencl.tools import context_dependent_memoize
@@ -20,6 +19,8 @@ from pyopencl.tools import context_dependent_memoize
 from ..programs import ClconvError, not_capturable
 from . import clblast, gemm_cpu, gemm_gpu
 from .gemm_gpu import Im2colB
+
+__all__ = ["CHOICES", "ENGINES", "Im2colB", "Operand", "choose", "grid_gemm", "group_queues"]
 
 ENGINES = ("cpu", "gpu", "clblast")
 CHOICES = ("auto", "clconv") + ENGINES
@@ -87,7 +88,7 @@ def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1
     clconv's kernels run the whole grid as one launch. CLBlast's strided-batched call covers one
     axis: the smaller becomes a (host-side, non-blocking) loop and the larger the batch (the
     other way round where only that batch is one CLBlast reads correctly, see
-    :func:`.clblast.in_place`). ``im2col`` (an :class:`Im2colB`): B is read in place through
+    :func:`.clblast._in_place`). ``im2col`` (an :class:`Im2colB`): B is read in place through
     im2col, on the GPU kernel only.
 
     With ``per_group`` each group's GEMMs (batched over the images) run on an in-order queue of
