@@ -34,14 +34,14 @@
 #ifndef INNER          // 0: outer products (B stored K x N); 1: dot products (A M x K, B N x K)
 #define INNER 0
 #endif
-#ifndef MR             // rows of C per register block
-#define MR 12
+#ifndef MR             // rows of C per register block (the host: 6 outer, 4 inner)
+#define MR 6
 #endif
 #ifndef NV             // OUTER: vectors of columns per register block
 #define NV 2
 #endif
 #ifndef NR             // INNER: columns of C per register block
-#define NR 4
+#define NR 3
 #endif
 #ifndef TM             // row blocks per work-item
 #define TM 1
