@@ -300,9 +300,11 @@ def plan(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, *
 
 
 def cached_plan(g, dtype, queue, algorithm="auto", queues="single", gemm="auto"):
-    """The plan for (geometry, dtype, context, algorithm, queues, GEMM engine) from a small LRU cache."""
-    engine = choose_gemm(queue.device, gemm)[0]
-    key = (queue_context(queue).int_ptr, g, np.dtype(dtype), algorithm, queues, engine)
+    """The plan for (geometry, dtype, context, algorithm, queues, GEMM request) from a small LRU
+    cache. An "auto" GEMM request is keyed with CLCONV_GEMM, which the plan resolves it by:
+    nothing on this path asks the driver."""
+    asked = gemm if gemm != "auto" else "auto:" + os.environ.get("CLCONV_GEMM", "").strip().lower()
+    key = (queue_context(queue).int_ptr, g, np.dtype(dtype), algorithm, queues, asked)
     with _plan_lock:
         p = _plan_cache.get(key)
         if p is not None:
