@@ -17,7 +17,7 @@ import pyopencl.array as cla
 import clconv
 from clconv import reference, workspace
 from clconv.geometry import conv_geometry
-from clconv.plan import _plan_cache
+from clconv.planner import _plan_cache
 
 
 def rss_mib():

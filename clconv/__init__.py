@@ -7,7 +7,8 @@ from . import nn, reference
 from .device import default_context, default_queue
 from .functional import conv2d, conv2d_bias, conv2d_input, conv2d_weight
 from .geometry import ConvGeometry, conv_geometry, normalize_padding, output_size
-from .plan import Plan, plan
+from .plan import Plan
+from .planner import plan
 from .programs import ClconvError
 from .transpose import conv_transpose2d, conv_transpose2d_input, conv_transpose2d_weight
 from .workspace import free_workspaces

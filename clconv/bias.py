@@ -1,5 +1,5 @@
 """Host side of kernels/bias.cl: broadcasting the bias and the grad-bias reduction."""
-from .algorithms.common import idx_for
+from .buffers import idx_for
 from .programs import get_kernel, launch, reduction_work_group
 
 

@@ -6,10 +6,16 @@ import sys
 
 import numpy as np
 import pyopencl as cl
+from tqdm import tqdm
+
+from . import reference, tuner, tuning
+from .device import default_queue, has_fp16, has_fp64, pick_device
+from .functional import conv2d, conv2d_bias, conv2d_input, conv2d_weight
+from .gemm import clblast_params
+from .geometry import PASSES, conv_geometry
 
 
 def cmd_info(args):
-    from .device import has_fp16, has_fp64, pick_device
     for pi, platform in enumerate(cl.get_platforms()):
         print(f"platform {pi}: {platform.name} ({platform.version})")
         for di, d in enumerate(platform.get_devices()):
@@ -38,7 +44,6 @@ def cmd_bench(args):
 
 
 def _workload_geometries(names, device):
-    from .geometry import conv_geometry
     load_workloads = bench_module("run").load_workloads
     size = "gpu" if device.type & cl.device_type.GPU else "cpu"
     chosen = [w for w in load_workloads() if not names or w["name"] in names]
@@ -51,16 +56,12 @@ def _workload_geometries(names, device):
 
 
 def cmd_tune(args):
-    from tqdm import tqdm
-
-    from . import tuning
-    from .device import default_queue
     queue = default_queue()
     work = list(_workload_geometries(args.workload, queue.device))
-    steps = sum(len(tuning.candidates(g)) * len(tuning.PASSES) for _, g in work)
+    steps = sum(len(tuner.candidates(g)) * len(PASSES) for _, g in work)
     with tqdm(total=steps, desc="tuning", unit="run", file=sys.stderr) as bar:
         for name, g in work:
-            results = tuning.tune(g, np.float32, queue, progress=bar.update)
+            results = tuner.tune(g, np.float32, queue, progress=bar.update)
             for pass_name, r in results.items():
                 timings = ", ".join(f"{k} {v:.3f}" for k, v in sorted(r["timings"].items(), key=lambda kv: kv[1]))
                 tqdm.write(f"{name:16s} {pass_name:16s} -> {r['algorithm']}/{r['queues']} ({timings} ms)",
@@ -70,11 +71,6 @@ def cmd_tune(args):
 
 
 def cmd_tune_gemm(args):
-    from tqdm import tqdm
-
-    from . import tuning
-    from .gemm import clblast_params
-    from .device import default_queue
     queue = default_queue()
     geometries = [g for _, g in _workload_geometries(args.workload, queue.device)]
     steps = sum(len(clblast_params.CANDIDATES[k]) for k in clblast_params.PARAMETERS)
@@ -86,13 +82,13 @@ def cmd_tune_gemm(args):
         # GPU passes take milliseconds: time batches of 10 back-to-back calls; CPU ones need no batching
         batch = 10 if queue.device.type & cl.device_type.GPU else 1
         try:
-            entry = tuning.tune_gemm(geometries, queue, batch=batch, progress=progress)
-        except tuning.NothingToTune as exc:   # nothing to tune here, or this process already applied parameters
+            entry = tuner.tune_gemm(geometries, queue, batch=batch, progress=progress)
+        except clblast_params.NothingToTune as exc:   # nothing to tune here, or this process already applied parameters
             print(f"tune-gemm: {exc}", file=sys.stderr)
             return 1
     print(f"{len(entry['default_ms'])} GEMM passes of {len(geometries)} workload(s): geometric mean time ratio "
           f"of the tuned parameters to CLBlast's own {entry['score']}")
-    kept = ", ".join(entry["overrides"]) or f"none (their score is not below {tuning.GEMM_GAIN})"
+    kept = ", ".join(entry["overrides"]) or f"none (their score is not below {clblast_params.GEMM_GAIN})"
     print(f"stored overrides: {kept}; in {tuning.cache_path()}")
     return 0
 
@@ -113,8 +109,6 @@ CHECKS = [  # (algorithm [and queues or GEMM engine], input, weight, options): e
 
 
 def cmd_check(args):
-    from . import conv2d, conv2d_bias, conv2d_input, conv2d_weight, reference
-    from .device import default_queue
     queue = default_queue()
     dtype = np.dtype(args.dtype)
     print(f"checking every pass in {dtype} against the NumPy reference on {queue.device.name.strip()}")

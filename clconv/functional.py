@@ -5,10 +5,10 @@ NumPy arrays (copied to the device; results come back as NumPy).
 """
 from . import bias as _bias
 from . import storage
-from .algorithms.common import ref
+from .buffers import ref
 from .geometry import conv_geometry
-from .plan import cached_plan, finish, prepare
-from .validate import check_type, pick_queue
+from .planner import cached_plan
+from .validate import check_type, finish, pick_queue, prepare
 
 
 def _plan_for(input_shape, weight_shape, stride, padding, dilation, groups, dtype, queue, arrays, algorithm,

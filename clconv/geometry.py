@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from numbers import Integral
 
 
+PASSES = ("forward", "backward_input", "backward_weight")   # every plan's passes, in this order
+
+
 def _is_int(v):
     return isinstance(v, Integral) and not isinstance(v, bool)
 

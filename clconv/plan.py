@@ -1,36 +1,23 @@
 """Plans: one convolution's shapes on one context, with an algorithm per pass.
 
-A :class:`Plan` owns the shape arithmetic, the choice of algorithm for each
-pass, the workspace size and the argument checks. The functional API
-(:mod:`clconv.functional`) is a thin layer over a small cache of plans.
+A :class:`Plan` owns the shape arithmetic, the choice of algorithm for each pass (among
+:data:`clconv.algorithms.ALGORITHMS`, each following :mod:`clconv.algorithms.base`), the GEMM
+engine, the workspace sizes and the argument checks, and runs the passes. Plans are built
+by :mod:`clconv.planner` (``clconv.plan()``, the functional API's cache, the tuning cache).
 """
-import os
-import threading
-from collections import OrderedDict
-
 import numpy as np
-import pyopencl.array as cla
 
-from . import storage, tuning
-from .algorithms.common import Ref, ref
-from .algorithms.direct import Direct
-from .algorithms.fc import FullyConnected
-from .algorithms.fft import FFT
-from .algorithms.im2col import Im2col
-from .algorithms.pointwise import Pointwise
-from .algorithms.winograd import Winograd
+from . import storage
+from .algorithms import ALGORITHMS
+from .buffers import ref
 from .device import check_dtype_supported
 from .gemm import choose as choose_gemm
-from .geometry import check_grad_output, conv_geometry
+from .geometry import PASSES, check_grad_output
 from .replay import Replays
-from .validate import (OPTIONAL, all_plain, check_array, check_out, check_same_dtype, check_type, is_device_array,
-                       pick_queue, queue_context)
+from .validate import check_type, finish, prepare, queue_context
 from .workspace import workspace
 
-# In order of preference: the first that applies is chosen by algorithm="auto".
-ALGORITHMS = {cls.name: cls for cls in (FullyConnected, Pointwise, Direct, FFT, Winograd, Im2col)}
 QUEUES = ("single", "per-group")
-PASSES = ("forward", "backward_input", "backward_weight")
 
 
 def default_workspace_limit(device):
@@ -44,10 +31,12 @@ class Plan:
     input (N, C, H, W), weight (K, C/groups, kh, kw), output (N, K, OH, OW).
     Methods take pyopencl Arrays (or NumPy arrays, copied to the plan's queue
     and answered as NumPy) and return the result; ``out=`` writes in place.
+    ``tuned``: {pass: tuning-cache entry} for passes whose algorithm was measured
+    (:func:`clconv.planner.tuned_choices`); the others are chosen by the rules.
     """
 
     def __init__(self, geometry, dtype, queue, *, algorithm="auto", queues="single", workspace_limit=None,
-                 gemm="auto", tuned=True):
+                 gemm="auto", tuned=None):
         self.geometry, self.dtype, self.queue = geometry, np.dtype(dtype), queue
         self.context = queue_context(queue)   # kept: the caller may drop theirs
         self.compute_dtype = storage.compute_dtype(dtype)   # float32 for float16 arrays
@@ -62,9 +51,8 @@ class Plan:
                              f"allocation {queue.device.max_mem_alloc_size}")
         if algorithm not in ("auto", *ALGORITHMS):
             raise ValueError(f"unknown algorithm {algorithm!r}; expected 'auto' or one of {sorted(ALGORITHMS)}")
-        # the tuning cache decides only what the caller left open (an explicit queues= choice stands)
-        winners = self._tuned_winners() if algorithm == "auto" and queues == "single" and tuned else {}
-        self._choice = {p: self._choose(p, algorithm, winners.get(p)) for p in PASSES}
+        tuned = tuned or {}
+        self._choice = {p: self._choose(p, algorithm, tuned.get(p)) for p in PASSES}
         # what each call needs, worked out once: (algorithm, name for messages, workspace bytes)
         g = geometry
         self._converts = self.dtype != self.compute_dtype   # float16 arrays, float32 algorithms
@@ -78,24 +66,16 @@ class Plan:
                         "backward_weight": ({"input": g.input_shape, "grad_output": g.output_shape}, g.weight_shape)}
         self._replays = Replays()
 
-    def _tuned_winners(self):
-        """{pass: entry} from the tuning cache; with CLCONV_AUTOTUNE=1, missing passes are timed now."""
-        g, device = self.geometry, self.queue.device
-        stored = tuning.load()
-        winners = {p: stored.get(tuning.entry_key(device, self.dtype, g, p)) for p in PASSES}
-        missing = [p for p, entry in winners.items() if entry is None]
-        if missing and g.N and os.environ.get("CLCONV_AUTOTUNE") == "1":
-            winners.update(tuning.tune(g, self.dtype, self.queue, passes=missing))
-        return {p: entry for p, entry in winners.items() if entry is not None}
+    def _build(self, cls, per_group):
+        return cls(self.geometry, self.compute_dtype, self.queue.device, self.workspace_limit, per_group=per_group,
+                   gemm=self.gemm)
 
     def _choose(self, pass_name, algorithm, tuned=None):
         g = self.geometry
         if tuned and tuned.get("algorithm") in ALGORITHMS and ALGORITHMS[tuned["algorithm"]].applies(g)[0]:
             others = ", ".join(f"{k} {v} ms" for k, v in sorted(tuned.get("timings", {}).items()))
-            cls = ALGORITHMS[tuned["algorithm"]]
             try:
-                return (cls(g, self.compute_dtype, self.queue.device, self.workspace_limit,
-                            per_group=tuned.get("queues") == "per-group", gemm=self.gemm),
+                return (self._build(ALGORITHMS[tuned["algorithm"]], tuned.get("queues") == "per-group"),
                         f"fastest on this device in the tuning cache ({others or str(tuned.get('ms')) + ' ms'})")
             except ValueError:   # e.g. this plan's workspace limit: choose as if nothing were tuned
                 pass
@@ -103,15 +83,14 @@ class Plan:
         reasons, passed_over = [], ""
         for name, cls in candidates.items():
             ok, why = cls.applies(g)
-            if ok and algorithm == "auto" and hasattr(cls, "preferred"):
+            if ok and algorithm == "auto":
                 preferred, why_not = cls.preferred(g, pass_name, self.queue.device)
                 if not preferred:
                     passed_over += f" (not {name}: {why_not})"
                     continue
             if ok:
                 try:
-                    return cls(g, self.compute_dtype, self.queue.device, self.workspace_limit,
-                               per_group=self.queues == "per-group", gemm=self.gemm), why + passed_over
+                    return self._build(cls, self.queues == "per-group"), why + passed_over
                 except ValueError as exc:   # e.g. the workspace limit: "auto" tries the next one
                     if algorithm != "auto":
                         raise
@@ -158,13 +137,15 @@ class Plan:
                          f"workspace {self._workspace_elements(p) * self.compute_dtype.itemsize} bytes")
         return "\n".join(lines)
 
-    def _run(self, pass_name, queue, *refs):
-        """Enqueue ``pass_name`` of the chosen algorithm with this queue's workspace (replayed
-        when called before on arrays laid out alike: :mod:`clconv.replay`).
+    def enqueue(self, pass_name, queue, *refs):
+        """Enqueue ``pass_name`` of the chosen algorithm on ``queue`` with its workspace, on
+        arrays already checked (:meth:`forward` and the others check, then call this; so does
+        :mod:`clconv.transpose`). Replayed when called before on arrays laid out alike
+        (:mod:`clconv.replay`).
 
-        ``refs``: the pass's arrays in argument order, the result last (None: no bias).
-        float16 arrays are converted to float32 copies after the algorithm's own workspace,
-        the algorithm runs on those, and its result is rounded back into the last array.
+        ``refs``: the pass's arrays as :class:`clconv.buffers.Ref` s in argument order, the
+        result last (None: no bias). float16 arrays run on float32 copies in the workspace
+        (:func:`clconv.storage.on_float_copies`).
         """
         _, what, nbytes = self._runs[pass_name]
         held = workspace(queue, nbytes, what)
@@ -174,18 +155,12 @@ class Plan:
 
     def _enqueue(self, pass_name, queue, refs, ws):
         algo, what, _ = self._runs[pass_name]
-        if not self._converts:
-            getattr(algo, pass_name)(queue, *refs, ws)
-            return
-        sizes, copies, at = self._sizes(pass_name), [], algo.workspace[pass_name]
-        for r, n in zip(refs, sizes):
-            copies.append(None if r is None else Ref(ws, at))
-            at += 0 if r is None else n
-        for r, c, n in zip(refs[:-1], copies, sizes):
-            if r is not None:
-                storage.to_real(queue, self.dtype, r, c, n, what)
-        getattr(algo, pass_name)(queue, *copies, ws)
-        storage.to_store(queue, self.dtype, copies[-1], refs[-1], sizes[-1], what)
+        run = getattr(algo, pass_name)
+        if self._converts:
+            storage.on_float_copies(queue, self.dtype, refs, self._sizes(pass_name), ws, algo.workspace[pass_name],
+                                    lambda *copies: run(queue, *copies, ws), what)
+        else:
+            run(queue, *refs, ws)
 
     # -- the passes ---------------------------------------------------------------
 
@@ -195,8 +170,8 @@ class Plan:
         queue, dev, numpy_mode = prepare(queue, self, {"input": input, "weight": weight, "bias": bias},
                                          shapes, out, out_shape)
         if self.geometry.N:
-            self._run("forward", queue, ref(dev["input"]), ref(dev["weight"]),
-                      None if bias is None else ref(dev["bias"]), ref(dev["out"]))
+            self.enqueue("forward", queue, ref(dev["input"]), ref(dev["weight"]),
+                         None if bias is None else ref(dev["bias"]), ref(dev["out"]))
         return finish(dev, out, numpy_mode)
 
     def backward_input(self, weight, grad_output, *, out=None, queue=None):
@@ -206,7 +181,7 @@ class Plan:
         queue, dev, numpy_mode = prepare(queue, self, {"weight": weight, "grad_output": grad_output},
                                          shapes, out, out_shape)
         if self.geometry.N:
-            self._run("backward_input", queue, ref(dev["weight"]), ref(dev["grad_output"]), ref(dev["out"]))
+            self.enqueue("backward_input", queue, ref(dev["weight"]), ref(dev["grad_output"]), ref(dev["out"]))
         return finish(dev, out, numpy_mode)
 
     def backward_weight(self, input, grad_output, *, out=None, queue=None):
@@ -216,103 +191,12 @@ class Plan:
         queue, dev, numpy_mode = prepare(queue, self, {"input": input, "grad_output": grad_output},
                                          shapes, out, out_shape)
         if self.geometry.N:
-            self._run("backward_weight", queue, ref(dev["input"]), ref(dev["grad_output"]), ref(dev["out"]))
+            self.enqueue("backward_weight", queue, ref(dev["input"]), ref(dev["grad_output"]), ref(dev["out"]))
         else:
             storage.zero(queue, dev["out"])
         return finish(dev, out, numpy_mode)
 
 
-def prepare(queue, plan, arrays, shapes, out, out_shape):
-    """Check every argument, then upload NumPy ones (nothing is enqueued before all checks pass).
-
-    ``shapes``: {name: expected size}; ``out_shape``: the result's. ``plan`` gives the dtype,
-    context and fallback queue; without one (grad-bias) they come from the arrays.
-    Returns (queue, dict of device arrays incl. "out", numpy_mode).
-    Every call of every pass runs this: it asks the driver nothing it already knows.
-    """
-    queue = pick_queue(queue, *arrays.values(), out, default=plan.queue if plan else None)
-    context = queue_context(queue)
-    same_context = plan is not None and (queue is plan.queue or context == plan.context)
-    if same_context and all_plain(plan.dtype, context, arrays, shapes, out, out_shape):
-        # the usual call, device arrays that pass every check below: accepted in one test
-        return queue, {**arrays, "out": cla.empty(queue, out_shape, plan.dtype) if out is None else out}, False
-    given = [(name, a) for name, a in arrays.items() if a is not None or name not in OPTIONAL]
-    for name, a in given:
-        check_type(name, a)
-    if out is not None:
-        check_type("out", out)
-    check_same_dtype(**dict(given), out=out)
-    dtype = given[0][1].dtype
-    if plan is not None:
-        if not same_context:
-            raise ValueError("the queue belongs to another OpenCL context than this plan")
-        if dtype != plan.dtype:
-            raise TypeError(f"this plan is for {plan.dtype}, got arrays of dtype {dtype}")
-    else:
-        check_dtype_supported(dtype, queue.device)
-    for name, a in given:
-        check_array(name, a, shapes[name], context)
-    check_out(out, out_shape, context, given)
-    dev = dict(arrays)
-    numpy_mode = True
-    for name, a in given:
-        if is_device_array(a):
-            numpy_mode = False
-        else:
-            dev[name] = cla.to_device(queue, np.ascontiguousarray(a))
-    dev["out"] = out if is_device_array(out) else cla.empty(queue, out_shape, dtype)
-    return queue, dev, numpy_mode
-
-
-def finish(dev, out, numpy_mode):
-    """The result in the caller's form: ``out``, a NumPy array, or the device array."""
-    result = dev["out"]
-    if isinstance(out, np.ndarray):
-        result.get(ary=out)
-        return out
-    return result.get() if numpy_mode else result
-
-
 def _check_grad_output_rank(grad_output, g):
     check_type("grad_output", grad_output)
     check_grad_output(g, grad_output.shape)
-
-
-_PLAN_CACHE_SIZE = 64
-_plan_cache = OrderedDict()
-_plan_lock = threading.Lock()
-
-
-def plan(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, *, dtype=np.float32,
-         queue=None, algorithm="auto", queues="single", workspace_limit=None, gemm="auto"):
-    """Build a reusable :class:`Plan` for input (N, C, H, W) and weight (K, C/groups, kh, kw).
-
-    ``algorithm``: "auto" or one of "fc", "1x1", "direct", "fft", "winograd", "im2col" (ValueError if
-    it does not apply). ``queues``: "single" or "per-group" (each group's GEMMs on
-    their own in-order queue). ``workspace_limit``: bytes of the algorithm's workspace per pass
-    (for float16 arrays, their float32 copies come on top). ``gemm``: the GEMM engine, "auto"
-    (``CLCONV_GEMM`` if set, else clconv's kernel for the device's type), "clconv", "cpu", "gpu"
-    or "clblast" (see :mod:`clconv.gemm`).
-    """
-    g = conv_geometry(input_shape, weight_shape, stride, padding, dilation, groups)
-    return Plan(g, dtype, pick_queue(queue), algorithm=algorithm, queues=queues, workspace_limit=workspace_limit,
-                gemm=gemm)
-
-
-def cached_plan(g, dtype, queue, algorithm="auto", queues="single", gemm="auto"):
-    """The plan for (geometry, dtype, context, algorithm, queues, GEMM request) from a small LRU
-    cache. An "auto" GEMM request is keyed with CLCONV_GEMM, which the plan resolves it by:
-    nothing on this path asks the driver."""
-    asked = gemm if gemm != "auto" else "auto:" + os.environ.get("CLCONV_GEMM", "").strip().lower()
-    key = (queue_context(queue).int_ptr, g, np.dtype(dtype), algorithm, queues, asked)
-    with _plan_lock:
-        p = _plan_cache.get(key)
-        if p is not None:
-            _plan_cache.move_to_end(key)
-            return p
-    p = Plan(g, dtype, queue, algorithm=algorithm, queues=queues, gemm=gemm)
-    with _plan_lock:
-        _plan_cache[key] = p
-        while len(_plan_cache) > _PLAN_CACHE_SIZE:
-            _plan_cache.popitem(last=False)
-    return p

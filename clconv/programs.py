@@ -1,8 +1,10 @@
 """Building our OpenCL kernels and launching them.
 
 Each ``kernels/*.cl`` file is specialised by prepending ``#define`` lines (real
-type, index type, tile sizes) and built once per (context, file, dtype,
-options); the cache lives on the context (pyopencl's context-dependent memoize).
+type, index type, tile sizes), then the shared header ``kernels/clconv.h`` (the
+defaults and helpers every file uses), and built once per (context, file, dtype,
+options); that cache, the only one of kernels, lives on the context (pyopencl's
+context-dependent memoize).
 """
 import re
 import threading
@@ -34,7 +36,8 @@ _C_TYPES = {np.dtype(np.float32): ("float", "float"), np.dtype(np.float64): ("do
             np.dtype(np.float16): ("float", "half")}
 # Kernel files that read and write through LOAD/SAVE and so accept float16 storage;
 # the others take REAL buffers and are only built for float32 and float64.
-_STORAGE_AWARE = {"bias.cl", "convert.cl"}
+_STORAGE_AWARE = {"bias.cl", "storage.cl"}
+HEADER = "clconv.h"
 INT32_MAX = 2**31 - 1
 
 
@@ -45,20 +48,24 @@ def index_type(*element_counts):
 
 def program_source(filename, dtype, defines):
     """The source built for ``kernels/filename``: our #defines for ``dtype`` and ``defines``
-    ((name, value) pairs), then the file."""
+    ((name, value) pairs), the shared header, then the file."""
     path = kernel_dir() / filename
     real, store = _C_TYPES[dtype]
     if store == "half" and filename not in _STORAGE_AWARE:
         raise ClconvError(f"clconv: {filename} has no float16 storage (only {sorted(_STORAGE_AWARE)} do)")
-    header = [f"#define REAL {real}", f"#define REAL4 {real}4", f"#define STORE {store}"]
-    if store == "half":
-        header += ["#define LOAD(p, i) vload_half((i), (p))", "#define SAVE(p, i, v) vstore_half_rte((v), (i), (p))"]
-    else:
-        header += ["#define LOAD(p, i) ((p)[i])", "#define SAVE(p, i, v) ((p)[i] = (v))"]
+    lines = [f"#define REAL {real}"]
+    if store == "half":   # else the header's: STORE is REAL
+        lines += ["#define STORE half", "#define LOAD(p, i) vload_half((i), (p))",
+                  "#define SAVE(p, i, v) vstore_half_rte((v), (i), (p))"]
     if dtype == np.float64:
-        header.insert(0, "#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
-    header += [f"#define {name} {value}" for name, value in defines]
-    return "\n".join(header) + "\n" + path.read_text()
+        lines.insert(0, "#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
+    lines += [f"#define {name} {value}" for name, value in defines]
+    return "\n".join(lines) + "\n" + _header_text() + path.read_text()
+
+
+@lru_cache(maxsize=None)
+def _header_text():
+    return (kernel_dir() / HEADER).read_text()
 
 
 @context_dependent_memoize

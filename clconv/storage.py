@@ -1,12 +1,13 @@
 """float16 storage: arrays kept as half, every algorithm run in float32 on float copies.
 
-Host side of kernels/convert.cl. The copies live in the pass's workspace after
-the algorithm's own; :func:`accumulate` and :func:`zero` serve every dtype.
+Host side of kernels/storage.cl. The copies live in the pass's workspace after
+the algorithm's own (:func:`on_float_copies`); :func:`accumulate` and :func:`zero`
+serve every dtype.
 """
 import numpy as np
 import pyopencl as cl
 
-from .algorithms.common import idx_for, ref
+from .buffers import Ref, idx_for, ref
 from .programs import ClconvError, get_kernel, launch
 
 HALF = np.dtype(np.float16)
@@ -18,7 +19,7 @@ def compute_dtype(dtype):
 
 
 def _launch(queue, name, dtype, dst, src, n, what):
-    knl = get_kernel(queue.context, "convert.cl", name, dtype, IDX=idx_for(np.float16, dst, src))
+    knl = get_kernel(queue.context, "storage.cl", name, dtype, IDX=idx_for(np.float16, dst, src))
     launch(queue, knl, (n,), None, src.buf, src.off, dst.buf, dst.off, n, what=what)
 
 
@@ -32,6 +33,21 @@ def to_store(queue, dtype, src, dst, n, what=""):
     _launch(queue, "to_store", dtype, dst, src, n, what)
 
 
+def on_float_copies(queue, dtype, refs, sizes, ws, at, run, what=""):
+    """``run(*copies)`` on float32 copies of the pass's arrays ``refs`` (Refs of ``dtype``
+    storage, the result last, None for no bias; ``sizes`` their element counts), placed in the
+    workspace ``ws`` from element ``at`` on; then the result rounded back into the last array."""
+    copies = []
+    for r, n in zip(refs, sizes):
+        copies.append(None if r is None else Ref(ws, at))
+        at += 0 if r is None else n
+    for r, c, n in zip(refs[:-1], copies, sizes):
+        if r is not None:
+            to_real(queue, dtype, r, c, n, what)
+    run(*copies)
+    to_store(queue, dtype, copies[-1], refs[-1], sizes[-1], what)
+
+
 def accumulate(queue, dst, src):
     """dst += src for two device arrays of one shape and dtype, added in float for float16."""
     if dst.shape != src.shape or dst.dtype != src.dtype:
@@ -39,7 +55,7 @@ def accumulate(queue, dst, src):
     n = dst.size
     if n:
         d, s = ref(dst), ref(src)
-        knl = get_kernel(queue.context, "convert.cl", "accumulate", dst.dtype, IDX=idx_for(dst.dtype, d, s))
+        knl = get_kernel(queue.context, "storage.cl", "accumulate", dst.dtype, IDX=idx_for(dst.dtype, d, s))
         launch(queue, knl, (n,), None, d.buf, d.off, s.buf, s.off, n, what="gradient accumulation")
 
 

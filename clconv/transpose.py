@@ -6,11 +6,11 @@ Wout) to (N, Cin, H, W) with that same weight; its gradients are that
 convolution's forward (for the input) and grad-weight (for the weight) passes.
 """
 from . import bias as _bias
-from .algorithms.common import ref
+from .buffers import ref
 from .functional import conv2d, conv2d_weight
 from .geometry import conv_geometry, pair
-from .plan import cached_plan, finish, prepare
-from .validate import check_type, pick_queue
+from .planner import cached_plan
+from .validate import check_type, finish, pick_queue, prepare
 
 
 def transpose_output_shape(input_shape, weight_shape, stride=1, padding=0, output_padding=0, groups=1,
@@ -58,7 +58,7 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_paddi
                                      {"input": g.output_shape, "weight": g.weight_shape, "bias": (g.C,)},
                                      out, g.input_shape)
     if g.N:
-        plan._run("backward_input", queue, ref(dev["weight"]), ref(dev["input"]), ref(dev["out"]))
+        plan.enqueue("backward_input", queue, ref(dev["weight"]), ref(dev["input"]), ref(dev["out"]))
         if bias is not None:
             _bias.fill_bias(queue, plan.dtype, ref(dev["out"]), ref(dev["bias"]), g.N, g.C, g.H * g.W, add=True)
     return finish(dev, out, numpy_mode)

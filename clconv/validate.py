@@ -1,4 +1,5 @@
-"""Checks on array arguments, all made before anything is enqueued.
+"""Checks on array arguments, all made before anything is enqueued, and the marshalling
+beside them (:func:`prepare`, :func:`finish`).
 
 Shape rules live in :mod:`clconv.geometry`; this module checks the arrays
 themselves: type, dtype, shape, context, layout, and that an output does not
@@ -11,7 +12,7 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
-from .device import default_queue
+from .device import check_dtype_supported, default_queue
 
 
 def is_device_array(a):
@@ -135,3 +136,54 @@ def queue_context(queue):
         while len(_queue_contexts) > _QUEUES_KEPT:
             _queue_contexts.popitem(last=False)
     return context
+
+
+def prepare(queue, plan, arrays, shapes, out, out_shape):
+    """Check every argument, then upload NumPy ones (nothing is enqueued before all checks pass).
+
+    ``shapes``: {name: expected size}; ``out_shape``: the result's. ``plan`` gives the dtype,
+    context and fallback queue; without one (grad-bias) they come from the arrays.
+    Returns (queue, dict of device arrays incl. "out", numpy_mode).
+    Every call of every pass runs this: it asks the driver nothing it already knows.
+    """
+    queue = pick_queue(queue, *arrays.values(), out, default=plan.queue if plan else None)
+    context = queue_context(queue)
+    same_context = plan is not None and (queue is plan.queue or context == plan.context)
+    if same_context and all_plain(plan.dtype, context, arrays, shapes, out, out_shape):
+        # the usual call, device arrays that pass every check below: accepted in one test
+        return queue, {**arrays, "out": cla.empty(queue, out_shape, plan.dtype) if out is None else out}, False
+    given = [(name, a) for name, a in arrays.items() if a is not None or name not in OPTIONAL]
+    for name, a in given:
+        check_type(name, a)
+    if out is not None:
+        check_type("out", out)
+    check_same_dtype(**dict(given), out=out)
+    dtype = given[0][1].dtype
+    if plan is not None:
+        if not same_context:
+            raise ValueError("the queue belongs to another OpenCL context than this plan")
+        if dtype != plan.dtype:
+            raise TypeError(f"this plan is for {plan.dtype}, got arrays of dtype {dtype}")
+    else:
+        check_dtype_supported(dtype, queue.device)
+    for name, a in given:
+        check_array(name, a, shapes[name], context)
+    check_out(out, out_shape, context, given)
+    dev = dict(arrays)
+    numpy_mode = True
+    for name, a in given:
+        if is_device_array(a):
+            numpy_mode = False
+        else:
+            dev[name] = cla.to_device(queue, np.ascontiguousarray(a))
+    dev["out"] = out if is_device_array(out) else cla.empty(queue, out_shape, dtype)
+    return queue, dev, numpy_mode
+
+
+def finish(dev, out, numpy_mode):
+    """The result in the caller's form: ``out``, a NumPy array, or the device array."""
+    result = dev["out"]
+    if isinstance(out, np.ndarray):
+        result.get(ary=out)
+        return out
+    return result.get() if numpy_mode else result

@@ -1,17 +1,6 @@
 // Bias kernels: broadcast in the forward pass, reduction for grad-bias.
-#ifndef REAL
-#define REAL float
-#endif
-#ifndef STORE          // element type in memory: REAL, or half (float16 storage, REAL = float)
-#define STORE REAL
-#define LOAD(p, i) ((p)[i])
-#define SAVE(p, i, v) ((p)[i] = (v))
-#endif
 #ifndef ACC            // accumulation type of the reduction
 #define ACC REAL
-#endif
-#ifndef IDX            // index type: int when every index formed is below 2^31, else long
-#define IDX long
 #endif
 #ifndef WG             // work-group size of bias_grad, a power of two
 #define WG 256

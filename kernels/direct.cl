@@ -3,13 +3,6 @@
 // convolution of a few channels), weight (K, CG, KH, KW). No GEMM: each output (or
 // input-gradient) element is a short dot product over its group's channels and the
 // kernel taps.
-#ifndef REAL
-#define REAL float
-#define REAL4 float4
-#endif
-#ifndef IDX            // index type: int when every index formed is below 2^31, else long
-#define IDX long
-#endif
 #ifndef TAPS           // CG * KH * KW, the grad-weight accumulators per filter (a constant)
 #define TAPS 9
 #endif
@@ -349,9 +342,6 @@ __kernel void direct_weight_sum(__global const REAL* restrict part, const int S,
 #ifndef RB             // output rows per work-item of direct_rows
 #define RB 1
 #endif
-#define CAT_(a, b) a##b
-#define CAT(a, b) CAT_(a, b)
-#define REALV CAT(REAL, VW)
 typedef union { REALV v; REAL s[VW]; } lanes;   // a vector and its values
 
 // VW values of input row xr at columns ix0, ix0 + SW, ... (zero outside 0 .. W - 1), as

@@ -18,12 +18,6 @@
 //   WS[f][k][2Cg]            filter spectra (or the grad-weight's summed products)
 //
 // Specialised by the host with prepended #defines; the defaults below are for reading.
-#ifndef REAL
-#define REAL float
-#endif
-#ifndef IDX            // index type: int when every index formed is below 2^31, else long
-#define IDX long
-#endif
 #ifndef FH             // frame rows and columns: powers of two
 #define FH 32
 #endif

@@ -22,12 +22,6 @@
 // their stores; in the OUTER form the columns past N of the last column block read zeros.
 //
 // Specialised by the host with prepended #defines; the defaults below are for reading.
-#ifndef REAL
-#define REAL float
-#endif
-#ifndef IDX            // index type: int when every index formed is below 2^31, else long
-#define IDX long
-#endif
 #ifndef VW             // values per vector, 4 or 8: the device's native width, 256 bits at most
 #define VW 8
 #endif
@@ -61,9 +55,6 @@
 #define MADD(a, b, c) ((a) * (b) + (c))
 #endif
 
-#define CAT_(a, b) a##b
-#define CAT(a, b) CAT_(a, b)
-#define REALV CAT(REAL, VW)
 // Vector loads and stores as VW consecutive scalars, which the compiler merges into one
 // unaligned access: PoCL 3.0 calls its vloadn/vstoren builtins (and min, fma) as functions,
 // not inlined (seen in its objects).

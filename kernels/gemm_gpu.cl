@@ -15,13 +15,6 @@
 // 26-29 to 42-44 TFLOP/s.
 //
 // Specialised by the host with prepended #defines; the defaults below are for reading.
-#ifndef REAL
-#define REAL float
-#define REAL4 float4
-#endif
-#ifndef IDX            // index type: int when every index formed is below 2^31, else long
-#define IDX long
-#endif
 #ifndef TM             // rows of C per work-group: a multiple of 8 dividing TK * 64 / VB
 #define TM 128
 #endif

@@ -6,12 +6,6 @@
 // so each group's block is one sub-matrix at a fixed offset.
 //
 // Specialised by the host with prepended #defines; the defaults below are for reading.
-#ifndef REAL
-#define REAL float
-#endif
-#ifndef IDX            // index type: int when every index formed is below 2^31, else long
-#define IDX long
-#endif
 
 // 3-D range: dim 0 over the output pixels p of one image, dim 1 over channels c,
 // dim 2 over the B images. Each work-item writes the KH*KW rows of channel c in
@@ -113,25 +107,11 @@ __kernel void cnhw_to_nchw(__global const REAL* restrict src, const IDX src_off,
     dst[dst_off + ((IDX)b * K + k) * P + p] = v;
 }
 
-// out[i] = (accumulate ? out[i] : 0) + sum over s < S of part[s * n + i], in order:
-// the deterministic second stage of a split-K GEMM.
-__kernel void sum_partials(__global const REAL* restrict part, const IDX part_off, const int S, const IDX n,
-                           __global REAL* restrict out, const IDX out_off, const int accumulate)
-{
-    const IDX i = get_global_id(0);
-    if (i >= n) return;
-    REAL acc = accumulate ? out[out_off + i] : (REAL)0;
-    for (int s = 0; s < S; ++s) acc += part[part_off + (IDX)s * n + i];
-    out[out_off + i] = acc;
-}
-
 // ---- CPU devices ----------------------------------------------------------------------
 #ifndef VW             // values per vector of im2col_rows: 4 or 8
 #define VW 8
 #endif
-#define CAT_(a, b) a##b
-#define CAT(a, b) CAT_(a, b)
-typedef union { CAT(REAL, VW) v; REAL s[VW]; } lanes;   // a vector and its values
+typedef union { REALV v; REAL s[VW]; } lanes;   // a vector and its values
 
 // im2col for CPU devices, which vectorise a work-item only as far as it is written with
 // vectors: work-item (b * OH + oy, c), a single-work-item group, writes output row oy of

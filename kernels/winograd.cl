@@ -18,12 +18,6 @@
 // at output row (th % D) + (th / D) * TM * D, which for D = 1 is TM * th.
 //
 // Specialised by the host with prepended #defines; the defaults below are for reading.
-#ifndef REAL
-#define REAL float
-#endif
-#ifndef IDX            // index type: int when every index formed is below 2^31, else long
-#define IDX long
-#endif
 #ifndef FR             // filter size: 3 or 5
 #define FR 3
 #endif
@@ -325,9 +319,6 @@ __kernel void winograd_grad_filter(__global const REAL* restrict du, const IDX d
 #ifndef VW             // tiles per vector: 4 or 8
 #define VW 8
 #endif
-#define CAT_(a, b) a##b
-#define CAT(a, b) CAT_(a, b)
-#define REALV CAT(REAL, VW)
 typedef union { REALV v; REAL s[VW]; } lanes;   // a vector and its values
 TRANSFORMS(REALV, _v)
 

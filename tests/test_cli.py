@@ -77,7 +77,8 @@ def test_tuning_cache_round_trip_across_processes(tmp_path):
     assert len(entries) == 3 and all(e["algorithm"] in ("direct", "im2col") for e in entries.values())
     explain = run(["-c", "import clconv; from clconv.cli import _workload_geometries; q = clconv.default_queue(); "
                          "name, g = next(_workload_geometries(['depthwise_s2'], q.device)); "
-                         "print(clconv.Plan(g, 'float32', q).explain())"], env=env)
+                         "print(clconv.plan(g.input_shape, g.weight_shape, g.stride, g.pads, g.dilation, g.groups, "
+                         "queue=q).explain())"], env=env)
     assert explain.count("chosen because fastest on this device in the tuning cache") == 3
 
 

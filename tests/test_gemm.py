@@ -248,18 +248,18 @@ def test_tile_fits_the_work_group_and_local_memory():
 def test_tune_gemm_needs_a_pass_that_clblast_runs(queue, monkeypatch):
     """tune-gemm times only passes whose GEMMs CLBlast runs: with every GEMM on clconv's own
     kernel there is nothing to tune, and it says so."""
-    from clconv import tuning
+    from clconv import tuner
     from clconv.geometry import conv_geometry
     monkeypatch.setenv("CLCONV_GEMM", "clconv")   # clconv's kernel for this device type
     with pytest.raises(RuntimeError, match="nothing to tune"):
-        tuning.tune_gemm([conv_geometry((2, 8, 9, 9), (8, 8, 3, 3), 1, 1, 1, 1)], queue, save=False)
+        tuner.tune_gemm([conv_geometry((2, 8, 9, 9), (8, 8, 3, 3), 1, 1, 1, 1)], queue, save=False)
 
 
 def test_cached_plans_follow_clconv_gemm(queue, monkeypatch):
     """The functional API's plan cache is keyed by the GEMM request (an "auto" one with
     CLCONV_GEMM), so a changed setting gets a plan of its own, and the same one the same plan."""
     from clconv.geometry import conv_geometry
-    from clconv.plan import cached_plan
+    from clconv.planner import cached_plan
     g = conv_geometry((2, 8, 9, 9), (8, 8, 3, 3), 1, 1, 1, 1)
     monkeypatch.setenv("CLCONV_GEMM", "clblast")
     first = cached_plan(g, np.float32, queue, "im2col")

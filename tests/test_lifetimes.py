@@ -72,7 +72,7 @@ def test_kernel_copies_outlive_their_program(queue):
     context = cl.Context([queue.device])   # a context of its own: the kernel is built here
     q = cl.CommandQueue(context)
     n = 37
-    kernel = get_kernel(context, "convert.cl", "to_real", np.float32, IDX="int")
+    kernel = get_kernel(context, "storage.cl", "to_real", np.float32, IDX="int")
     gc.collect()
     src = cla.to_device(q, np.arange(n, dtype=np.float32))
     dst = cla.zeros(q, n, np.float32)

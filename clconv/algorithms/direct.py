@@ -11,9 +11,10 @@ atomics.
 """
 import pyopencl as cl
 
+from ..buffers import idx_for
 from ..device import cpu_vector_width
 from ..programs import get_kernel, launch, reduction_work_group
-from .common import idx_for
+from .base import Algorithm, pow2_at_least
 
 MAX_TAPS = 64         # Cg * kh * kw above this (groups > 1): a GEMM pays again, and grad-weight's
                       # private accumulators (one per tap) grow; forced dense ones may hold 196
@@ -26,14 +27,10 @@ MAX_WEIGHTS = 2048    # and of the forward's staged weights (KB filters x taps),
 LOCAL_SPARE = 8192    # bytes of local memory left unplanned when staging weights beside the patch
 
 
-def _pow2_at_least(n):
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def _tile(width, height):
     """Work-group tile (TX, TY) of at most 256 work-items for a width x height plane."""
-    tx = min(32, _pow2_at_least(width))
-    return tx, min(256 // tx, _pow2_at_least(height))
+    tx = min(32, pow2_at_least(width))
+    return tx, min(256 // tx, pow2_at_least(height))
 
 
 def _patch(g, tx, ty, ry):
@@ -51,7 +48,7 @@ def _patches(g, staged=True):
     tx, ty = _tile(g.OW, g.OH)
     for ry in (4, 2, 1) if staged else (1,):
         ph, pw = _patch(g, tx, ty, ry)
-        if ry == 1 or (ty * ry <= _pow2_at_least(g.OH) and ph * pw <= MAX_PATCH):
+        if ry == 1 or (ty * ry <= pow2_at_least(g.OH) and ph * pw <= MAX_PATCH):
             break
     return {"forward": (tx, ty, ph, pw, ry), "backward_input": _tile(g.W, g.H) + (ph, pw, ry)}
 
@@ -93,7 +90,7 @@ def _patch_sizes(g):
     return [_patches(t, staged=False)["forward"][2:4] for t in geometries]
 
 
-class Direct:
+class Direct(Algorithm):
     name = "direct"
 
     @staticmethod
@@ -128,8 +125,7 @@ class Direct:
         return True, ""
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm=None):
-        self.g, self.dtype = g, dtype
-        self.per_group = False   # no GEMMs, so no per-group queues
+        super().__init__(g, dtype, device, workspace_limit, False, None)   # no GEMMs, so no per-group queues
         self.taps = g.Cg * g.kh * g.kw
         self.staged = bool(device.type & cl.device_type.GPU)   # on CPUs caches stage better than barriers
         self.vw = cpu_vector_width(device, dtype.itemsize)      # columns per vector of the CPU row kernels
@@ -146,7 +142,6 @@ class Direct:
                    "backward_input": _filters_per_item(self.transposed, self.tiles["backward_input"], units)
                    if self.transposed else 1}
         self.specs = {id(t): self._specs(t) for t in (g, self.transposed) if t}   # per launch geometry
-        self._kernels = {}   # (context, name, idx, geometry, KB) -> (kernel, WG): ~20 defines to look up per launch
         # enough work-groups in stage 1 to fill the device (about 4 per compute unit), each
         # slice keeping at least 1024 positions, as many as the workspace holds; fixed per
         # device and limit, so deterministic
@@ -166,7 +161,7 @@ class Direct:
                          else (1, _band(g.H, g.N * g.C, units))}
             fill = -(-CPU_ITEMS_PER_UNIT * units // g.K)
             self.slices = max(1, min(64, fill, g.N * g.OH // 4, room))
-        self.workspace = {"forward": 0, "backward_input": 0, "backward_weight": g.K * self.slices * self.taps}
+        self.workspace["backward_weight"] = g.K * self.slices * self.taps
 
     def describe(self, pass_name):
         g = self.g
@@ -208,10 +203,6 @@ class Direct:
         """``name`` built for geometry ``g`` (the transposed one flips the weights), the filter's
         sizes compiled in (loops unrolled, divisions folded)."""
         g = g or self.g
-        key = (queue.context.int_ptr, name, idx, id(g), kb, tile, rb)
-        found = self._kernels.get(key)
-        if found:
-            return found
         wg = reduction_work_group(queue.device)
         tx, ty, ph, pw, ry = tile or self.tiles["forward"]
         constants = self.specs[id(g)][1]
@@ -225,11 +216,9 @@ class Direct:
         # four filters' staged weights read at once (H200: 7x7 stem forward 0.026 -> 0.021 ms,
         # ResNeXt forward 0.126 -> 0.110 ms)
         wvec = wstage and kb % 4 == 0
-        found = self._kernels[key] = (
-            get_kernel(queue.context, "direct.cl", name, self.dtype, IDX=idx, TAPS=self.taps, WG=wg, TX=tx, TY=ty,
-                       PH=ph, PW=pw, RY=ry, KB=kb, RB=rb, VW=self.vw, STAGE=int(self.staged), WSTAGE=int(wstage),
-                       WVEC=int(wvec), FLIP=int(g is self.transposed), **constants), wg)
-        return found
+        return (get_kernel(queue.context, "direct.cl", name, self.dtype, IDX=idx, TAPS=self.taps, WG=wg, TX=tx, TY=ty,
+                           PH=ph, PW=pw, RY=ry, KB=kb, RB=rb, VW=self.vw, STAGE=int(self.staged), WSTAGE=int(wstage),
+                           WVEC=int(wvec), FLIP=int(g is self.transposed), **constants), wg)
 
     def _forward(self, queue, pass_name, g, x, w, bias, y, what):
         """The forward kernel over geometry ``g`` (the transposed one flips the weights): on GPUs

@@ -8,10 +8,11 @@ strided-batched GEMM over the groups, over the whole batch, with no workspace:
   grad-weight   dW[g]    = dY[:, g]^T @ X[:, g]   M=Kg  N=Kd  K=N
 """
 from ..bias import prefill_bias
-from ..gemm import Operand as Op, grid_gemm
+from ..gemm import Operand as Op
+from .base import Algorithm
 
 
-class FullyConnected:
+class FullyConnected(Algorithm):
     name = "fc"
 
     @staticmethod
@@ -21,19 +22,12 @@ class FullyConnected:
         return False, (f"needs a kernel covering the whole unpadded input (kernel {g.kh}x{g.kw}, "
                        f"input {g.H}x{g.W}, padding {g.pads})")
 
-    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
-        self.g, self.dtype, self.per_group, self.gemm = g, dtype, per_group, gemm
-        self.workspace = {"forward": 0, "backward_input": 0, "backward_weight": 0}
-
     def describe(self, pass_name):
         g = self.g
         mnk = {"forward": (g.N, g.Kg, g.Kd), "backward_input": (g.N, g.Kd, g.Kg),
                "backward_weight": (g.Kg, g.Kd, g.N)}[pass_name]
         return (f"fully-connected GEMM over the whole batch, {g.groups} group(s) in one batched call, "
                 f"M={mnk[0]} N={mnk[1]} K={mnk[2]}, no im2col, no workspace")
-
-    def _gemm(self, queue, m, n, k, a, b, c, **kw):
-        grid_gemm(queue, self.gemm, self.dtype, self.g.groups, 1, m, n, k, a, b, c, per_group=self.per_group, **kw)
 
     def forward(self, queue, x, w, bias, y, ws):
         g = self.g

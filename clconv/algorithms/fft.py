@@ -22,23 +22,16 @@ import functools
 import numpy as np
 import pyopencl as cl
 
-from ..gemm import Operand
-from ..programs import INT32_MAX, ClconvError, get_kernel, launch, work_group_limit
-from .common import Ref, idx_for, position_gemm
+from ..buffers import Ref, idx_for
+from ..gemm import Operand as Op
+from ..programs import ClconvError, get_kernel, launch, work_group_limit
+from .base import pow2_at_least
+from .transform import Transform, aligned
 
 MAX_FRAME = 64        # frame side, at most: one frame row lives in a work-item's registers
 MIN_FRAME = 4
 MIN_CHANNELS = 16     # fewer channels or filters per group: the per-frequency GEMMs are too thin
 MAX_GROUP = 256       # work-items per work-group of the image transforms, at most
-ALIGN = 256           # workspace regions start at multiples of this many elements (sub-buffer origins)
-
-
-def _aligned(n):
-    return -(-n // ALIGN) * ALIGN
-
-
-def _pow2_at_least(n):
-    return 1 << max(0, (n - 1).bit_length())
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,8 +51,8 @@ def frame(g):
     input of the forward and of the transposed convolution, so no output index wraps."""
     (pt, pb), (pl, pr) = g.pads
     eh, ew = g.dilation[0] * (g.kh - 1), g.dilation[1] * (g.kw - 1)
-    return (_pow2_at_least(max(MIN_FRAME, g.H + pt + pb, g.H + eh)),
-            _pow2_at_least(max(MIN_FRAME, g.W + pl + pr, g.W + ew)))
+    return (pow2_at_least(max(MIN_FRAME, g.H + pt + pb, g.H + eh)),
+            pow2_at_least(max(MIN_FRAME, g.W + pl + pr, g.W + ew)))
 
 
 def _frequencies(g):
@@ -73,8 +66,8 @@ def multiplications_per_output(g, pass_name):
     return 4 * _frequencies(g) / pixels
 
 
-class FFT:
-    name = "fft"
+class FFT(Transform):
+    name, kind = "fft", "FFT"
 
     @staticmethod
     def applies(g):
@@ -109,7 +102,7 @@ class FFT:
         return True, ""
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
-        self.g, self.dtype, self.per_group, self.gemm = g, dtype, per_group, gemm
+        super().__init__(g, dtype, device, workspace_limit, per_group, gemm)
         self.fh, self.fw = frame(g)
         self.F = _frequencies(g)
         # images per work-group of the image and of the output transforms (FH/2 work-items
@@ -121,22 +114,11 @@ class FFT:
         fits = [nb for nb in (16, 8, 4, 2, 1) if nb == 1 or (
             nb * self.fh // 2 <= min(MAX_GROUP, device.max_work_group_size) and nb * spectrum <= device.local_mem_size)]
         self.nb, self.nbo = fits[0], min(8, fits[0])
-        # each pass runs over a convolution geometry: grad-input over the transposed one
-        self.geometry = {"forward": g, "backward_input": g.transposed(), "backward_weight": g}
-        self.chunk, self.layout, self.workspace = {}, {}, {}
-        for pass_name, t in self.geometry.items():
-            limit = workspace_limit // dtype.itemsize
-            per_image = self.F * 2 * (2 * t.C + t.K)        # the image spectra, rotated, and the products
-            B = max(1, min(g.N, (limit - self.F * t.K * 2 * t.Cg) // per_image,
-                           INT32_MAX // (self.F * 2 * 2 * max(t.C, t.K))))
-            while B > 1 and self._layout(pass_name, B)[-1] > limit:   # the estimate ignores alignment
-                B -= 1
-            layout = self._layout(pass_name, B)
-            if layout[-1] > limit:
-                raise ValueError(f"one image of input {list(g.input_shape)} with weight {list(g.weight_shape)} "
-                                 f"needs {layout[-1] * dtype.itemsize} FFT workspace bytes, above the limit "
-                                 f"of {workspace_limit} bytes")
-            self.chunk[pass_name], self.layout[pass_name], self.workspace[pass_name] = B, layout[:-1], layout[-1]
+        F = self.F
+        self._fit_chunks(workspace_limit,
+                         per_image=lambda p, t: F * 2 * (2 * t.C + t.K),   # the image spectra, rotated, and the products
+                         fixed=lambda p, t: F * t.K * 2 * t.Cg,          # the filter spectra (or dW)
+                         widest=lambda p, t: F * 2 * 2 * max(t.C, t.K))
 
     def _layout(self, pass_name, B):
         """Offsets of the workspace regions after the first, then its end, for chunks of B
@@ -146,8 +128,8 @@ class FFT:
         t, F = self.geometry[pass_name], self.F
         filters, images = F * t.K * 2 * t.Cg, F * t.K * 2 * B
         second, third = (images, filters) if pass_name == "backward_weight" else (filters, images)
-        first = _aligned(F * 2 * t.C * 2 * B)
-        return first, _aligned(first + second), _aligned(first + second) + third
+        first = aligned(F * 2 * t.C * 2 * B)
+        return first, aligned(first + second), aligned(first + second) + third
 
     def describe(self, pass_name):
         t, B = self.geometry[pass_name], self.chunk[pass_name]
@@ -177,12 +159,6 @@ class FFT:
                x.buf, x.off + n0 * C * H * W, ws, at, nb, C, H, W, *pads, Cg, int(rotated),
                what=f"{what}: image transform")
 
-    def _gemm(self, queue, ws, t, m, n, k, a, b, c, **kw):
-        """The F x G per-frequency GEMMs on (offset, leading dimension, group stride) triples
-        in the workspace ``ws``, G groups from one frequency to the next."""
-        a, b, c = (Operand(ws, off, ld, step, step * t.groups) for off, ld, step in (a, b, c))
-        position_gemm(queue, self.gemm, self.dtype, self.per_group, t.groups, self.F, m, n, k, a, b, c, **kw)
-
     def _convolve(self, queue, pass_name, x, w, bias, y, ws, what):
         """y = conv(x, w) (+ bias) over the pass's geometry, w flipped for grad-input."""
         t, B = self.geometry[pass_name], self.chunk[pass_name]
@@ -198,17 +174,14 @@ class FFT:
             self._images(queue, idx, x, n0, nb, t.C, t.H, t.W, (t.pads[0][0], t.pads[1][0]), t.Cg, ws, 0, True,
                          what)
             # per (frequency, group): Y (Kg, 2nb) = W (Kg, 2Cg) @ X rotated (2Cg, 2nb)
-            self._gemm(queue, ws, t, t.Kg, 2 * nb, 2 * t.Cg, (u, 2 * t.Cg, t.Kg * 2 * t.Cg),
-                       (0, 2 * nb, 2 * t.Cg * 2 * nb), (m, 2 * nb, t.Kg * 2 * nb), what=what)
+            # (their operands step G groups from one frequency to the next: see _position_gemm)
+            self._position_gemm(queue, t.groups, self.F, t.Kg, 2 * nb, 2 * t.Cg,
+                                Op(ws, u, 2 * t.Cg, t.Kg * 2 * t.Cg, t.K * 2 * t.Cg),
+                                Op(ws, 0, 2 * nb, 2 * t.Cg * 2 * nb, t.C * 2 * 2 * nb),
+                                Op(ws, m, 2 * nb, t.Kg * 2 * nb, t.K * 2 * nb), what=what)
             launch(queue, output, (nb, self.fh // 2, t.K), (self.nbo, self.fh // 2, 1), ws, m,
                    y.buf, y.off + n0 * t.K * t.OH * t.OW, b.buf, b.off, int(bias is not None), nb, t.K, t.OH, t.OW,
                    t.K * t.OH * t.OW, t.OH * t.OW, 1, 1, what=f"{what}: output transform")
-
-    def forward(self, queue, x, w, bias, y, ws):
-        self._convolve(queue, "forward", x, w, bias, y, ws, "forward (FFT)")
-
-    def backward_input(self, queue, w, dy, dx, ws):
-        self._convolve(queue, "backward_input", dy, w, None, dx, ws, "grad-input (FFT)")
 
     def backward_weight(self, queue, x, dy, dw, ws):
         t, B = self.g, self.chunk["backward_weight"]
@@ -221,9 +194,11 @@ class FFT:
                          what)
             self._images(queue, idx, dy, n0, nb, t.K, t.OH, t.OW, (0, 0), t.Kg, ws, d, False, what)
             # per (frequency, group): dW (Kg, 2Cg) (+)= DY (Kg, 2nb) @ (X rotated (2Cg, 2nb))^T
-            self._gemm(queue, ws, t, t.Kg, 2 * t.Cg, 2 * nb, (d, 2 * nb, t.Kg * 2 * nb),
-                       (0, 2 * nb, 2 * t.Cg * 2 * nb), (s, 2 * t.Cg, t.Kg * 2 * t.Cg),
-                       beta=1.0 if n0 > 0 else 0.0, b_transp=True, what=what)
+            self._position_gemm(queue, t.groups, self.F, t.Kg, 2 * t.Cg, 2 * nb,
+                                Op(ws, d, 2 * nb, t.Kg * 2 * nb, t.K * 2 * nb),
+                                Op(ws, 0, 2 * nb, 2 * t.Cg * 2 * nb, t.C * 2 * 2 * nb),
+                                Op(ws, s, 2 * t.Cg, t.Kg * 2 * t.Cg, t.K * 2 * t.Cg),
+                                beta=1.0 if n0 > 0 else 0.0, b_transp=True, what=what)
         # the taps: IDFT(dW) on the dilated filter grid, as the output transform with the
         # channels for images: tap (ci, k) to dw (k, ci)
         taps = t.kh * t.kw

@@ -24,17 +24,19 @@ straight into Y. On an H200 that took the 7x7 stem's grad-weight from 0.048-0.05
 import pyopencl as cl
 
 from ..bias import fill_bias
+from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width
-from ..gemm import Im2colB, Operand as Op, grid_gemm
+from ..gemm import Im2colB, Operand as Op
 from ..programs import INT32_MAX, get_kernel, launch
-from .common import Ref, idx_for, largest_divisor_at_most, max_slices, sum_partials
+from .base import Algorithm
+from .partials import largest_divisor_at_most, max_slices, sum_partials
 
 TILE = (64, 4)             # work-group shape of the 2-D layout kernels
 GPU_MIN_SLICE, GPU_MAX_SLICES = 64, 256   # grad-weight split-K on GPUs (see Im2col)
 IMPLICIT_MAX_CHANNELS = 4  # input channels per group up to which im2col is read in place (see above)
 
 
-class Im2col:
+class Im2col(Algorithm):
     name = "im2col"
 
     @staticmethod
@@ -42,7 +44,7 @@ class Im2col:
         return True, "general: any shape, stride, padding, dilation and groups"
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
-        self.g, self.dtype, self.per_group, self.gemm = g, dtype, per_group, gemm
+        super().__init__(g, dtype, device, workspace_limit, per_group, gemm)
         # CPU devices: im2col in rows, this many columns per vector
         self.vw = 0 if device.type & cl.device_type.GPU else cpu_vector_width(device, dtype.itemsize)
         itemsize = dtype.itemsize
@@ -127,20 +129,16 @@ class Im2col:
                what="grad_output layout")
         return ws, t
 
-    def _group_gemm(self, queue, m, n, k, a, b, c, **kw):
-        grid_gemm(queue, self.gemm, self.dtype, self.g.groups, 1, m, n, k, a, b, c, per_group=self.per_group, **kw)
-
     def forward(self, queue, x, w, bias, y, ws):
         g, B = self.g, self.chunk
         Kg, Kd = g.Kg, g.Kd
         if self._implicit():   # one GEMM over groups x images into Y
             if bias is not None:
                 fill_bias(queue, self.dtype, y, bias, g.N, g.K, g.P)
-            grid_gemm(queue, self.gemm, self.dtype, g.groups, g.N, Kg, g.P, Kd, Op(w.buf, w.off, Kd, Kg * Kd),
-                      Op(x.buf, x.off, 0, g.Cg * g.H * g.W, g.C * g.H * g.W),
-                      Op(y.buf, y.off, g.P, Kg * g.P, g.K * g.P),
-                      beta=float(bias is not None), per_group=self.per_group, im2col=self._im2col_b(0, 1),
-                      what="forward (implicit im2col)")
+            self._gemm(queue, Kg, g.P, Kd, Op(w.buf, w.off, Kd, Kg * Kd),
+                       Op(x.buf, x.off, 0, g.Cg * g.H * g.W, g.C * g.H * g.W), Op(y.buf, y.off, g.P, Kg * g.P, g.K * g.P),
+                       images=g.N, beta=float(bias is not None), im2col=self._im2col_b(0, 1),
+                       what="forward (implicit im2col)")
             return
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
         b = bias if bias is not None else w
@@ -152,9 +150,9 @@ class Im2col:
             out = Ref(y.buf, y.off + n0 * g.K * g.P) if nb == 1 else Ref(ws, self.rows * ld)
             if nb == 1 and bias is not None:
                 fill_bias(queue, self.dtype, out, bias, 1, g.K, g.P)
-            self._group_gemm(queue, Kg, ld, Kd, Op(w.buf, w.off, Kd, Kg * Kd), Op(ws, col, ld, Kd * ld),
-                             Op(out.buf, out.off, ld, Kg * ld), beta=float(nb == 1 and bias is not None),
-                             what="forward")
+            self._gemm(queue, Kg, ld, Kd, Op(w.buf, w.off, Kd, Kg * Kd), Op(ws, col, ld, Kd * ld),
+                       Op(out.buf, out.off, ld, Kg * ld), beta=float(nb == 1 and bias is not None),
+                       what="forward")
             if nb > 1:
                 launch(queue, self._kernel(queue, "cnhw_to_nchw", idx), (ld, g.K), TILE, ws, out.off, y.buf,
                        y.off + n0 * g.K * g.P, b.buf, b.off, int(bias is not None), nb, g.K, g.P,
@@ -169,36 +167,37 @@ class Im2col:
             nb = min(B, g.N - n0)
             col, ld = g.K * nb * g.P, nb * g.P
             t_buf, t = self._to_columns(queue, idx, dy, n0, nb, ws, 0)
-            self._group_gemm(queue, Kd, ld, Kg, Op(w.buf, w.off, Kd, Kg * Kd), Op(t_buf, t, ld, Kg * ld),
-                             Op(ws, col, ld, Kd * ld), a_transp=True, what="grad-input")
+            self._gemm(queue, Kd, ld, Kg, Op(w.buf, w.off, Kd, Kg * Kd), Op(t_buf, t, ld, Kg * ld),
+                       Op(ws, col, ld, Kd * ld), a_transp=True, what="grad-input")
             launch(queue, col2im, (g.H * g.W, g.C, nb), (64, 1, 1), ws, col,
                    dx.buf, dx.off + n0 * g.C * g.H * g.W, *self._geometry_args(nb), what="col2im")
 
     def backward_weight(self, queue, x, dy, dw, ws):
         g, B = self.g, self.chunk
         idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
-        G, Kg, Kd = g.groups, g.Kg, g.Kd
+        Kg, Kd = g.Kg, g.Kd
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
             ld = nb * g.P
             col, part = 0, (self.rows + g.K) * ld
             S = self.slices if nb == B else self.last_slices
             L = ld // S   # slice length: S slices cover the nb * P columns exactly
-            # B: col (Kd x ld per group), or the input read through im2col in place
+            # B: col (Kd x ld per group, slices L apart), or the input read through im2col in
+            # place (its leading dimension unused; the slices are im2col's)
             if self._implicit():
-                b_buf, b_off, b_si, b_sj = x.buf, x.off + n0 * g.C * g.H * g.W, g.Cg * g.H * g.W, 0
+                b = Op(x.buf, x.off + n0 * g.C * g.H * g.W, ld, g.Cg * g.H * g.W)
                 im2col = self._im2col_b(L if S > 1 else 0, nb)
             else:
                 self._im2col(queue, idx, x, n0, nb, ws, col)
-                b_buf, b_off, b_si, b_sj, im2col = ws, col, Kd * ld, L, None
+                b, im2col = Op(ws, col, ld, Kd * ld, L), None
             t_buf, t = self._to_columns(queue, idx, dy, n0, nb, ws, self.rows * ld)
             if S == 1:
-                self._group_gemm(queue, Kg, Kd, ld, Op(t_buf, t, ld, Kg * ld), Op(b_buf, b_off, ld, b_si),
-                                 Op(dw.buf, dw.off, Kd, Kg * Kd), beta=0.0 if n0 == 0 else 1.0,
-                                 b_transp=True, im2col=im2col, what="grad-weight")
+                self._gemm(queue, Kg, Kd, ld, Op(t_buf, t, ld, Kg * ld), b,
+                           Op(dw.buf, dw.off, Kd, Kg * Kd), beta=0.0 if n0 == 0 else 1.0,
+                           b_transp=True, im2col=im2col, what="grad-weight")
                 continue
-            grid_gemm(queue, self.gemm, self.dtype, G, S, Kg, Kd, L, Op(t_buf, t, ld, Kg * ld, L),
-                      Op(b_buf, b_off, ld, b_si, b_sj), Op(ws, part, Kd, Kg * Kd, g.K * Kd), b_transp=True,
-                      per_group=self.per_group, im2col=im2col, what="grad-weight (split-K)")
+            self._gemm(queue, Kg, Kd, L, Op(t_buf, t, ld, Kg * ld, L), b,
+                       Op(ws, part, Kd, Kg * Kd, g.K * Kd), images=S, b_transp=True, im2col=im2col,
+                       what="grad-weight (split-K)")
             n = g.K * Kd
             sum_partials(queue, self.dtype, idx, Ref(ws, part), S, n, dw, n0 > 0, "grad-weight (sum of slices)")

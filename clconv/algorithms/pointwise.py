@@ -14,12 +14,14 @@ the im2col layout). Otherwise it uses the im2col algorithm, whose im2col for a 1
 kernel is the (C, N*H*W) layout that makes it one GEMM per group.
 """
 from ..bias import prefill_bias
-from ..gemm import Operand as Op, grid_gemm
-from .common import MIN_SLICE, Ref, idx_for, max_slices, sum_partials
+from ..buffers import Ref, idx_for
+from ..gemm import Operand as Op
+from .base import Algorithm
 from .im2col import Im2col
+from .partials import MIN_SLICE, max_slices, sum_partials
 
 
-class Pointwise:
+class Pointwise(Algorithm):
     name = "1x1"
 
     @staticmethod
@@ -30,14 +32,13 @@ class Pointwise:
                       f"padding {g.pads})"
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
-        self.g, self.dtype, self.per_group, self.gemm = g, dtype, per_group, gemm
+        super().__init__(g, dtype, device, workspace_limit, per_group, gemm)
         # grad-weight: images per chunk of per-image partial sums (1: the im2col layout instead)
         fits = workspace_limit // (g.K * g.Cg * dtype.itemsize)
         self.images = min(g.N, max_slices(g.K * g.Cg, g.N * g.P), fits) if g.P >= MIN_SLICE else 1
         self._weight = None if self.images > 1 else Im2col(g, dtype, device, workspace_limit, per_group, gemm)
-        self.workspace = {"forward": 0, "backward_input": 0,
-                          "backward_weight": self.images * g.K * g.Cg if self._weight is None
-                          else self._weight.workspace["backward_weight"]}
+        self.workspace["backward_weight"] = (self.images * g.K * g.Cg if self._weight is None
+                                             else self._weight.workspace["backward_weight"])
 
     def describe(self, pass_name):
         g = self.g
@@ -54,15 +55,15 @@ class Pointwise:
     def forward(self, queue, x, w, bias, y, ws):
         g = self.g
         beta = prefill_bias(queue, self.dtype, y, bias, g)
-        grid_gemm(queue, self.gemm, self.dtype, g.groups, g.N, g.Kg, g.P, g.Cg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
-                  Op(x.buf, x.off, g.P, g.Cg * g.P, g.C * g.P), Op(y.buf, y.off, g.P, g.Kg * g.P, g.K * g.P),
-                  beta=beta, per_group=self.per_group, what="forward (1x1)")
+        self._gemm(queue, g.Kg, g.P, g.Cg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
+                   Op(x.buf, x.off, g.P, g.Cg * g.P, g.C * g.P), Op(y.buf, y.off, g.P, g.Kg * g.P, g.K * g.P),
+                   images=g.N, beta=beta, what="forward (1x1)")
 
     def backward_input(self, queue, w, dy, dx, ws):
         g = self.g
-        grid_gemm(queue, self.gemm, self.dtype, g.groups, g.N, g.Cg, g.P, g.Kg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
-                  Op(dy.buf, dy.off, g.P, g.Kg * g.P, g.K * g.P), Op(dx.buf, dx.off, g.P, g.Cg * g.P, g.C * g.P),
-                  a_transp=True, per_group=self.per_group, what="grad-input (1x1)")
+        self._gemm(queue, g.Cg, g.P, g.Kg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
+                   Op(dy.buf, dy.off, g.P, g.Kg * g.P, g.K * g.P), Op(dx.buf, dx.off, g.P, g.Cg * g.P, g.C * g.P),
+                   images=g.N, a_transp=True, what="grad-input (1x1)")
 
     def backward_weight(self, queue, x, dy, dw, ws):
         if self._weight is not None:
@@ -72,8 +73,7 @@ class Pointwise:
         idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
-            grid_gemm(queue, self.gemm, self.dtype, g.groups, nb, g.Kg, g.Cg, g.P,
-                      Op(dy.buf, dy.off + n0 * g.K * g.P, g.P, g.Kg * g.P, g.K * g.P),
-                      Op(x.buf, x.off + n0 * g.C * g.P, g.P, g.Cg * g.P, g.C * g.P), Op(ws, 0, g.Cg, g.Kg * g.Cg, n),
-                      b_transp=True, per_group=self.per_group, what="grad-weight (1x1)")
+            self._gemm(queue, g.Kg, g.Cg, g.P, Op(dy.buf, dy.off + n0 * g.K * g.P, g.P, g.Kg * g.P, g.K * g.P),
+                       Op(x.buf, x.off + n0 * g.C * g.P, g.P, g.Cg * g.P, g.C * g.P), Op(ws, 0, g.Cg, g.Kg * g.Cg, n),
+                       images=nb, b_transp=True, what="grad-weight (1x1)")
             sum_partials(queue, self.dtype, idx, Ref(ws, 0), nb, n, dw, n0 > 0, "grad-weight (1x1, sum of images)")

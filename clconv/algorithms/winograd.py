@@ -18,20 +18,17 @@ the batch of one batched GEMM (their operands are evenly spaced offsets into
 the workspace); with per-group queues, each group's GEMMs run on its own queue.
 """
 
+from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width, vectorizes_work_items
 from ..gemm import Operand as Op
-from ..programs import INT32_MAX, get_kernel, launch, reduction_work_group, work_group_limit
-from .common import Ref, idx_for, largest_divisor_at_most, max_slices, position_gemm, sum_partials
+from ..programs import get_kernel, launch, reduction_work_group, work_group_limit
+from .partials import largest_divisor_at_most, max_slices, sum_partials
+from .transform import Transform, aligned
 
 ALPHA = 6                 # transformed values per tile side: F(4x4, 3x3) and F(2x2, 5x5)
 T2 = ALPHA ** 2           # 36 transformed values per tile
 MIN_CHANNELS = 16         # fewer channels or filters per group: the batched GEMMs are too thin to pay
 LOCAL = 256               # transform kernels' work-group, at most (H200, AlexNet conv2: passes 2-4 % faster than 64)
-ALIGN = 256               # workspace regions start at multiples of this many elements (sub-buffer origins)
-
-
-def _aligned(n):
-    return -(-n // ALIGN) * ALIGN
 
 
 def _tiles(size, dilation, tile):
@@ -40,8 +37,8 @@ def _tiles(size, dilation, tile):
     return dilation * -(-(-(-size // dilation)) // tile)
 
 
-class Winograd:
-    name = "winograd"
+class Winograd(Transform):
+    name, kind = "winograd", "Winograd"
 
     @staticmethod
     def applies(g):
@@ -60,32 +57,21 @@ class Winograd:
         return True, ""
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
-        self.g, self.dtype, self.per_group, self.gemm = g, dtype, per_group, gemm
+        super().__init__(g, dtype, device, workspace_limit, per_group, gemm)
         self.tile = ALPHA + 1 - g.kh    # outputs per tile side
         # CPU devices whose compiler keeps per-tile kernels scalar: the transforms' _rows
         # forms, this many tiles (or channels) per vector
         self.rows = 0 if vectorizes_work_items(device) else cpu_vector_width(device, dtype.itemsize)
-        # each pass runs over a convolution geometry: grad-input over the transposed one
-        self.geometry = {"forward": g, "backward_input": g.transposed(), "backward_weight": g}
         # tiles (TH, TW) per image along the pass's output rows and columns
         self.grid = {p: (_tiles(t.OH, t.dilation[0], self.tile), _tiles(t.OW, t.dilation[1], self.tile))
                      for p, t in self.geometry.items()}
         # grad-weight split-K over the tiles: slices of a chunk divide its tiles exactly
         self.max_slices = max_slices(T2 * g.K * g.Cg, g.N * self._tiles_per_image("backward_weight"))
-        self.chunk, self.layout, self.workspace = {}, {}, {}
-        for pass_name, t in self.geometry.items():
-            tiles, limit = self._tiles_per_image(pass_name), workspace_limit // dtype.itemsize
-            per_image = T2 * tiles * (t.C + t.K)                      # V, and M (or Z)
-            fixed = T2 * t.K * t.Cg * (1 + self._partials(pass_name))   # U (or dU, and the partial sums)
-            B = max(1, min(g.N, (limit - fixed) // per_image, INT32_MAX // (T2 * max(t.C, t.K) * tiles)))
-            while B > 1 and self._layout(pass_name, B)[-1] > limit:   # the estimate ignores alignment
-                B -= 1
-            layout = self._layout(pass_name, B)
-            if layout[-1] > limit:
-                raise ValueError(f"one image of input {list(g.input_shape)} with weight {list(g.weight_shape)} "
-                                 f"needs {layout[-1] * dtype.itemsize} Winograd workspace bytes, above the limit "
-                                 f"of {workspace_limit} bytes")
-            self.chunk[pass_name], self.layout[pass_name], self.workspace[pass_name] = B, layout[:-1], layout[-1]
+        self._fit_chunks(workspace_limit,
+                         per_image=lambda p, t: T2 * self._tiles_per_image(p) * (t.C + t.K),   # V, and M (or Z)
+                         # U (or dU, and the partial sums)
+                         fixed=lambda p, t: T2 * t.K * t.Cg * (1 + self._partials(p)),
+                         widest=lambda p, t: T2 * max(t.C, t.K) * self._tiles_per_image(p))
 
     def _partials(self, pass_name):
         """Partial sums of dU the pass keeps, in units of dU: the most split-K slices, or none."""
@@ -103,9 +89,9 @@ class Winograd:
             sizes = [T2 * t.K * P, small, small * self._partials(pass_name)]
         else:
             sizes = [small, T2 * t.K * P]
-        offsets = [_aligned(T2 * t.C * P)]
+        offsets = [aligned(T2 * t.C * P)]
         for size, following in zip(sizes, sizes[1:]):   # an empty last region needs no alignment
-            offsets.append(_aligned(offsets[-1] + size) if following else offsets[-1] + size)
+            offsets.append(aligned(offsets[-1] + size) if following else offsets[-1] + size)
         return (*offsets, offsets[-1] + sizes[-1])
 
     def _tiles_per_image(self, pass_name):
@@ -161,10 +147,6 @@ class Winograd:
         t = self.geometry[pass_name]
         return (nb, t.K, t.OH, t.OW) + self.grid[pass_name] + t.dilation
 
-    def _gemm(self, queue, G, m, n, k, a, b, c, count=T2, **kw):
-        """The ``count`` (36 tile positions, or slices x 36) x G GEMMs: see position_gemm."""
-        position_gemm(queue, self.gemm, self.dtype, self.per_group, G, count, m, n, k, a, b, c, **kw)
-
     def _convolve(self, queue, pass_name, x, w, bias, y, ws, what):
         """y = conv(x, w) (+ bias) over the pass's geometry, w flipped for grad-input."""
         t, B = self.geometry[pass_name], self.chunk[pass_name]
@@ -178,17 +160,11 @@ class Winograd:
             nb = min(B, t.N - n0)
             P = nb * tp
             self._input(queue, idx, pass_name, x, n0, nb, ws, 0)
-            self._gemm(queue, G, Ko, P, Ci, Op(ws, u, Ci, Ko * Ci, t.K * Ci), Op(ws, 0, P, Ci * P, t.C * P),
-                       Op(ws, m, P, Ko * P, t.K * P), what=what)
+            self._position_gemm(queue, G, T2, Ko, P, Ci, Op(ws, u, Ci, Ko * Ci, t.K * Ci),
+                                Op(ws, 0, P, Ci * P, t.C * P), Op(ws, m, P, Ko * P, t.K * P), what=what)
             self._transform(queue, "winograd_output", idx, (P, t.K), (nb * self.grid[pass_name][0], t.K), ws, m,
                             y.buf, y.off + n0 * t.K * t.OH * t.OW, b.buf, b.off, int(bias is not None),
                             *self._tile_args(pass_name, nb), what=f"{what}: output transform")
-
-    def forward(self, queue, x, w, bias, y, ws):
-        self._convolve(queue, "forward", x, w, bias, y, ws, "forward (Winograd)")
-
-    def backward_input(self, queue, w, dy, dx, ws):
-        self._convolve(queue, "backward_input", dy, w, None, dx, ws, "grad-input (Winograd)")
 
     def backward_weight(self, queue, x, dy, dw, ws):
         t, B = self.g, self.chunk["backward_weight"]
@@ -206,9 +182,9 @@ class Winograd:
                             dy.buf, dy.off + n0 * t.K * t.OH * t.OW, ws, z, *self._tile_args("backward_weight", nb), L,
                             what="grad-weight (Winograd): grad_output transform")
             # GEMM (slice, t, group) at index (s * 36 + t) * G + g: into dU, or its partial sums
-            self._gemm(queue, t.groups, Kg, Cg, L, Op(ws, z, L, Kg * L, t.K * L), Op(ws, 0, L, Cg * L, t.C * L),
-                       Op(ws, du if S == 1 else part, Cg, Kg * Cg, t.K * Cg), count=S * T2,
-                       beta=1.0 if S == 1 and n0 > 0 else 0.0, b_transp=True, what="grad-weight (Winograd)")
+            self._position_gemm(queue, t.groups, S * T2, Kg, Cg, L, Op(ws, z, L, Kg * L, t.K * L),
+                                Op(ws, 0, L, Cg * L, t.C * L), Op(ws, du if S == 1 else part, Cg, Kg * Cg, t.K * Cg),
+                                beta=1.0 if S == 1 and n0 > 0 else 0.0, b_transp=True, what="grad-weight (Winograd)")
             if S > 1:
                 sum_partials(queue, self.dtype, idx, Ref(ws, part), S, n, Ref(ws, du), n0 > 0,
                              "grad-weight (Winograd): sum of slices")

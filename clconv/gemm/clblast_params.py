@@ -3,17 +3,27 @@
 CLBlast picks its GEMM kernels' tile sizes from a database keyed by device; for a
 device it does not know (an H200, say) it falls back to a vendor default.
 ``python -m clconv tune-gemm`` times the candidates below on the convolution
-workloads and stores the fastest in the tuning cache (:mod:`clconv.tuning`);
+workloads (:func:`clconv.tuner.tune_gemm` finds the passes, :func:`search` times the
+sets) and stores the fastest in the tuning cache (:mod:`clconv.tuning`);
 every process then applies them (``pyclblast.override_parameters``) before its
 first GEMM on that device. CLBlast does not check a set's consistency (a bad
 one silently gives wrong results), hence :func:`valid` and the result check in
 the search.
 """
+import datetime
 import threading
 import warnings
 
 import numpy as np
 import pyclblast
+
+from .. import tuning
+from ..programs import ClconvError
+from ..reference import TOLERANCE, normalised_error
+
+# A search stores its sets only when they score below this: on a busy 2-core CPU a set that
+# scored 0.91 in the search ran no faster in a fresh process (per-pass noise of 10-20 %)
+GEMM_GAIN = 0.9
 
 # Kernel -> its parameter names, and candidate sets in that order. The starting points are
 # CLBlast's own tuned sets for recent NVIDIA GPUs (its database, generic NVIDIA, Ampere,
@@ -119,7 +129,6 @@ def apply_tuned(device, dtype):
     with _lock:
         if key not in _applied:
             _applied[key] = {}
-            from .. import tuning
             entry = tuning.load().get(tuning.gemm_key(device, dtype))
             stored = entry.get("overrides") if isinstance(entry, dict) else None
             for kernel, params in (stored if isinstance(stored, dict) else {}).items():
@@ -142,3 +151,68 @@ def ignore_tuned(device, dtype):
     """
     with _lock:
         return dict(_applied.setdefault((device.int_ptr, np.dtype(dtype)), {}))
+
+
+class NothingToTune(RuntimeError):
+    """No CLBlast GEMM to time, or parameters already applied in this process."""
+
+
+def search(runs, queue, dtype=np.float32, repeat=3, batch=10, save=True, progress=None):
+    """Search CLBlast GEMM parameters on ``runs`` (calls of passes whose GEMMs CLBlast runs,
+    each returning its result); store the winners.
+
+    One kernel at a time (tiled Xgemm, then XgemmDirect): each candidate runs every pass,
+    its results are compared with those of CLBlast's own parameters, and it scores the
+    geometric mean of its per-pass time ratios to them (so a small pass counts as much as a
+    large one). The best correct set of each kernel stays applied, even when it is slower
+    than CLBlast's own (which cannot be restored); the final combination is timed once more
+    and its sets are stored only if it scores below GEMM_GAIN. A set that faults the device
+    loses the context and ends the search with nothing stored.
+    Returns the entry {"overrides", "score", "default_ms", "ms", "scores", ...}
+    (overrides {}: no gain).
+    """
+    def measure():
+        """Per-pass ms (best of ``repeat`` batches) and each pass's result."""
+        times = [tuning.time_ms(fn, queue, repeat, batch) for fn in runs]
+        return times, [fn().get() for fn in runs]
+
+    measure()                    # once to warm up (builds, workspaces, clocks), so the baseline is fair
+    default, expected = measure()
+
+    def trial():
+        """The applied parameters' score, per-pass ms, or None for wrong results or a failure."""
+        try:
+            times, outs = measure()
+        except (ClconvError, RuntimeError):     # a set this device cannot build or run
+            return None, None
+        if any(normalised_error(o, e) > TOLERANCE[np.dtype(dtype)] for o, e in zip(outs, expected)):
+            return None, None
+        return float(np.exp(np.mean(np.log(np.array(times) / default)))), times
+
+    applied, scores = {}, {}
+    for kernel in PARAMETERS:
+        best = None
+        for i, params in enumerate(candidates(kernel)):
+            name = f"{kernel}#{i}"
+            if not valid(kernel, params, queue.device, np.dtype(dtype).itemsize):
+                scores[name] = "invalid"
+            else:
+                override(queue.device, dtype, kernel, params)
+                score, _ = trial()
+                scores[name] = "failed or wrong results" if score is None else round(score, 4)
+                if score is not None and (best is None or score < best[0]):
+                    best = (score, params)
+            if progress:
+                progress(name, scores[name])
+        if best is not None:
+            override(queue.device, dtype, kernel, best[1])
+            applied[kernel] = best[1]
+    score, times = trial()
+    gain = score is not None and score < GEMM_GAIN
+    scores["final"] = None if score is None else round(score, 4)
+    entry = {"overrides": applied if gain else {}, "score": scores["final"],
+             "default_ms": [round(t, 4) for t in default], "ms": [round(t, 4) for t in times or []],
+             "scores": scores, "date": datetime.date.today().isoformat()}
+    if save and score is not None:
+        tuning.store({tuning.gemm_key(queue.device, dtype): entry})
+    return entry

@@ -18,7 +18,6 @@ from typing import NamedTuple
 
 import numpy as np
 import pyopencl as cl
-from pyopencl.tools import context_dependent_memoize
 
 from ..programs import ClconvError, get_kernel, index_type, launch
 
@@ -93,13 +92,6 @@ class Im2colB(NamedTuple):
         return tuple((f"IM_{name.upper()}", value) for name, value in self._asdict().items() if name != "span")
 
 
-@context_dependent_memoize
-def _kernel(context, dtype, tm, tn, a_transp, b_transp, va, vb, idx, im2col=()):
-    """The GEMM kernel for a TM x TN tile (looked up on every call: positional and memoised)."""
-    return get_kernel(context, "gemm_gpu.cl", "gemm_gpu", dtype, TM=tm, TN=tn, TK=TK, PAD=PAD, A_TRANSP=int(a_transp),
-                      B_TRANSP=int(b_transp), VA=va, VB=vb, IDX=idx, IM2COL=int(bool(im2col)), **dict(im2col))
-
-
 def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False, b_transp=False,
               im2col=None, what=""):
     """C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j] for i < gi, j < gj, in one launch.
@@ -124,8 +116,9 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     va, vb = (1 if x is b and im2col else read_width(queue.device, itemsize, x.off, x.per_group, x.per_image, x.ld,
                                                      gi, gj)
               for x in (a, b))   # an im2col B is gathered one value at a time
-    kernel = _kernel(queue.context, np.dtype(dtype), tm, tn, bool(a_transp), bool(b_transp), va, vb, idx,
-                     im2col.defines() if im2col else ())
+    kernel = get_kernel(queue.context, "gemm_gpu.cl", "gemm_gpu", dtype, TM=tm, TN=tn, TK=TK, PAD=PAD,
+                        A_TRANSP=int(a_transp), B_TRANSP=int(b_transp), VA=va, VB=vb, IDX=idx,
+                        IM2COL=int(im2col is not None), **dict(im2col.defines() if im2col else ()))
     groups = -(-m // tm) * -(-n // tn) * gi * gj
     return launch(queue, kernel, (groups * tn // 8, tm // 8), (tn // 8, tm // 8), m, n, k, alpha, beta, gj,
                   *(v for x in ops for v in (x.buf, x.off, x.ld, x.per_group, x.per_image)), what=what)

@@ -1,17 +1,6 @@
 // Conversions between the storage type and the arithmetic type, for float16 arrays
 // (STORE half, REAL float): the algorithms run in float on float copies, so every
 // sum accumulates in float32. Built for float32/float64 too (then plain copies).
-#ifndef REAL
-#define REAL float
-#endif
-#ifndef STORE
-#define STORE REAL
-#define LOAD(p, i) ((p)[i])
-#define SAVE(p, i, v) ((p)[i] = (v))
-#endif
-#ifndef IDX
-#define IDX long
-#endif
 
 // dst[i] = (REAL)src[i] for i < n
 __kernel void to_real(__global const STORE* restrict src, const IDX src_off,

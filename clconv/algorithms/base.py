@@ -1,0 +1,61 @@
+"""The algorithm contract: what :class:`clconv.plan.Plan` asks of every algorithm.
+
+An algorithm class says whether it applies to a geometry (:meth:`Algorithm.applies`) and
+whether ``algorithm="auto"`` should pick it for a pass on a device
+(:meth:`Algorithm.preferred`), each with its reason. An instance is built for one geometry,
+compute dtype, device, workspace budget, per-group-queue choice and GEMM engine; it raises
+ValueError when it cannot run within the budget. It then states the workspace each pass
+needs (``workspace``, in compute-dtype elements), describes each pass for ``explain()``, and
+enqueues the passes on :class:`clconv.buffers.Ref` s:
+
+  forward(queue, x, w, bias, y, ws)        y = conv(x, w) (+ bias; bias may be None)
+  backward_input(queue, w, dy, dx, ws)     dx = grad-input
+  backward_weight(queue, x, dy, dw, ws)    dw = grad-weight
+
+``ws`` is the pass's workspace buffer (None when it needs none). Results are overwritten,
+never accumulated, and are the same on every run (sums in a fixed order).
+"""
+from ..gemm import grid_gemm
+from ..geometry import PASSES
+
+
+def pow2_at_least(n):
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
+class Algorithm:
+    name = None
+
+    @staticmethod
+    def applies(g):
+        """(True, why) when the algorithm can run geometry ``g``, else (False, why not)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def preferred(g, pass_name, device):
+        """(True, "") when "auto" should pick it for ``pass_name`` on ``device`` (where it applies),
+        else (False, why not)."""
+        return True, ""
+
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
+        self.g, self.dtype, self.per_group, self.gemm = g, dtype, per_group, gemm
+        self.workspace = dict.fromkeys(PASSES, 0)
+
+    def describe(self, pass_name):
+        """One line on how ``pass_name`` runs, for ``Plan.explain()``."""
+        raise NotImplementedError
+
+    def forward(self, queue, x, w, bias, y, ws):
+        raise NotImplementedError
+
+    def backward_input(self, queue, w, dy, dx, ws):
+        raise NotImplementedError
+
+    def backward_weight(self, queue, x, dy, dw, ws):
+        raise NotImplementedError
+
+    def _gemm(self, queue, m, n, k, a, b, c, images=1, **kw):
+        """GEMMs batched over the groups (and ``images``) on this plan's engine and queues."""
+        grid_gemm(queue, self.gemm, self.dtype, self.g.groups, images, m, n, k, a, b, c, per_group=self.per_group,
+                  **kw)

@@ -1,0 +1,68 @@
+"""What the transform algorithms (Winograd, FFT) share.
+
+Both transform the operands of each pass, run one batched GEMM per transformed position
+(Winograd's 36 tile positions, FFT's frequencies) and transform back. Each pass runs over a
+convolution geometry, grad-input over the transposed one (so it is the forward pass over
+grad_output with flipped filters); the workspace holds regions at aligned offsets for a
+chunk of images, as many images as the budget allows.
+"""
+from ..gemm import grid_gemm
+from ..programs import INT32_MAX
+from .base import Algorithm
+
+ALIGN = 256   # workspace regions start at multiples of this many elements (sub-buffer origins)
+
+
+def aligned(n):
+    return -(-n // ALIGN) * ALIGN
+
+
+class Transform(Algorithm):
+    """A subclass sets ``kind`` (for messages) and defines ``_layout(pass_name, B)``: the
+    offsets of its workspace regions after the first (at 0), then their end, for chunks of B
+    images; and ``_convolve(queue, pass_name, x, w, bias, y, ws, what)`` for forward and
+    grad-input."""
+    kind = None
+
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
+        super().__init__(g, dtype, device, workspace_limit, per_group, gemm)
+        self.geometry = {"forward": g, "backward_input": g.transposed(), "backward_weight": g}
+        self.chunk, self.layout = {}, {}
+
+    def _fit_chunks(self, workspace_limit, per_image, fixed, widest):
+        """Images per chunk of each pass: the most whose layout fits the budget. ``per_image(t)``
+        and ``fixed(pass_name, t)``: an estimate of the elements per image and of those that do
+        not grow with the images (each called with the pass's name and geometry); ``widest(pass_name, t)``: elements per image of the largest region, kept
+        within 32-bit GEMM offsets."""
+        g, limit = self.g, workspace_limit // self.dtype.itemsize
+        for pass_name, t in self.geometry.items():
+            B = max(1, min(g.N, (limit - fixed(pass_name, t)) // per_image(pass_name, t), INT32_MAX // widest(pass_name, t)))
+            while B > 1 and self._layout(pass_name, B)[-1] > limit:   # the estimate ignores alignment
+                B -= 1
+            layout = self._layout(pass_name, B)
+            if layout[-1] > limit:
+                raise ValueError(f"one image of input {list(g.input_shape)} with weight {list(g.weight_shape)} "
+                                 f"needs {layout[-1] * self.dtype.itemsize} {self.kind} workspace bytes, above the "
+                                 f"limit of {workspace_limit} bytes")
+            self.chunk[pass_name], self.layout[pass_name], self.workspace[pass_name] = B, layout[:-1], layout[-1]
+
+    def _position_gemm(self, queue, G, count, m, n, k, a, b, c, **kw):
+        """The ``count`` x G GEMMs (one per transformed position and group) on
+        :class:`clconv.gemm.Operand` s in the workspace, whose ``per_group`` is the step from one
+        group to the next and ``per_image`` from one position to the next, G groups later:
+        without per-group queues (position, group) is one evenly strided batch."""
+        if self.per_group and G > 1:
+            grid_gemm(queue, self.gemm, self.dtype, G, count, m, n, k, a, b, c, per_group=True, **kw)
+        else:
+            flat = (x._replace(per_group=0, per_image=x.per_group) for x in (a, b, c))
+            grid_gemm(queue, self.gemm, self.dtype, 1, count * G, m, n, k, *flat, **kw)
+
+    def forward(self, queue, x, w, bias, y, ws):
+        self._convolve(queue, "forward", x, w, bias, y, ws, f"forward ({self.kind})")
+
+    def backward_input(self, queue, w, dy, dx, ws):
+        self._convolve(queue, "backward_input", dy, w, None, dx, ws, f"grad-input ({self.kind})")
+
+    def _convolve(self, queue, pass_name, x, w, bias, y, ws, what):
+        raise NotImplementedError
+

@@ -1,0 +1,72 @@
+"""Where plans come from: :func:`plan` (public), the small plan cache of the functional API
+(:func:`cached_plan`), and the tuning-cache lookup that gives a plan its measured choices
+(:func:`tuned_choices`; with ``CLCONV_AUTOTUNE=1`` the passes not yet measured are timed
+first, by :mod:`clconv.tuner`)."""
+import os
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from . import tuner, tuning
+from .geometry import PASSES, conv_geometry
+from .plan import Plan
+from .validate import pick_queue, queue_context
+
+
+def tuned_choices(g, dtype, queue):
+    """{pass: entry} from the tuning cache for geometry ``g`` and ``dtype`` on ``queue``'s device;
+    with CLCONV_AUTOTUNE=1, missing passes are timed now and stored."""
+    stored = tuning.load()
+    found = {p: stored.get(tuning.entry_key(queue.device, dtype, g, p)) for p in PASSES}
+    missing = [p for p, entry in found.items() if entry is None]
+    if missing and g.N and os.environ.get("CLCONV_AUTOTUNE") == "1":
+        found.update(tuner.tune(g, dtype, queue, passes=missing))
+    return {p: entry for p, entry in found.items() if entry is not None}
+
+
+def build(g, dtype, queue, algorithm="auto", queues="single", workspace_limit=None, gemm="auto"):
+    """A :class:`Plan`; the tuning cache decides only what the caller left open ("auto" with
+    single queues: an explicit queues= choice stands)."""
+    tuned = tuned_choices(g, dtype, queue) if algorithm == "auto" and queues == "single" else None
+    return Plan(g, dtype, queue, algorithm=algorithm, queues=queues, workspace_limit=workspace_limit, gemm=gemm,
+                tuned=tuned)
+
+
+def plan(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, *, dtype=np.float32,
+         queue=None, algorithm="auto", queues="single", workspace_limit=None, gemm="auto"):
+    """Build a reusable :class:`Plan` for input (N, C, H, W) and weight (K, C/groups, kh, kw).
+
+    ``algorithm``: "auto" or one of "fc", "1x1", "direct", "fft", "winograd", "im2col" (ValueError if
+    it does not apply). ``queues``: "single" or "per-group" (each group's GEMMs on
+    their own in-order queue). ``workspace_limit``: bytes of the algorithm's workspace per pass
+    (for float16 arrays, their float32 copies come on top). ``gemm``: the GEMM engine, "auto"
+    (``CLCONV_GEMM`` if set, else clconv's kernel for the device's type), "clconv", "cpu", "gpu"
+    or "clblast" (see :mod:`clconv.gemm`).
+    """
+    g = conv_geometry(input_shape, weight_shape, stride, padding, dilation, groups)
+    return build(g, dtype, pick_queue(queue), algorithm, queues, workspace_limit, gemm)
+
+
+_PLAN_CACHE_SIZE = 64
+_plan_cache = OrderedDict()
+_plan_lock = threading.Lock()
+
+
+def cached_plan(g, dtype, queue, algorithm="auto", queues="single", gemm="auto"):
+    """The plan for (geometry, dtype, context, algorithm, queues, GEMM request) from a small LRU
+    cache. An "auto" GEMM request is keyed with CLCONV_GEMM, which the plan resolves it by:
+    nothing on this path asks the driver."""
+    asked = gemm if gemm != "auto" else "auto:" + os.environ.get("CLCONV_GEMM", "").strip().lower()
+    key = (queue_context(queue).int_ptr, g, np.dtype(dtype), algorithm, queues, asked)
+    with _plan_lock:
+        p = _plan_cache.get(key)
+        if p is not None:
+            _plan_cache.move_to_end(key)
+            return p
+    p = build(g, dtype, queue, algorithm, queues, gemm=gemm)
+    with _plan_lock:
+        _plan_cache[key] = p
+        while len(_plan_cache) > _PLAN_CACHE_SIZE:
+            _plan_cache.popitem(last=False)
+    return p
