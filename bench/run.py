@@ -7,7 +7,9 @@ For every workload in bench/workloads.json (the 'gpu' sizes on a GPU, else the
 'cpu' sizes) and every pass: warm-up runs (excluding kernel builds), then
 repeated batches of back-to-back runs each ended by queue.finish(), min and median per run, GFLOP/s, GB/s, the
 algorithm the planner chose, and one correctness check against the NumPy
-reference. Peers (bench/peers.py) are timed the same way in the same run, PyTorch in rounds
+reference. The headline time is the plan's with ``out=``; the functional API with ``out=``
+and plain (a new result per call, from the memory pool) are timed beside it, in the same
+rounds, as the call styles users write (``styles`` in the JSON). Peers (bench/peers.py) are timed the same way in the same run, PyTorch in rounds
 alternating with clconv's, pass by pass.
 A table goes to stdout; JSON to bench/results/<device>-<date>.json.
 """
@@ -36,6 +38,7 @@ from . import peers
 
 HERE = Path(__file__).resolve().parent
 PASSES = ("forward", "backward_input", "backward_weight")
+STYLES = ("functional_out", "functional")   # timed beside the plan with out=
 ROUNDS = 3         # alternating rounds of clconv and PyTorch per pass
 SETTLE_S = 0.2     # pause after a PyTorch run on the CPU
 SHORT = {"forward": "fwd", "backward_input": "dgrad", "backward_weight": "wgrad"}
@@ -103,6 +106,11 @@ def run_workload(w, size, queue, repeat, with_peers, log, algorithm="auto", queu
     ours = {"forward": lambda: plan.forward(dev["x"], dev["w"], out=outs["forward"]),
             "backward_input": lambda: plan.backward_input(dev["w"], dev["dy"], out=outs["backward_input"]),
             "backward_weight": lambda: plan.backward_weight(dev["x"], dev["dy"], out=outs["backward_weight"])}
+    call = dict(opts, algorithm=algorithm, queues=queues)
+    functional = {"forward": lambda out: clconv.conv2d(dev["x"], dev["w"], out=out, **call),
+                  "backward_input": lambda out: clconv.conv2d_input(g.input_shape, dev["w"], dev["dy"], out=out, **call),
+                  "backward_weight": lambda out: clconv.conv2d_weight(dev["x"], g.weight_shape, dev["dy"], out=out,
+                                                                      **call)}
     result = {"name": w["name"], "size": size, "shape": s, "flop_per_pass": g.flops(),
               "explain": plan.explain(), "passes": {}}
     nbytes = pass_bytes(g, 4)
@@ -113,14 +121,21 @@ def run_workload(w, size, queue, repeat, with_peers, log, algorithm="auto", queu
         log(f"  torch: {torch}")
     for p in PASSES:
         times, peer_times = [], []
+        styles = {"functional_out": lambda p=p: functional[p](outs[p]), "functional": lambda p=p: functional[p](None)}
+        style_times = {s: [] for s in STYLES}
         for _ in range(ROUNDS if not isinstance(torch, str) else 1):
             times.append(time_it(ours[p], queue.finish, repeat))
+            for s in STYLES:
+                style_times[s].append(time_it(styles[s], queue.finish, repeat))
             if not isinstance(torch, str):
                 peer_times.append(time_it(torch[0][p], torch[1], max(3, repeat // 2)))
                 time.sleep(SETTLE_S)   # its threads spin a while after a call: not on clconv's time
         tmin, tmed = min(t[0] for t in times), statistics.median(t[1] for t in times)
         result["passes"][p] = {"algorithm": plan.algorithms[p], "min_ms": tmin * 1e3, "median_ms": tmed * 1e3,
-                               "gflops": g.flops() / tmed / 1e9, "gbps": nbytes / tmed / 1e9, "peers": {}}
+                               "gflops": g.flops() / tmed / 1e9, "gbps": nbytes / tmed / 1e9, "peers": {},
+                               "styles": {s: {"min_ms": min(t[0] for t in ts) * 1e3,
+                                              "median_ms": statistics.median(t[1] for t in ts) * 1e3}
+                                          for s, ts in style_times.items()}}
         if peer_times:
             result["passes"][p]["peers"][torch[2]] = {"min_ms": min(t[0] for t in peer_times) * 1e3,
                                                       "median_ms": statistics.median(t[1] for t in peer_times) * 1e3,
@@ -174,19 +189,34 @@ def _peers(g, queue, host, dev, outs, log):
 def table(results):
     labels = sorted({lab for r in results for p in r["passes"].values() for lab in p["peers"]})
     head = f"{'workload':16s} {'pass':5s} {'algo':6s} {'med ms':>9s} {'min ms':>9s} {'GFLOP/s':>8s} {'GB/s':>7s} " \
-           f"{'err':>8s}" + "".join(f" {lab:>13s} {'ratio':>6s}" for lab in labels)
+           f"{'err':>8s} {'fn out=':>9s} {'fn plain':>9s}" + "".join(f" {lab:>13s} {'ratio':>6s}" for lab in labels)
     lines = [head, "-" * len(head)]
     for r in results:
         for p, d in r["passes"].items():
             row = (f"{r['name']:16s} {SHORT[p]:5s} {d['algorithm']:6s} {d['median_ms']:9.3f} {d['min_ms']:9.3f} "
                    f"{d['gflops']:8.1f} {d['gbps']:7.1f} {d['error']:8.1e}")
+            row += "".join(f" {d['styles'][s]['median_ms']:9.3f}" if s in d.get("styles", {}) else f" {'-':>9s}"
+                           for s in STYLES)
             for lab in labels:
                 peer = d["peers"].get(lab)
                 row += (f" {peer['median_ms']:13.3f} {d['median_ms'] / peer['median_ms']:6.2f}" if peer
                         else f" {'-':>13s} {'-':>6s}")
             lines.append(row)
-    lines.append("ratio = clconv median / peer median (lower is better for clconv)")
+    lines.append("med/min ms: the plan with out=; fn out= / fn plain: median ms of clconv.conv2d (and its gradients) "
+                 "with out= / with a new result per call")
+    lines.append("ratio = clconv median (plan with out=) / peer median (lower is better for clconv)")
+    for lab in labels:
+        pairs = [(d, d["peers"][lab]["median_ms"]) for r in results for d in r["passes"].values() if lab in d["peers"]]
+        means = {"plan out=": geomean([d["median_ms"] / t for d, t in pairs])}
+        for s in STYLES:
+            means[s.replace("_", " ")] = geomean([d["styles"][s]["median_ms"] / t for d, t in pairs if s in d["styles"]])
+        lines.append(f"geometric mean of clconv / {lab} over {len(pairs)} passes: "
+                     + ", ".join(f"{k} {v:.2f}" for k, v in means.items()))
     return "\n".join(lines)
+
+
+def geomean(values):
+    return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
 
 
 def main(argv=None):

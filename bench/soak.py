@@ -5,8 +5,8 @@
 Draws configurations from a fixed pool of random valid ones (so caches stay
 bounded), runs a random pass on each call (forward, grad-input, grad-weight,
 grad-bias; NumPy and device arrays), checks a sample against the NumPy
-reference, and reports host RSS and what clconv holds on the device (cached
-workspaces, plans) after a warm-up round and at the end.
+reference, and reports host RSS and what clconv holds on the device (its memory
+pools, cached plans) after a warm-up round and at the end.
 """
 import argparse
 import time
@@ -15,7 +15,7 @@ import numpy as np
 import pyopencl.array as cla
 
 import clconv
-from clconv import reference, workspace
+from clconv import reference
 from clconv.geometry import conv_geometry
 from clconv.planner import _plan_cache
 
@@ -29,9 +29,9 @@ def rss_mib():
 
 
 def held():
-    ws = sum(e[1].size for e in workspace._entries.values() if e[1] is not None)
-    return {"rss_mib": round(rss_mib(), 1), "workspace_bytes": ws, "queues_with_workspace": len(workspace._entries),
-            "cached_plans": len(_plan_cache)}
+    pools = clconv.memory_stats()
+    return {"rss_mib": round(rss_mib(), 1), "pooled_bytes": pools["managed_bytes"], "pooled_blocks":
+            pools["active_blocks"] + pools["held_blocks"], "cached_plans": len(_plan_cache)}
 
 
 def pool(rng, size):

@@ -11,11 +11,11 @@ from .plan import Plan
 from .planner import plan
 from .programs import ClconvError
 from .transpose import conv_transpose2d, conv_transpose2d_input, conv_transpose2d_weight
-from .workspace import free_workspaces
+from .memory import free_memory, memory_stats
 
 __version__ = "0.1.0"
 
 __all__ = ["conv2d", "conv2d_input", "conv2d_weight", "conv2d_bias", "conv_transpose2d", "conv_transpose2d_input",
            "conv_transpose2d_weight", "nn", "plan", "Plan", "reference",
            "default_context", "default_queue", "ClconvError", "ConvGeometry", "conv_geometry",
-           "normalize_padding", "output_size", "free_workspaces"]
+           "normalize_padding", "output_size", "free_memory", "memory_stats"]

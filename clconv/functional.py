@@ -1,75 +1,72 @@
 """The functional API, shaped like PyTorch's conv2d and its gradients.
 
 Arrays are ``pyopencl.array.Array`` (results come back on the same queue) or
-NumPy arrays (copied to the device; results come back as NumPy).
+NumPy arrays (copied to the device; results come back as NumPy). Results come
+from the queue's memory pool (:mod:`clconv.memory`) unless ``out=`` or
+``allocator=`` says otherwise. Each call finds its plan in
+:func:`clconv.planner.plan_for_call`'s cache, keyed by the call's own arguments.
 """
 from . import bias as _bias
 from . import storage
 from .buffers import ref
-from .geometry import conv_geometry
-from .planner import cached_plan
-from .validate import check_type, finish, pick_queue, prepare
-
-
-def _plan_for(input_shape, weight_shape, stride, padding, dilation, groups, dtype, queue, arrays, algorithm,
-              queues, gemm):
-    g = conv_geometry(input_shape, weight_shape, stride, padding, dilation, groups)
-    return cached_plan(g, dtype, pick_queue(queue, *arrays), algorithm, queues, gemm)
+from .planner import plan_for_call
+from .validate import check_type, finish, prepare
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, out=None, queue=None,
-           algorithm="auto", queues="single", gemm="auto"):
+           algorithm="auto", queues="single", gemm="auto", allocator=None):
     """Grouped 2-D convolution (cross-correlation, as in PyTorch).
 
     input (N, C, H, W), weight (K, C/groups, kh, kw), bias (K,) or None
     -> output (N, K, OH, OW). ``padding``: int, (ph, pw), ((top, bottom), (left, right)),
     'valid' or 'same'. ``stride``, ``dilation``: int or (h, w).
     ``algorithm``: "auto", "fc", "1x1", "direct", "fft", "winograd" or "im2col"; ``queues``: "single"
-    or "per-group"; ``gemm``: the GEMM engine (see :func:`clconv.plan`).
+    or "per-group"; ``gemm``: the GEMM engine (see :func:`clconv.plan`); ``allocator``: a pyopencl
+    allocator for the result and the workspace instead of clconv's pool.
     """
     check_type("input", input)
     check_type("weight", weight)
-    plan = _plan_for(input.shape, weight.shape, stride, padding, dilation, groups, input.dtype, queue,
-                     (input, weight, bias, out), algorithm, queues, gemm)
-    return plan.forward(input, weight, bias, out=out, queue=queue)
+    plan = plan_for_call(input.shape, weight.shape, stride, padding, dilation, groups, input.dtype, queue,
+                         (input, weight, bias, out), algorithm, queues, gemm)
+    return plan.forward(input, weight, bias, out=out, queue=queue, allocator=allocator)
 
 
 def conv2d_input(input_size, weight, grad_output, stride=1, padding=0, dilation=1, groups=1, *, out=None,
-                 queue=None, algorithm="auto", queues="single", gemm="auto"):
+                 queue=None, algorithm="auto", queues="single", gemm="auto", allocator=None):
     """Gradient of conv2d with respect to its input.
 
     input_size (N, C, H, W), weight (K, C/groups, kh, kw), grad_output (N, K, OH, OW)
     -> grad_input (N, C, H, W).
     """
     check_type("weight", weight)
-    plan = _plan_for(input_size, weight.shape, stride, padding, dilation, groups, weight.dtype, queue,
-                     (weight, grad_output, out), algorithm, queues, gemm)
-    return plan.backward_input(weight, grad_output, out=out, queue=queue)
+    plan = plan_for_call(input_size, weight.shape, stride, padding, dilation, groups, weight.dtype, queue,
+                         (weight, grad_output, out), algorithm, queues, gemm)
+    return plan.backward_input(weight, grad_output, out=out, queue=queue, allocator=allocator)
 
 
 def conv2d_weight(input, weight_size, grad_output, stride=1, padding=0, dilation=1, groups=1, *, out=None,
-                  queue=None, algorithm="auto", queues="single", gemm="auto"):
+                  queue=None, algorithm="auto", queues="single", gemm="auto", allocator=None):
     """Gradient of conv2d with respect to its weight.
 
     input (N, C, H, W), weight_size (K, C/groups, kh, kw), grad_output (N, K, OH, OW)
     -> grad_weight (K, C/groups, kh, kw).
     """
     check_type("input", input)
-    plan = _plan_for(input.shape, weight_size, stride, padding, dilation, groups, input.dtype, queue,
-                     (input, grad_output, out), algorithm, queues, gemm)
-    return plan.backward_weight(input, grad_output, out=out, queue=queue)
+    plan = plan_for_call(input.shape, weight_size, stride, padding, dilation, groups, input.dtype, queue,
+                         (input, grad_output, out), algorithm, queues, gemm)
+    return plan.backward_weight(input, grad_output, out=out, queue=queue, allocator=allocator)
 
 
-def conv2d_bias(grad_output, *, out=None, queue=None):
+def conv2d_bias(grad_output, *, out=None, queue=None, allocator=None):
     """Gradient of conv2d with respect to its bias: grad_output (N, K, OH, OW) -> (K,)."""
     check_type("grad_output", grad_output)
     if grad_output.ndim != 4:
         raise ValueError(f"grad_output must be 4-D (N, K, OH, OW), got size {list(grad_output.shape)}")
     N, K, OH, OW = grad_output.shape
     queue, dev, numpy_mode = prepare(queue, None, {"grad_output": grad_output},
-                                     {"grad_output": grad_output.shape}, out, (K,))
+                                     {"grad_output": grad_output.shape}, out, (K,), allocator)
     if N * OH * OW:
         _bias.bias_grad(queue, grad_output.dtype, ref(dev["grad_output"]), ref(dev["out"]), N, K, OH * OW)
     else:
         storage.zero(queue, dev["out"])
-    return finish(dev, out, numpy_mode)
+    return finish(queue, dev, out, numpy_mode)

@@ -2,7 +2,8 @@
 
 Each module holds ``weight``, ``bias`` (or None), ``grad_weight`` and
 ``grad_bias`` as pyopencl arrays; ``backward`` adds into the gradients, so
-several backward calls sum until ``zero_grad()``.
+several backward calls sum until ``zero_grad()``. Results come from the queue's
+memory pool, or from the module's ``allocator``; a module keeps its plan per input size.
 """
 import math
 
@@ -11,8 +12,9 @@ import pyopencl.array as cla
 
 from . import storage
 from .device import check_dtype_supported, default_queue
-from .functional import conv2d, conv2d_bias, conv2d_input, conv2d_weight
+from .functional import conv2d_bias
 from .geometry import normalize_padding, pair
+from .planner import plan_for_call
 from .transpose import conv_transpose2d, conv_transpose2d_input, conv_transpose2d_weight
 
 
@@ -20,7 +22,7 @@ class _ConvBase:
     _weight_shape = None   # set by subclasses
 
     def __init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, dtype, queue,
-                 seed):
+                 seed, allocator):
         for name, v in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups)):
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -32,6 +34,7 @@ class _ConvBase:
         self.stride, self.dilation = pair(stride, "stride"), pair(dilation, "dilation")
         self.padding = padding
         self.queue = queue or default_queue()
+        self.allocator = allocator
         self.dtype = np.dtype(dtype)
         check_dtype_supported(self.dtype, self.queue.device)
         shape = self._weight_shape()
@@ -55,7 +58,8 @@ class _ConvBase:
     def _accumulate(self, grad_weight, grad_output):
         storage.accumulate(self.queue, self.grad_weight, grad_weight)
         if self.bias is not None:
-            storage.accumulate(self.queue, self.grad_bias, conv2d_bias(grad_output, queue=self.queue))
+            storage.accumulate(self.queue, self.grad_bias,
+                               conv2d_bias(grad_output, queue=self.queue, allocator=self.allocator))
 
     def zero_grad(self):
         """Set grad_weight and grad_bias to zero."""
@@ -89,9 +93,6 @@ class _ConvBase:
             state["bias"] = self.bias.get()
         return state
 
-    def _options(self):
-        return dict(stride=self.stride, dilation=self.dilation, groups=self.groups)
-
     def __repr__(self):
         extra = "".join(f", {k}={v}" for k, v in self._repr_options().items())
         return (f"{type(self).__name__}({self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
@@ -106,10 +107,11 @@ class Conv2d(_ConvBase):
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
-                 dtype=np.float32, queue=None, seed=None):
+                 dtype=np.float32, queue=None, seed=None, allocator=None):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, dtype,
-                         queue, seed)
+                         queue, seed, allocator)
         normalize_padding(padding, (1, 1), self.kernel_size, self.stride, self.dilation)   # validate the form
+        self._plans = {}   # input size -> plan
 
     def _weight_shape(self):
         return (self.out_channels, self.in_channels // self.groups) + self.kernel_size
@@ -118,18 +120,25 @@ class Conv2d(_ConvBase):
         shown = {"padding": self.padding != 0, "dilation": self.dilation != (1, 1), "groups": self.groups != 1}
         return {k: getattr(self, k) for k, show in shown.items() if show}
 
+    def _plan(self, input_shape):
+        p = self._plans.get(input_shape)
+        if p is None:
+            p = self._plans[input_shape] = plan_for_call(input_shape, self.weight.shape, self.stride, self.padding,
+                                                         self.dilation, self.groups, self.dtype, self.queue, (),
+                                                         "auto", "single", "auto")
+        return p
+
     def forward(self, x):
         """output (N, out_channels, OH, OW) for x (N, in_channels, H, W) on the module's queue."""
-        return conv2d(self._to_device(x), self.weight, self.bias, padding=self.padding, queue=self.queue,
-                      **self._options())
+        x = self._to_device(x)
+        return self._plan(x.shape).forward(x, self.weight, self.bias, queue=self.queue, allocator=self.allocator)
 
     def backward(self, x, grad_output):
         """grad_input (N, in_channels, H, W); adds into grad_weight and grad_bias."""
         x, dy = self._to_device(x), self._to_device(grad_output)
-        grad_input = conv2d_input(x.shape, self.weight, dy, padding=self.padding, queue=self.queue,
-                                  **self._options())
-        self._accumulate(conv2d_weight(x, self.weight.shape, dy, padding=self.padding, queue=self.queue,
-                                       **self._options()), dy)
+        p = self._plan(x.shape)
+        grad_input = p.backward_input(self.weight, dy, queue=self.queue, allocator=self.allocator)
+        self._accumulate(p.backward_weight(x, dy, queue=self.queue, allocator=self.allocator), dy)
         return grad_input
 
 
@@ -140,9 +149,9 @@ class ConvTranspose2d(_ConvBase):
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
-                 bias=True, dilation=1, dtype=np.float32, queue=None, seed=None):
+                 bias=True, dilation=1, dtype=np.float32, queue=None, seed=None, allocator=None):
         super().__init__(in_channels, out_channels, kernel_size, stride, pair(padding, "padding"), dilation, groups,
-                         bias, dtype, queue, seed)
+                         bias, dtype, queue, seed, allocator)
         self.output_padding = pair(output_padding, "output_padding")
 
     def _weight_shape(self):
@@ -159,11 +168,13 @@ class ConvTranspose2d(_ConvBase):
 
     def forward(self, x):
         """output (N, out_channels, Hout, Wout) for x (N, in_channels, H, W)."""
-        return conv_transpose2d(self._to_device(x), self.weight, self.bias, queue=self.queue, **self._options())
+        return conv_transpose2d(self._to_device(x), self.weight, self.bias, queue=self.queue, allocator=self.allocator,
+                                **self._options())
 
     def backward(self, x, grad_output):
         """grad_input (N, in_channels, H, W); adds into grad_weight and grad_bias."""
         x, dy = self._to_device(x), self._to_device(grad_output)
-        grad_input = conv_transpose2d_input(x.shape, self.weight, dy, queue=self.queue, **self._options())
-        self._accumulate(conv_transpose2d_weight(x, self.weight.shape, dy, queue=self.queue, **self._options()), dy)
+        opts = dict(queue=self.queue, allocator=self.allocator, **self._options())
+        grad_input = conv_transpose2d_input(x.shape, self.weight, dy, **opts)
+        self._accumulate(conv_transpose2d_weight(x, self.weight.shape, dy, **opts), dy)
         return grad_input

@@ -7,7 +7,7 @@ by :mod:`clconv.planner` (``clconv.plan()``, the functional API's cache, the tun
 """
 import numpy as np
 
-from . import storage
+from . import memory, storage
 from .algorithms import ALGORITHMS
 from .buffers import ref
 from .device import check_dtype_supported
@@ -15,7 +15,6 @@ from .gemm import choose as choose_gemm
 from .geometry import PASSES, check_grad_output
 from .replay import Replays
 from .validate import check_type, finish, prepare, queue_context
-from .workspace import workspace
 
 QUEUES = ("single", "per-group")
 
@@ -31,19 +30,22 @@ class Plan:
     input (N, C, H, W), weight (K, C/groups, kh, kw), output (N, K, OH, OW).
     Methods take pyopencl Arrays (or NumPy arrays, copied to the plan's queue
     and answered as NumPy) and return the result; ``out=`` writes in place.
+    Results and workspaces come from the queue's memory pool (:mod:`clconv.memory`), or from
+    ``allocator`` (the plan's, or a call's) when one is given.
     ``tuned``: {pass: tuning-cache entry} for passes whose algorithm was measured
     (:func:`clconv.planner.tuned_choices`); the others are chosen by the rules.
     """
 
     def __init__(self, geometry, dtype, queue, *, algorithm="auto", queues="single", workspace_limit=None,
-                 gemm="auto", tuned=None):
-        self.geometry, self.dtype, self.queue = geometry, np.dtype(dtype), queue
+                 gemm="auto", tuned=None, allocator=None):
+        self.geometry, self.dtype, self.queue, self.allocator = geometry, np.dtype(dtype), queue, allocator
         self.context = queue_context(queue)   # kept: the caller may drop theirs
         self.compute_dtype = storage.compute_dtype(dtype)   # float32 for float16 arrays
         if queues not in QUEUES:
             raise ValueError(f"queues must be one of {QUEUES}, got {queues!r}")
         self.queues = queues
         check_dtype_supported(self.dtype, queue.device)
+        _check_allocations(geometry, self.dtype, queue.device)
         self.gemm, self._gemm_reason = choose_gemm(queue.device, gemm)   # fixed for the plan's life
         self.workspace_limit = workspace_limit or default_workspace_limit(queue.device)
         if self.workspace_limit > queue.device.max_mem_alloc_size:
@@ -137,7 +139,7 @@ class Plan:
                          f"workspace {self._workspace_elements(p) * self.compute_dtype.itemsize} bytes")
         return "\n".join(lines)
 
-    def enqueue(self, pass_name, queue, *refs):
+    def enqueue(self, pass_name, queue, *refs, allocator=None):
         """Enqueue ``pass_name`` of the chosen algorithm on ``queue`` with its workspace, on
         arrays already checked (:meth:`forward` and the others check, then call this; so does
         :mod:`clconv.transpose`). Replayed when called before on arrays laid out alike
@@ -145,13 +147,13 @@ class Plan:
 
         ``refs``: the pass's arrays as :class:`clconv.buffers.Ref` s in argument order, the
         result last (None: no bias). float16 arrays run on float32 copies in the workspace
-        (:func:`clconv.storage.on_float_copies`).
+        (:func:`clconv.storage.on_float_copies`). The workspace is taken from ``allocator`` (else
+        the plan's, else the queue's pool) for this pass and freed when it is enqueued: a
+        pool hands it out again only to work enqueued after it on the same queue.
         """
         _, what, nbytes = self._runs[pass_name]
-        held = workspace(queue, nbytes, what)
-        with held as ws:
-            self._replays.run(pass_name, queue, refs, ws, held.size,
-                              lambda: self._enqueue(pass_name, queue, refs, ws))
+        ws = memory.allocate(queue, nbytes, what, allocator or self.allocator) if nbytes else None
+        self._replays.run(pass_name, queue, refs, ws, nbytes, lambda: self._enqueue(pass_name, queue, refs, ws))
 
     def _enqueue(self, pass_name, queue, refs, ws):
         algo, what, _ = self._runs[pass_name]
@@ -164,39 +166,59 @@ class Plan:
 
     # -- the passes ---------------------------------------------------------------
 
-    def forward(self, input, weight, bias=None, *, out=None, queue=None):
+    def forward(self, input, weight, bias=None, *, out=None, queue=None, allocator=None):
         """output (N, K, OH, OW) = conv2d(input (N, C, H, W), weight (K, C/groups, kh, kw)) + bias (K,)."""
         shapes, out_shape = self._shapes["forward"]
+        allocator = allocator or self.allocator
         queue, dev, numpy_mode = prepare(queue, self, {"input": input, "weight": weight, "bias": bias},
-                                         shapes, out, out_shape)
+                                         shapes, out, out_shape, allocator)
         if self.geometry.N:
             self.enqueue("forward", queue, ref(dev["input"]), ref(dev["weight"]),
-                         None if bias is None else ref(dev["bias"]), ref(dev["out"]))
-        return finish(dev, out, numpy_mode)
+                         None if bias is None else ref(dev["bias"]), ref(dev["out"]), allocator=allocator)
+        return finish(queue, dev, out, numpy_mode)
 
-    def backward_input(self, weight, grad_output, *, out=None, queue=None):
+    def backward_input(self, weight, grad_output, *, out=None, queue=None, allocator=None):
         """grad_input (N, C, H, W) from weight (K, C/groups, kh, kw) and grad_output (N, K, OH, OW)."""
         _check_grad_output_rank(grad_output, self.geometry)
         shapes, out_shape = self._shapes["backward_input"]
+        allocator = allocator or self.allocator
         queue, dev, numpy_mode = prepare(queue, self, {"weight": weight, "grad_output": grad_output},
-                                         shapes, out, out_shape)
+                                         shapes, out, out_shape, allocator)
         if self.geometry.N:
-            self.enqueue("backward_input", queue, ref(dev["weight"]), ref(dev["grad_output"]), ref(dev["out"]))
-        return finish(dev, out, numpy_mode)
+            self.enqueue("backward_input", queue, ref(dev["weight"]), ref(dev["grad_output"]), ref(dev["out"]),
+                         allocator=allocator)
+        return finish(queue, dev, out, numpy_mode)
 
-    def backward_weight(self, input, grad_output, *, out=None, queue=None):
+    def backward_weight(self, input, grad_output, *, out=None, queue=None, allocator=None):
         """grad_weight (K, C/groups, kh, kw) from input (N, C, H, W) and grad_output (N, K, OH, OW)."""
         _check_grad_output_rank(grad_output, self.geometry)
         shapes, out_shape = self._shapes["backward_weight"]
+        allocator = allocator or self.allocator
         queue, dev, numpy_mode = prepare(queue, self, {"input": input, "grad_output": grad_output},
-                                         shapes, out, out_shape)
+                                         shapes, out, out_shape, allocator)
         if self.geometry.N:
-            self.enqueue("backward_weight", queue, ref(dev["input"]), ref(dev["grad_output"]), ref(dev["out"]))
+            self.enqueue("backward_weight", queue, ref(dev["input"]), ref(dev["grad_output"]), ref(dev["out"]),
+                         allocator=allocator)
         else:
             storage.zero(queue, dev["out"])
-        return finish(dev, out, numpy_mode)
+        return finish(queue, dev, out, numpy_mode)
 
 
 def _check_grad_output_rank(grad_output, g):
     check_type("grad_output", grad_output)
     check_grad_output(g, grad_output.shape)
+
+
+def _check_allocations(g, dtype, device):
+    """Refuse, before anything is enqueued, a convolution whose input, weight or output is larger
+    than one allocation on ``device``; say what would fit."""
+    limit = device.max_mem_alloc_size
+    for name, shape in (("output", g.output_shape), ("input", g.input_shape), ("weight", g.weight_shape)):
+        nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        if nbytes > limit:
+            per_image = nbytes // g.N if name != "weight" and g.N else 0
+            fits = (f"; a batch of at most {limit // per_image} image(s) would fit" if per_image and per_image <= limit
+                    else "")
+            raise ValueError(f"conv2d of input {list(g.input_shape)} with weight {list(g.weight_shape)}: the {name} "
+                             f"{list(shape)} of {np.dtype(dtype).name} needs {nbytes} bytes, above the largest "
+                             f"allocation of {device.name.strip()}, {limit} bytes{fits}")

@@ -53,12 +53,17 @@ _plan_cache = OrderedDict()
 _plan_lock = threading.Lock()
 
 
+def _gemm_request(gemm):
+    """The GEMM request as cached plans are keyed: an "auto" one with CLCONV_GEMM, which the plan
+    resolves it by."""
+    return gemm if gemm != "auto" else "auto:" + os.environ.get("CLCONV_GEMM", "").strip().lower()
+
+
 def cached_plan(g, dtype, queue, algorithm="auto", queues="single", gemm="auto"):
     """The plan for (geometry, dtype, context, algorithm, queues, GEMM request) from a small LRU
     cache. An "auto" GEMM request is keyed with CLCONV_GEMM, which the plan resolves it by:
     nothing on this path asks the driver."""
-    asked = gemm if gemm != "auto" else "auto:" + os.environ.get("CLCONV_GEMM", "").strip().lower()
-    key = (queue_context(queue).int_ptr, g, np.dtype(dtype), algorithm, queues, asked)
+    key = (queue_context(queue).int_ptr, g, np.dtype(dtype), algorithm, queues, _gemm_request(gemm))
     with _plan_lock:
         p = _plan_cache.get(key)
         if p is not None:
@@ -69,4 +74,27 @@ def cached_plan(g, dtype, queue, algorithm="auto", queues="single", gemm="auto")
         _plan_cache[key] = p
         while len(_plan_cache) > _PLAN_CACHE_SIZE:
             _plan_cache.popitem(last=False)
+    return p
+
+
+_CALLS_KEPT = 256
+_calls = {}   # the functional API's call arguments -> plan
+
+
+def plan_for_call(input_shape, weight_shape, stride, padding, dilation, groups, dtype, queue, arrays, algorithm,
+                  queues, gemm):
+    """The plan of a functional call, looked up by the call's own arguments (its shapes, the
+    repr of its options, which tells 1 from True and (1, 1) from [1, 1], dtype, context,
+    algorithm, queues and GEMM request): a call seen before skips the geometry's checks and
+    the plan cache's key. ``queue``: the call's, else the first device array's, else the default."""
+    queue = pick_queue(queue, *arrays)
+    key = (queue_context(queue).int_ptr, tuple(input_shape), tuple(weight_shape),
+           repr((stride, padding, dilation, groups)), dtype, algorithm, queues, _gemm_request(gemm))
+    p = _calls.get(key)
+    if p is None:
+        g = conv_geometry(input_shape, weight_shape, stride, padding, dilation, groups)
+        p = cached_plan(g, dtype, queue, algorithm, queues, gemm)
+        if len(_calls) >= _CALLS_KEPT:
+            _calls.clear()   # rare: a program calling with that many different arguments
+        _calls[key] = p
     return p

@@ -47,7 +47,7 @@ def _conv_geometry(input_shape, weight_shape, stride, padding, output_padding, g
 
 
 def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,
-                     out=None, queue=None):
+                     out=None, queue=None, allocator=None):
     """Transposed convolution: input (N, Cin, H, W), weight (Cin, Cout/groups, kh, kw), bias (Cout,)
     -> output (N, Cout, Hout, Wout), as torch.nn.functional.conv_transpose2d."""
     check_type("input", input)
@@ -56,16 +56,17 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_paddi
     plan = cached_plan(g, input.dtype, pick_queue(queue, input, weight, bias, out))
     queue, dev, numpy_mode = prepare(queue, plan, {"input": input, "weight": weight, "bias": bias},
                                      {"input": g.output_shape, "weight": g.weight_shape, "bias": (g.C,)},
-                                     out, g.input_shape)
+                                     out, g.input_shape, allocator)
     if g.N:
-        plan.enqueue("backward_input", queue, ref(dev["weight"]), ref(dev["input"]), ref(dev["out"]))
+        plan.enqueue("backward_input", queue, ref(dev["weight"]), ref(dev["input"]), ref(dev["out"]),
+                     allocator=allocator)
         if bias is not None:
             _bias.fill_bias(queue, plan.dtype, ref(dev["out"]), ref(dev["bias"]), g.N, g.C, g.H * g.W, add=True)
-    return finish(dev, out, numpy_mode)
+    return finish(queue, dev, out, numpy_mode)
 
 
 def conv_transpose2d_input(input_size, weight, grad_output, stride=1, padding=0, output_padding=0, groups=1,
-                           dilation=1, *, out=None, queue=None):
+                           dilation=1, *, out=None, queue=None, allocator=None):
     """Gradient of conv_transpose2d for its input: weight (Cin, Cout/groups, kh, kw),
     grad_output (N, Cout, Hout, Wout) -> grad_input (N, Cin, H, W) of size ``input_size``."""
     check_type("weight", weight)
@@ -75,11 +76,12 @@ def conv_transpose2d_input(input_size, weight, grad_output, stride=1, padding=0,
         raise ValueError(f"grad_output of size {list(grad_output.shape)} does not match the output size "
                          f"{list(g.input_shape)} of conv_transpose2d of input {list(input_size)} with weight "
                          f"{list(weight.shape)}")
-    return conv2d(grad_output, weight, None, stride, padding, dilation, groups, out=out, queue=queue)
+    return conv2d(grad_output, weight, None, stride, padding, dilation, groups, out=out, queue=queue,
+                  allocator=allocator)
 
 
 def conv_transpose2d_weight(input, weight_size, grad_output, stride=1, padding=0, output_padding=0, groups=1,
-                            dilation=1, *, out=None, queue=None):
+                            dilation=1, *, out=None, queue=None, allocator=None):
     """Gradient of conv_transpose2d for its weight: input (N, Cin, H, W), grad_output (N, Cout, Hout, Wout)
     -> grad_weight (Cin, Cout/groups, kh, kw) of size ``weight_size``."""
     check_type("input", input)
@@ -89,4 +91,5 @@ def conv_transpose2d_weight(input, weight_size, grad_output, stride=1, padding=0
         raise ValueError(f"grad_output of size {list(grad_output.shape)} does not match the output size "
                          f"{list(g.input_shape)} of conv_transpose2d of input {list(input.shape)} with weight "
                          f"{list(weight_size)}")
-    return conv2d_weight(grad_output, weight_size, input, stride, padding, dilation, groups, out=out, queue=queue)
+    return conv2d_weight(grad_output, weight_size, input, stride, padding, dilation, groups, out=out, queue=queue,
+                         allocator=allocator)

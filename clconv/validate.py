@@ -12,6 +12,7 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
+from . import memory
 from .device import check_dtype_supported, default_queue
 
 
@@ -138,11 +139,12 @@ def queue_context(queue):
     return context
 
 
-def prepare(queue, plan, arrays, shapes, out, out_shape):
+def prepare(queue, plan, arrays, shapes, out, out_shape, allocator=None):
     """Check every argument, then upload NumPy ones (nothing is enqueued before all checks pass).
 
     ``shapes``: {name: expected size}; ``out_shape``: the result's. ``plan`` gives the dtype,
-    context and fallback queue; without one (grad-bias) they come from the arrays.
+    context and fallback queue; without one (grad-bias) they come from the arrays. A new
+    result and uploads come from ``allocator``, else the queue's pool (:mod:`clconv.memory`).
     Returns (queue, dict of device arrays incl. "out", numpy_mode).
     Every call of every pass runs this: it asks the driver nothing it already knows.
     """
@@ -151,7 +153,9 @@ def prepare(queue, plan, arrays, shapes, out, out_shape):
     same_context = plan is not None and (queue is plan.queue or context == plan.context)
     if same_context and all_plain(plan.dtype, context, arrays, shapes, out, out_shape):
         # the usual call, device arrays that pass every check below: accepted in one test
-        return queue, {**arrays, "out": cla.empty(queue, out_shape, plan.dtype) if out is None else out}, False
+        if out is None:
+            out = memory.empty(queue, context, out_shape, plan.dtype, allocator)
+        return queue, {**arrays, "out": out}, False
     given = [(name, a) for name, a in arrays.items() if a is not None or name not in OPTIONAL]
     for name, a in given:
         check_type(name, a)
@@ -171,17 +175,22 @@ def prepare(queue, plan, arrays, shapes, out, out_shape):
     check_out(out, out_shape, context, given)
     dev = dict(arrays)
     numpy_mode = True
+    allocator = allocator or memory.pool(queue)
     for name, a in given:
         if is_device_array(a):
             numpy_mode = False
         else:
-            dev[name] = cla.to_device(queue, np.ascontiguousarray(a))
-    dev["out"] = out if is_device_array(out) else cla.empty(queue, out_shape, dtype)
+            dev[name] = cla.to_device(queue, np.ascontiguousarray(a), allocator=allocator)
+    dev["out"] = out if is_device_array(out) else cla.empty(queue, out_shape, dtype, allocator=allocator)
     return queue, dev, numpy_mode
 
 
-def finish(dev, out, numpy_mode):
-    """The result in the caller's form: ``out``, a NumPy array, or the device array."""
+def finish(queue, dev, out, numpy_mode):
+    """The result in the caller's form: ``out``, a NumPy array, or the device array. Arrays of
+    another queue than the one the pass ran on are kept alive until it is done
+    (:func:`clconv.memory.keep_until_done`)."""
+    if any(a is not None and a.queue is not queue for a in dev.values()):
+        memory.keep_until_done(queue, list(dev.values()))
     result = dev["out"]
     if isinstance(out, np.ndarray):
         result.get(ary=out)

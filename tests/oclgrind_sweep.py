@@ -28,7 +28,6 @@ from numpy.lib.stride_tricks import as_strided
 import clconv
 from clconv import reference
 from clconv.gemm import clblast as blas
-from clconv.workspace import workspace
 from helpers import QueueAs
 
 # (name, input shape, weight shape, options, algorithm, queues, workspace limit in bytes or None)
@@ -141,14 +140,12 @@ def main():
     # buffer's slot and then takes writes past the old buffer's size as unwritten, reporting
     # uninitialised values the kernels never read (seen after a forward's 24-byte bias array
     # was released; the same run with it kept reported nothing). So every array is uploaded
-    # here and kept, and the workspace gets its final size before the first pass.
+    # here and kept (results and workspaces come from clconv's pools, which keep their blocks).
     kept = []
 
     def device(a):
         kept.append(cla.to_device(queue, a))
         return kept[-1]
-    with workspace(queue, 1 << 22):
-        pass
     failures = 0
     rng = np.random.default_rng(0)
     only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""   # a part of the names to run

@@ -34,16 +34,17 @@ def test_64_bit_index_kernels(case, queue, monkeypatch):
 
 
 def test_small_max_allocation_forces_chunks_with_the_same_result(queue, monkeypatch):
-    """A device whose largest allocation holds about one image's workspace: chunked, same answer."""
+    """A device whose largest allocation holds about two images' workspace (and the whole input
+    and output): chunked, same answer."""
     case = next(c for c in CASES if c.name == "g3_same_s3")
     x, w, b, dy = case.data()
     full = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="im2col")
     per_image = full.workspace_bytes // x.shape[0]
 
-    small = clconv.Plan(full.geometry, np.float32, QueueAs(queue, max_mem_alloc_size=2 * per_image),
-                        algorithm="im2col")
-    assert small.workspace_bytes <= 2 * per_image < full.workspace_bytes
-    assert "3 chunk(s)" in small.explain()
+    small = clconv.Plan(full.geometry, np.float32, QueueAs(queue, max_mem_alloc_size=4 * per_image),
+                        algorithm="im2col")   # workspace limit: half of that
+    assert x.nbytes <= 4 * per_image and small.workspace_bytes <= 2 * per_image < full.workspace_bytes
+    assert "2 chunk(s)" in small.explain()
     for got, want in [(small.forward(x, w, b, queue=queue), full.forward(x, w, b)),
                       (small.backward_input(w, dy, queue=queue), full.backward_input(w, dy)),
                       (small.backward_weight(x, dy, queue=queue), full.backward_weight(x, dy))]:
@@ -59,10 +60,10 @@ def test_allocation_failure_is_reraised_with_context(queue, monkeypatch):
     case = CASES[1]
     x, w, b, dy = (cla.to_device(queue, a) for a in case.data())
     out = cla.empty(queue, dy.shape, np.float32)
-    clconv.free_workspaces()
+    clconv.free_memory()
 
     def no_memory(*args, **kw):
         raise cl.MemoryError("clCreateBuffer", cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE, "mocked")
-    monkeypatch.setattr(cl, "Buffer", no_memory)
+    monkeypatch.setattr(clconv.memory, "pool", lambda queue: no_memory)   # the driver refuses every allocation
     with pytest.raises(clconv.ClconvError, match=r"forward of input \[3, 4, 9, 7\] with weight \[6, 2, 3, 3\]"):
         clconv.conv2d(x, w, **case.options, algorithm="im2col", out=out)

@@ -72,6 +72,8 @@ def gemm_strided_batched(queue, dtype, m, n, k, count, a, a_off, lda, a_stride, 
             try:   # a view of exactly each such operand (its stride is already packed): offset 0
                 for x in risky:
                     buf, origin, _, packed = ops[x]
+                    if not isinstance(buf, cl.Buffer):   # a memory pool's block: a Buffer handle on it
+                        buf = cl.Buffer.from_int_ptr(buf.int_ptr, retain=True)
                     ops[x][:2] = buf.get_sub_region(origin * dtype.itemsize, count * packed * dtype.itemsize), 0
                 risky = []
             except cl.Error:   # e.g. the buffer is itself a sub-buffer: one GEMM at a time
