@@ -29,7 +29,7 @@ ICD_DIR := $(VENV)/etc/OpenCL/clconv-vendors
 $(VENV)/.installed: setup.cfg pyproject.toml | system
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[pocl,intel,test,plot,bench]'
+	$(PY) -m pip install -q -e '.[pocl,intel,test,plot,bench,examples]'
 	rm -rf $(ICD_DIR) && mkdir -p $(ICD_DIR)
 	for f in /etc/OpenCL/vendors/*.icd; do [ -f "$$f" ] && cp "$$f" $(ICD_DIR)/ || true; done
 	if [ -f $(VENV)/lib/libintelocl.so ]; then echo $(abspath $(VENV))/lib/libintelocl.so > $(ICD_DIR)/intel-cpu.icd; fi

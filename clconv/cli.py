@@ -8,7 +8,7 @@ import numpy as np
 import pyopencl as cl
 from tqdm import tqdm
 
-from . import reference, tuner, tuning
+from . import digits, reference, tuner, tuning
 from .device import default_queue, has_fp16, has_fp64, pick_device
 from .functional import conv2d, conv2d_bias, conv2d_input, conv2d_weight
 from .gemm import clblast_params
@@ -93,6 +93,16 @@ def cmd_tune_gemm(args):
     return 0
 
 
+def cmd_train_digits(args):
+    queue = default_queue()
+    print(f"training on {queue.device.name.strip()} ({queue.device.platform.name})")
+    history = digits.train(args.epochs, args.batch, args.lr, args.momentum, queue=queue, plot=args.plot or None)
+    if args.plot:
+        print(f"wrote {args.plot}")
+    print(f"test accuracy {history['accuracy'][-1]:.4f} after {args.epochs} epochs in {history['seconds']:.1f} s")
+    return 0
+
+
 CHECKS = [  # (algorithm [and queues or GEMM engine], input, weight, options): every algorithm at least once
     ("im2col", (2, 4, 9, 7), (6, 4, 3, 2), dict(stride=(2, 1), padding=((1, 0), (2, 1)))),
     ("im2col clconv-GEMM", (2, 4, 9, 7), (6, 2, 3, 3), dict(padding=1, groups=2)),
@@ -148,6 +158,13 @@ def main(argv=None):
     tune_gemm = sub.add_parser("tune-gemm", help="search CLBlast GEMM parameters on the workloads' GEMM passes "
                                                  "and store the fastest (run it on its own)")
     tune_gemm.add_argument("--workload", action="append", help="workload name (repeatable; default: all)")
+    digits = sub.add_parser("train-digits", help="train a small convolutional network on scikit-learn's digits "
+                                                 "(the `examples` extra), on the device from start to finish")
+    digits.add_argument("--epochs", type=int, default=30)
+    digits.add_argument("--batch", type=int, default=32, help="images per SGD step")
+    digits.add_argument("--lr", type=float, default=0.05)
+    digits.add_argument("--momentum", type=float, default=0.9)
+    digits.add_argument("--plot", default="digits-training.png", help="PNG of loss and accuracy per epoch ('' for none)")
     check = sub.add_parser("check", help="quick self-test of every pass against the NumPy reference")
     check.add_argument("--dtype", choices=["float32", "float16", "float64"], default="float32")
     args, rest = ap.parse_known_args(argv)
@@ -157,4 +174,4 @@ def main(argv=None):
     if args.device:
         os.environ["CLCONV_DEVICE"] = args.device
     return {"info": cmd_info, "bench": cmd_bench, "tune": cmd_tune, "tune-gemm": cmd_tune_gemm,
-            "check": cmd_check}[args.command](args)
+            "train-digits": cmd_train_digits, "check": cmd_check}[args.command](args)

@@ -14,7 +14,7 @@ from .validate import check_type, finish, prepare
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, out=None, queue=None,
-           algorithm="auto", queues="single", gemm="auto", allocator=None):
+           algorithm="auto", queues="single", gemm="auto", allocator=None, relu=False):
     """Grouped 2-D convolution (cross-correlation, as in PyTorch).
 
     input (N, C, H, W), weight (K, C/groups, kh, kw), bias (K,) or None
@@ -22,13 +22,14 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     'valid' or 'same'. ``stride``, ``dilation``: int or (h, w).
     ``algorithm``: "auto", "fc", "1x1", "direct", "fft", "winograd" or "im2col"; ``queues``: "single"
     or "per-group"; ``gemm``: the GEMM engine (see :func:`clconv.plan`); ``allocator``: a pyopencl
-    allocator for the result and the workspace instead of clconv's pool.
+    allocator for the result and the workspace instead of clconv's pool; ``relu``: the output
+    through max(., 0), fused into the pass that writes it (bias and ReLU in one pass).
     """
     check_type("input", input)
     check_type("weight", weight)
     plan = plan_for_call(input.shape, weight.shape, stride, padding, dilation, groups, input.dtype, queue,
                          (input, weight, bias, out), algorithm, queues, gemm)
-    return plan.forward(input, weight, bias, out=out, queue=queue, allocator=allocator)
+    return plan.forward(input, weight, bias, out=out, queue=queue, allocator=allocator, relu=relu)
 
 
 def conv2d_input(input_size, weight, grad_output, stride=1, padding=0, dilation=1, groups=1, *, out=None,

@@ -10,11 +10,14 @@ import math
 import numpy as np
 import pyopencl.array as cla
 
-from . import storage
+from . import memory, storage
+from .bias import relu_grad
+from .buffers import ref
 from .device import check_dtype_supported, default_queue
 from .functional import conv2d_bias
 from .geometry import normalize_padding, pair
 from .planner import plan_for_call
+from .validate import queue_context
 from .transpose import conv_transpose2d, conv_transpose2d_input, conv_transpose2d_weight
 
 
@@ -104,20 +107,25 @@ class Conv2d(_ConvBase):
 
     weight (out_channels, in_channels/groups, kh, kw) and bias (out_channels,) are
     initialised as PyTorch does (uniform in +-1/sqrt(fan_in)); ``seed`` makes it repeatable.
+    ``relu``: the output goes through max(., 0), fused into the pass that writes it; ``backward``
+    then takes the gradient through it, using the output of the last ``forward``.
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
-                 dtype=np.float32, queue=None, seed=None, allocator=None):
+                 dtype=np.float32, queue=None, seed=None, allocator=None, relu=False):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, dtype,
                          queue, seed, allocator)
         normalize_padding(padding, (1, 1), self.kernel_size, self.stride, self.dilation)   # validate the form
+        self.relu = bool(relu)
         self._plans = {}   # input size -> plan
+        self._output = None   # with relu: the last forward's output, for backward
 
     def _weight_shape(self):
         return (self.out_channels, self.in_channels // self.groups) + self.kernel_size
 
     def _repr_options(self):
-        shown = {"padding": self.padding != 0, "dilation": self.dilation != (1, 1), "groups": self.groups != 1}
+        shown = {"padding": self.padding != 0, "dilation": self.dilation != (1, 1), "groups": self.groups != 1,
+                 "relu": self.relu}
         return {k: getattr(self, k) for k, show in shown.items() if show}
 
     def _plan(self, input_shape):
@@ -131,12 +139,25 @@ class Conv2d(_ConvBase):
     def forward(self, x):
         """output (N, out_channels, OH, OW) for x (N, in_channels, H, W) on the module's queue."""
         x = self._to_device(x)
-        return self._plan(x.shape).forward(x, self.weight, self.bias, queue=self.queue, allocator=self.allocator)
+        y = self._plan(x.shape).forward(x, self.weight, self.bias, queue=self.queue, allocator=self.allocator,
+                                        relu=self.relu)
+        if self.relu:
+            self._output = y
+        return y
 
     def backward(self, x, grad_output):
         """grad_input (N, in_channels, H, W); adds into grad_weight and grad_bias."""
         x, dy = self._to_device(x), self._to_device(grad_output)
         p = self._plan(x.shape)
+        if self.relu:   # the gradient through the ReLU, from the last forward's output
+            y = self._output
+            if y is None or y.shape != dy.shape:
+                raise ValueError(f"{self!r}: backward with grad_output of size {list(dy.shape)} needs the output of a "
+                                 f"forward of that size first (its ReLU's gradient), got "
+                                 f"{None if y is None else list(y.shape)}")
+            masked = memory.empty(self.queue, queue_context(self.queue), dy.shape, dy.dtype, self.allocator)
+            relu_grad(self.queue, dy.dtype, ref(dy), ref(y), ref(masked), dy.size)
+            dy = masked
         grad_input = p.backward_input(self.weight, dy, queue=self.queue, allocator=self.allocator)
         self._accumulate(p.backward_weight(x, dy, queue=self.queue, allocator=self.allocator), dy)
         return grad_input
@@ -178,3 +199,42 @@ class ConvTranspose2d(_ConvBase):
         grad_input = conv_transpose2d_input(x.shape, self.weight, dy, **opts)
         self._accumulate(conv_transpose2d_weight(x, self.weight.shape, dy, **opts), dy)
         return grad_input
+
+
+def from_torch(torch_module, queue=None, dtype=np.float32):
+    """{name: :class:`Conv2d`} for every ``torch.nn.Conv2d`` inside ``torch_module`` (as
+    ``named_modules`` lists them, ``""`` for the module itself), with the layer's options and a
+    copy of its weight and bias; :func:`to_torch` copies them back."""
+    import torch   # only for reading a PyTorch model
+    convs = {}
+    for name, layer in torch_module.named_modules():
+        if type(layer) is torch.nn.ConvTranspose2d or not isinstance(layer, torch.nn.Conv2d):
+            continue
+        if layer.padding_mode != "zeros":
+            raise ValueError(f"{name or type(torch_module).__name__}: padding_mode {layer.padding_mode!r} is not "
+                             "supported (only 'zeros')")
+        conv = Conv2d(layer.in_channels, layer.out_channels, layer.kernel_size, layer.stride, layer.padding,
+                      layer.dilation, layer.groups, bias=layer.bias is not None, dtype=dtype, queue=queue)
+        with torch.no_grad():
+            conv.load_numpy(layer.weight.detach().cpu().numpy(),
+                            None if layer.bias is None else layer.bias.detach().cpu().numpy())
+        convs[name] = conv
+    return convs
+
+
+def to_torch(convs, torch_module):
+    """Copy the weight and bias of each :class:`Conv2d` in ``convs`` ({name: module}, as
+    :func:`from_torch` gives) into the ``torch.nn.Conv2d`` of that name in ``torch_module``."""
+    import torch
+    layers = dict(torch_module.named_modules())
+    for name, conv in convs.items():
+        layer = layers.get(name)
+        if not isinstance(layer, torch.nn.Conv2d):
+            raise ValueError(f"{type(torch_module).__name__} has no Conv2d named {name!r}")
+        state = conv.state_dict()
+        if tuple(layer.weight.shape) != state["weight"].shape or (layer.bias is None) != ("bias" not in state):
+            raise ValueError(f"{name}: {conv!r} does not fit {layer}")
+        with torch.no_grad():
+            layer.weight.copy_(torch.from_numpy(state["weight"]))
+            if layer.bias is not None:
+                layer.bias.copy_(torch.from_numpy(state["bias"]))

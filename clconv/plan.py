@@ -5,6 +5,8 @@ A :class:`Plan` owns the shape arithmetic, the choice of algorithm for each pass
 engine, the workspace sizes and the argument checks, and runs the passes. Plans are built
 by :mod:`clconv.planner` (``clconv.plan()``, the functional API's cache, the tuning cache).
 """
+import functools
+
 import numpy as np
 
 from . import memory, storage
@@ -139,25 +141,29 @@ class Plan:
                          f"workspace {self._workspace_elements(p) * self.compute_dtype.itemsize} bytes")
         return "\n".join(lines)
 
-    def enqueue(self, pass_name, queue, *refs, allocator=None):
+    def enqueue(self, pass_name, queue, *refs, allocator=None, relu=False):
         """Enqueue ``pass_name`` of the chosen algorithm on ``queue`` with its workspace, on
         arrays already checked (:meth:`forward` and the others check, then call this; so does
         :mod:`clconv.transpose`). Replayed when called before on arrays laid out alike
         (:mod:`clconv.replay`).
 
         ``refs``: the pass's arrays as :class:`clconv.buffers.Ref` s in argument order, the
-        result last (None: no bias). float16 arrays run on float32 copies in the workspace
+        result last (None: no bias); ``relu`` (forward only): the output through max(., 0) in the
+        pass that writes it. float16 arrays run on float32 copies in the workspace
         (:func:`clconv.storage.on_float_copies`). The workspace is taken from ``allocator`` (else
         the plan's, else the queue's pool) for this pass and freed when it is enqueued: a
         pool hands it out again only to work enqueued after it on the same queue.
         """
         _, what, nbytes = self._runs[pass_name]
         ws = memory.allocate(queue, nbytes, what, allocator or self.allocator) if nbytes else None
-        self._replays.run(pass_name, queue, refs, ws, nbytes, lambda: self._enqueue(pass_name, queue, refs, ws))
+        self._replays.run((pass_name, relu), queue, refs, ws, nbytes,
+                          lambda: self._enqueue(pass_name, queue, refs, ws, relu))
 
-    def _enqueue(self, pass_name, queue, refs, ws):
+    def _enqueue(self, pass_name, queue, refs, ws, relu):
         algo, what, _ = self._runs[pass_name]
         run = getattr(algo, pass_name)
+        if relu:
+            run = functools.partial(run, relu=True)
         if self._converts:
             storage.on_float_copies(queue, self.dtype, refs, self._sizes(pass_name), ws, algo.workspace[pass_name],
                                     lambda *copies: run(queue, *copies, ws), what)
@@ -166,15 +172,16 @@ class Plan:
 
     # -- the passes ---------------------------------------------------------------
 
-    def forward(self, input, weight, bias=None, *, out=None, queue=None, allocator=None):
-        """output (N, K, OH, OW) = conv2d(input (N, C, H, W), weight (K, C/groups, kh, kw)) + bias (K,)."""
+    def forward(self, input, weight, bias=None, *, out=None, queue=None, allocator=None, relu=False):
+        """output (N, K, OH, OW) = conv2d(input (N, C, H, W), weight (K, C/groups, kh, kw)) + bias (K,),
+        through max(., 0) with ``relu`` (fused into the pass that writes the output)."""
         shapes, out_shape = self._shapes["forward"]
         allocator = allocator or self.allocator
         queue, dev, numpy_mode = prepare(queue, self, {"input": input, "weight": weight, "bias": bias},
                                          shapes, out, out_shape, allocator)
         if self.geometry.N:
             self.enqueue("forward", queue, ref(dev["input"]), ref(dev["weight"]),
-                         None if bias is None else ref(dev["bias"]), ref(dev["out"]), allocator=allocator)
+                         None if bias is None else ref(dev["bias"]), ref(dev["out"]), allocator=allocator, relu=relu)
         return finish(queue, dev, out, numpy_mode)
 
     def backward_input(self, weight, grad_output, *, out=None, queue=None, allocator=None):

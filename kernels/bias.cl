@@ -6,17 +6,19 @@
 #define WG 256
 #endif
 
-// y[b, k, p] = bias[k] (a GEMM then adds onto it with beta = 1), or with ``add``
-// y[b, k, p] += bias[k] (a transposed convolution's bias, after its GEMMs).
+// y[b, k, p] = (y[b, k, p] with EPI_ADD, else 0) + (bias[k] with EPI_BIAS), then ReLU with
+// EPI_RELU: the bias before a GEMM adds onto it (beta = 1), a transposed convolution's bias
+// after its GEMMs, or a GEMM's output's bias and ReLU in one pass.
 __kernel void fill_bias(__global STORE* restrict y, const IDX y_off,
                         __global const STORE* restrict bias, const IDX bias_off,
-                        const int B, const int K, const int P, const int add)
+                        const int B, const int K, const int P, const int flags)
 {
     const int p = get_global_id(0);
     const int bk = get_global_id(1);   // b * K + k
     if (p >= P || bk >= B * K) return;
     const IDX i = y_off + (IDX)bk * P + p;
-    SAVE(y, i, (add ? LOAD(y, i) : (REAL)0) + LOAD(bias, bias_off + bk % K));
+    const REAL v = (flags & EPI_ADD ? LOAD(y, i) : (REAL)0) + (flags & EPI_BIAS ? LOAD(bias, bias_off + bk % K) : (REAL)0);
+    SAVE(y, i, EPILOGUE(flags, v));
 }
 
 // db[k] = sum over images n and pixels p of dy[n, k, p]. One work-group per k;
@@ -45,3 +47,12 @@ void bias_grad(__global const STORE* restrict dy, const IDX dy_off,
     if (l == 0) SAVE(db, db_off + k, (REAL)part[0]);
 }
 
+
+// dx[i] = dy[i] where the fused ReLU's output y[i] is above 0, else 0: the gradient through it.
+__kernel void relu_grad(__global const STORE* restrict dy, const IDX dy_off,
+                        __global const STORE* restrict y, const IDX y_off,
+                        __global STORE* restrict dx, const IDX dx_off, const IDX n)
+{
+    const IDX i = get_global_id(0);
+    if (i < n) SAVE(dx, dx_off + i, LOAD(y, y_off + i) > (REAL)0 ? LOAD(dy, dy_off + i) : (REAL)0);
+}

@@ -15,3 +15,9 @@
 #define CAT(a, b) CAT_(a, b)
 #define REAL4 CAT(REAL, 4)
 #define REALV CAT(REAL, VW)   // VW values: files of CPU row kernels define VW
+
+// The epilogue flags of the kernels that write a forward pass's output (clconv/bias.py).
+#define EPI_BIAS 1             // add bias[k]
+#define EPI_RELU 2             // then max(v, 0)
+#define EPI_ADD 4              // (fill_bias) onto the output's values, instead of onto 0
+#define EPILOGUE(flags, v) (((flags) & EPI_RELU) && (v) < (REAL)0 ? (REAL)0 : (v))

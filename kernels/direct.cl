@@ -138,7 +138,7 @@ inline void read_patch(REAL* got, __global const REAL* restrict x, const IDX xb,
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void direct_forward(__global const REAL* restrict x, const IDX x_off,
                     __global const REAL* restrict w, const IDX w_off,
-                    __global const REAL* restrict bias, const IDX bias_off, const int has_bias,
+                    __global const REAL* restrict bias, const IDX bias_off, const int flags,
                     __global REAL* restrict y, const IDX y_off, GEOMETRY)
 {
 #if STAGE
@@ -152,7 +152,7 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
     const int y0 = get_group_id(1) * TY * RY * SH - PT, x0 = get_group_id(0) * TX * SW - PL;
     REAL acc[KB][RY];
     for (int b = 0; b < KB; ++b)
-        for (int r = 0; r < RY; ++r) acc[b][r] = has_bias ? bias[bias_off + k0 + b] : (REAL)0;
+        for (int r = 0; r < RY; ++r) acc[b][r] = (flags & EPI_BIAS) ? bias[bias_off + k0 + b] : (REAL)0;
 #if STAGE && WSTAGE
     // the KB filters' weights, tap by tap; with WVEC four filters' at a time are one local read
 #if WVEC
@@ -230,7 +230,7 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
         for (int r = 0; r < RY; ++r) {
             const int oy = oy0 + r;
             if (ox < OW && oy < OH)
-                y[y_off + ((IDX)n * K + k0 + b) * OH * OW + oy * OW + ox] = acc[b][r];
+                y[y_off + ((IDX)n * K + k0 + b) * OH * OW + oy * OW + ox] = EPILOGUE(flags, acc[b][r]);
         }
 }
 
@@ -378,14 +378,14 @@ inline REALV row_values(__global const REAL* restrict xr, const int ix0, const i
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void direct_rows(__global const REAL* restrict x, const IDX x_off,
                  __global const REAL* restrict w, const IDX w_off,
-                 __global const REAL* restrict bias, const IDX bias_off, const int has_bias,
+                 __global const REAL* restrict bias, const IDX bias_off, const int flags,
                  __global REAL* restrict y, const IDX y_off, GEOMETRY)
 {
     const int nk = get_global_id(1);
     const int k0 = (nk % (K / KB)) * KB, n = nk / (K / KB), c0 = (k0 / KG) * CG;
     const int oy_end = min(OH, (int)(get_global_id(0) + 1) * RB);
     REAL bk[KB];
-    _Pragma("unroll") for (int b = 0; b < KB; ++b) bk[b] = has_bias ? bias[bias_off + k0 + b] : (REAL)0;
+    _Pragma("unroll") for (int b = 0; b < KB; ++b) bk[b] = (flags & EPI_BIAS) ? bias[bias_off + k0 + b] : (REAL)0;
     for (int oy = get_global_id(0) * RB; oy < oy_end; ++oy) {
         for (int ox0 = 0; ox0 < OW; ox0 += VW) {
             REALV acc[KB];
@@ -407,9 +407,9 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
                 lanes out;
                 out.v = acc[b];
                 if (ox0 + VW <= OW) {
-                    _Pragma("unroll") for (int q = 0; q < VW; ++q) yr[q] = out.s[q];
+                    _Pragma("unroll") for (int q = 0; q < VW; ++q) yr[q] = EPILOGUE(flags, out.s[q]);
                 } else {
-                    for (int q = 0; q < OW - ox0; ++q) yr[q] = out.s[q];
+                    for (int q = 0; q < OW - ox0; ++q) yr[q] = EPILOGUE(flags, out.s[q]);
                 }
             }
         }

@@ -228,7 +228,7 @@ __kernel void fft_filter(__global const REAL* restrict w, const IDX w_off,
 // 2r + 1 as one complex row (both real: the second rides as the imaginary part).
 __kernel void fft_output(__global const REAL* restrict s, const IDX s_off,
                          __global REAL* restrict y, const IDX y_off,
-                         __global const REAL* restrict bias, const IDX bias_off, const int has_bias,
+                         __global const REAL* restrict bias, const IDX bias_off, const int flags,
                          const int B, const int K, const int OH, const int OW, const IDX SN, const IDX SK,
                          const int DH, const int DW)
 {
@@ -283,14 +283,14 @@ __kernel void fft_output(__global const REAL* restrict s, const IDX s_off,
     barrier(CLK_LOCAL_MEM_FENCE);
     // the NBO output planes, each OH x OW (fits: OH <= FH, OW <= FW), then written whole and in order
     const int HWn = OH * OW;
-    const REAL b0 = has_bias ? bias[bias_off + k] : (REAL)0;
+    const REAL b0 = (flags & EPI_BIAS) ? bias[bias_off + k] : (REAL)0;
     #pragma unroll
     for (int i = 0; i < FW; ++i)   // constant indices into re[], im[]: the arrays stay in registers
         if (i % DW == 0 && i / DW < OW) {
             if (live0)
-                plane[b * HWn + 2 * r * OW + i / DW] = re[i] / (FH * FW) + b0;
+                plane[b * HWn + 2 * r * OW + i / DW] = EPILOGUE(flags, re[i] / (FH * FW) + b0);
             if (live1)
-                plane[b * HWn + (2 * r + 1) * OW + i / DW] = -im[i] / (FH * FW) + b0;
+                plane[b * HWn + (2 * r + 1) * OW + i / DW] = EPILOGUE(flags, -im[i] / (FH * FW) + b0);
         }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int e = id; e < NBO * HWn; e += NBO * FH / 2) {

@@ -7,6 +7,9 @@
 //
 // Specialised by the host with prepended #defines; the defaults below are for reading.
 
+// (With a tile of output rows, the host passes OH = the tile's rows and the top padding
+// shifted by its first row: the same kernels cover any band of an image.)
+//
 // 3-D range: dim 0 over the output pixels p of one image, dim 1 over channels c,
 // dim 2 over the B images. Each work-item writes the KH*KW rows of channel c in
 // its column (b, p): the index arithmetic is paid once per pixel, not per tap,
@@ -36,24 +39,26 @@ __kernel void im2col(__global const REAL* restrict x, const IDX x_off,
 }
 
 // Adjoint of im2col. One work-item per input pixel (b, c, y, x) gathers every
-// column entry that im2col read from it and OVERWRITES dx with the sum: no
-// atomics, no dependence on what dx held before, a fixed summation order.
-// 3-D range as im2col's: pixels of one image, channels, images.
+// column entry that im2col read from it and OVERWRITES dx with the sum (or, with
+// ``accumulate``, adds it: a tile of output rows after the first): no atomics, a fixed
+// summation order. 3-D range as im2col's: pixels of one image from pixel q0 on (a
+// tile's input rows), channels, images.
 __kernel void col2im(__global const REAL* restrict col, const IDX col_off,
                      __global REAL* restrict dx, const IDX dx_off,
                      const int B, const int C, const int H, const int W,
                      const int KH, const int KW, const int OH, const int OW,
                      const int SH, const int SW, const int PT, const int PL,
-                     const int DH, const int DW)
+                     const int DH, const int DW, const int q0, const int accumulate)
 {
-    const int q = get_global_id(0), c = get_global_id(1), b = get_global_id(2);
+    const int q = q0 + get_global_id(0), c = get_global_id(1), b = get_global_id(2);
     if (q >= H * W || c >= C || b >= B) return;
     const int y = q / W, xx = q - y * W;
     const IDX ld = (IDX)B * OH * OW;
     const IDX src = col_off + (IDX)c * KH * KW * ld + (IDX)b * OH * OW;
     // Only taps t with (position + pad - t * D) a non-negative multiple of the stride read
     // this pixel; undilated, they are t = (position + pad) % S, then every S-th.
-    const int i0 = DH == 1 ? (y + PT) % SH : 0, di = DH == 1 ? SH : 1;
+    // (a tile of output rows has a shifted, possibly negative, top padding: remainders made >= 0)
+    const int i0 = DH == 1 ? ((y + PT) % SH + SH) % SH : 0, di = DH == 1 ? SH : 1;
     const int j0 = DW == 1 ? (xx + PL) % SW : 0, dj = DW == 1 ? SW : 1;
     REAL acc = (REAL)0;
     for (int i = i0; i < KH; i += di) {
@@ -75,7 +80,8 @@ __kernel void col2im(__global const REAL* restrict col, const IDX col_off,
             if (ox < OW) acc += col[row + j * ld + oy * OW + ox];
         }
     }
-    dx[dx_off + ((IDX)b * C + c) * H * W + q] = acc;
+    const IDX at = dx_off + ((IDX)b * C + c) * H * W + q;
+    dx[at] = accumulate ? dx[at] + acc : acc;
 }
 
 // (B, K, P) -> (K, B*P): grad_output in the column layout, so that grad-weight
@@ -91,11 +97,11 @@ __kernel void nchw_to_cnhw(__global const REAL* restrict src, const IDX src_off,
     dst[dst_off + (IDX)k * (B * (IDX)P) + q] = src[src_off + ((IDX)b * K + k) * P + p];
 }
 
-// (K, B*P) -> (B, K, P), adding bias[k] when has_bias: the forward GEMM's result
-// back into NCHW. 2-D range: dim 0 over (b, p), dim 1 over k.
+// (K, B*P) -> (B, K, P), the epilogue (``flags``: bias[k], ReLU) applied: the forward GEMM's
+// result back into NCHW. 2-D range: dim 0 over (b, p), dim 1 over k.
 __kernel void cnhw_to_nchw(__global const REAL* restrict src, const IDX src_off,
                            __global REAL* restrict dst, const IDX dst_off,
-                           __global const REAL* restrict bias, const IDX bias_off, const int has_bias,
+                           __global const REAL* restrict bias, const IDX bias_off, const int flags,
                            const int B, const int K, const int P)
 {
     const int q = get_global_id(0);
@@ -103,8 +109,8 @@ __kernel void cnhw_to_nchw(__global const REAL* restrict src, const IDX src_off,
     if (q >= B * P || k >= K) return;
     const int b = q / P, p = q - b * P;
     REAL v = src[src_off + (IDX)k * (B * (IDX)P) + q];
-    if (has_bias) v += bias[bias_off + k];
-    dst[dst_off + ((IDX)b * K + k) * P + p] = v;
+    if (flags & EPI_BIAS) v += bias[bias_off + k];
+    dst[dst_off + ((IDX)b * K + k) * P + p] = EPILOGUE(flags, v);
 }
 
 // ---- CPU devices ----------------------------------------------------------------------

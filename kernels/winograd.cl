@@ -211,7 +211,7 @@ __kernel void winograd_input(__global const REAL* restrict x, const IDX x_off,
 // (B, K, OH, OW) output. 2-D range: p, k.
 __kernel void winograd_output(__global const REAL* restrict m, const IDX m_off,
                               __global REAL* restrict y, const IDX y_off,
-                              __global const REAL* restrict bias, const IDX bias_off, const int has_bias,
+                              __global const REAL* restrict bias, const IDX bias_off, const int flags,
                               const int B, const int K, const int OH, const int OW,
                               const int TH, const int TW, const int DH, const int DW)
 {
@@ -230,7 +230,7 @@ __kernel void winograd_output(__global const REAL* restrict m, const IDX m_off,
     for (int j = 0; j < 6; ++j) output_1d(&v[0][j], 6);
     #pragma unroll
     for (int i = 0; i < TM; ++i) output_1d(&v[i][0], 1);
-    const REAL b0 = has_bias ? bias[bias_off + k] : (REAL)0;
+    const REAL b0 = (flags & EPI_BIAS) ? bias[bias_off + k] : (REAL)0;
     const int b = p / (TH * TW), t = p - b * TH * TW, th = t / TW;
     const int oy0 = tile_start(th, DH), ox0 = tile_start(t - th * TW, DW);
     __global REAL* dst = y + y_off + ((IDX)b * K + k) * OH * OW;
@@ -241,7 +241,7 @@ __kernel void winograd_output(__global const REAL* restrict m, const IDX m_off,
         #pragma unroll
         for (int j = 0; j < TM; ++j) {
             const int ox = ox0 + j * DW;
-            if (ox < OW) dst[oy * OW + ox] = v[i][j] + b0;
+            if (ox < OW) dst[oy * OW + ox] = EPILOGUE(flags, v[i][j] + b0);
         }
     }
 }
@@ -417,14 +417,14 @@ void winograd_input_rows(__global const REAL* restrict x, const IDX x_off,
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void winograd_output_rows(__global const REAL* restrict m, const IDX m_off,
                           __global REAL* restrict y, const IDX y_off,
-                          __global const REAL* restrict bias, const IDX bias_off, const int has_bias,
+                          __global const REAL* restrict bias, const IDX bias_off, const int flags,
                           const int B, const int K, const int OH, const int OW,
                           const int TH, const int TW, const int DH, const int DW)
 {
     const int bt = get_global_id(0), k = get_global_id(1), b = bt / TH, th = bt - b * TH;
     const int P = B * TH * TW, oy0 = tile_start(th, DH);
     const IDX step = (IDX)K * P;
-    const REAL b0 = has_bias ? bias[bias_off + k] : (REAL)0;
+    const REAL b0 = (flags & EPI_BIAS) ? bias[bias_off + k] : (REAL)0;
     __global REAL* dst = y + y_off + ((IDX)b * K + k) * OH * OW;
     for (int tw0 = 0; tw0 < TW; tw0 += VW) {
         REALV v[6][6];
@@ -445,7 +445,7 @@ void winograd_output_rows(__global const REAL* restrict m, const IDX m_off,
                 #pragma unroll
                 for (int q = 0; q < VW; ++q)
                     #pragma unroll
-                    for (int j = 0; j < TM; ++j) row[TM * q + j] = t[j].s[q] + b0;
+                    for (int j = 0; j < TM; ++j) row[TM * q + j] = EPILOGUE(flags, t[j].s[q] + b0);
                 continue;
             }
             #pragma unroll
@@ -455,7 +455,7 @@ void winograd_output_rows(__global const REAL* restrict m, const IDX m_off,
                 #pragma unroll
                 for (int j = 0; j < TM; ++j) {
                     const int ox = ox0 + j * DW;
-                    if (ox < OW) dst[oy * OW + ox] = t[j].s[q] + b0;
+                    if (ox < OW) dst[oy * OW + ox] = EPILOGUE(flags, t[j].s[q] + b0);
                 }
             }
         }

@@ -38,6 +38,9 @@ SWEEP = [
      None),
     ("im2col_split_k", (2, 2, 16, 17), (3, 2, 3, 3), dict(padding=1), "im2col", "single", None),
     ("im2col_chunked", (3, 2, 5, 4), (4, 1, 2, 2), dict(groups=2), "im2col", "single", 2 * 4 * 4 * 20 * 4),
+    # one image in tiles of 2 output rows: col of 2 rows (4 x 3 x 3 taps x 2 x 4 columns) is the budget
+    ("im2col_tiles", (2, 4, 9, 7), (4, 2, 3, 3), dict(stride=(2, 1), padding=((2, 1), (1, 0)), dilation=(1, 2),
+                                                  groups=2), "im2col", "single", 4 * 9 * 2 * 4 * 4),
     ("im2col_per_group_queues", (2, 4, 5, 6), (6, 2, 3, 3), dict(padding=1, groups=2), "im2col", "per-group",
      None),
     ("fc", (3, 4, 3, 2), (6, 2, 3, 2), dict(groups=2), "fc", "single", None),
@@ -168,12 +171,15 @@ def main():
         g = p.geometry
         dy = rng.standard_normal(g.output_shape).astype(dtype)
         dev = {k: device(v) for k, v in dict(x=x, w=w, b=b, dy=dy, y=np.zeros(g.output_shape, dtype),
-                                             dx=np.zeros(xs, dtype), dw=np.zeros(ws, dtype)).items()}
+                                             yr=np.zeros(g.output_shape, dtype), dx=np.zeros(xs, dtype),
+                                             dw=np.zeros(ws, dtype)).items()}
         p.forward(dev["x"], dev["w"], dev["b"], out=dev["y"])
+        p.forward(dev["x"], dev["w"], dev["b"], out=dev["yr"], relu=True)
         p.backward_input(dev["w"], dev["dy"], out=dev["dx"])
         p.backward_weight(dev["x"], dev["dy"], out=dev["dw"])
         kept.append(clconv.conv2d_bias(dev["dy"]))
         results = {"forward": (dev["y"].get(), reference.conv2d(x, w, b, **opts)),
+                   "forward+ReLU": (dev["yr"].get(), np.maximum(reference.conv2d(x, w, b, **opts), 0)),
                    "grad-input": (dev["dx"].get(), reference.conv2d_input(xs, w, dy, **opts)),
                    "grad-weight": (dev["dw"].get(), reference.conv2d_weight(x, ws, dy, **opts)),
                    "grad-bias": (kept[-1].get(), reference.conv2d_bias(dy))}
@@ -181,7 +187,7 @@ def main():
             err = reference.normalised_error(got, want)
             ok = err <= reference.TOLERANCE[dtype]
             failures += not ok
-            print(f"{name:26s} {pass_name:12s} {p.algorithms.get(pass_name.replace('grad-', 'backward_'), ''):7s} "
+            print(f"{name:26s} {pass_name:12s} {p.algorithms.get(pass_name.replace('grad-', 'backward_').replace('+ReLU', ''), ''):7s} "
                   f"error {err:.1e} {'ok' if ok else 'MISMATCH'}", flush=True)
     return 1 if failures else 0
 

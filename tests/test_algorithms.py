@@ -54,6 +54,9 @@ def test_algorithm_matches_reference(case, algorithm, engine, queue, monkeypatch
     assert p.explain().count(f"[{algorithm}]") == 3
     assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float32, "forward")
     assert_close(p.forward(x, w), reference.conv2d(x, w, **opts), np.float32, "forward no bias")
+    relu = lambda a: np.maximum(a, 0)   # noqa: E731  (the fused option: bias and ReLU as the output is written)
+    assert_close(p.forward(x, w, b, relu=True), relu(reference.conv2d(x, w, b, **opts)), np.float32, "forward + ReLU")
+    assert_close(p.forward(x, w, relu=True), relu(reference.conv2d(x, w, **opts)), np.float32, "forward no bias + ReLU")
     assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "grad-input")
     assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **opts), np.float32,
                  "grad-weight")
@@ -331,7 +334,7 @@ def test_auto_passes_over_winograd_above_the_workspace_limit(queue):
     assert set(p.algorithms.values()) == {"im2col"}
     assert "(not winograd: one image of input [1, 16, 8, 8]" in p.explain()
     assert_close(p.forward(x, w), reference.conv2d(x, w, padding=1), np.float32, "forward")
-    with pytest.raises(ValueError, match="winograd: one image .* im2col: one image"):
+    with pytest.raises(ValueError, match=r"winograd: one image .* im2col: one output row .* \(one image needs"):
         clconv.plan(x.shape, w.shape, padding=1, queue=queue, workspace_limit=4000)
 
 

@@ -8,7 +8,8 @@ ValueError when it cannot run within the budget. It then states the workspace ea
 needs (``workspace``, in compute-dtype elements), describes each pass for ``explain()``, and
 enqueues the passes on :class:`clconv.buffers.Ref` s:
 
-  forward(queue, x, w, bias, y, ws)        y = conv(x, w) (+ bias; bias may be None)
+  forward(queue, x, w, bias, y, ws, relu)  y = conv(x, w) (+ bias; bias may be None), then
+                                           max(y, 0) with relu, in the same pass over y
   backward_input(queue, w, dy, dx, ws)     dx = grad-input
   backward_weight(queue, x, dy, dw, ws)    dw = grad-weight
 
@@ -46,7 +47,7 @@ class Algorithm:
         """One line on how ``pass_name`` runs, for ``Plan.explain()``."""
         raise NotImplementedError
 
-    def forward(self, queue, x, w, bias, y, ws):
+    def forward(self, queue, x, w, bias, y, ws, relu=False):
         raise NotImplementedError
 
     def backward_input(self, queue, w, dy, dx, ws):

@@ -11,6 +11,7 @@ atomics.
 """
 import pyopencl as cl
 
+from ..bias import flags
 from ..buffers import idx_for
 from ..device import cpu_vector_width
 from ..programs import get_kernel, launch, reduction_work_group
@@ -220,12 +221,12 @@ class Direct(Algorithm):
                            PH=ph, PW=pw, RY=ry, KB=kb, RB=rb, VW=self.vw, STAGE=int(self.staged), WSTAGE=int(wstage),
                            WVEC=int(wvec), FLIP=int(g is self.transposed), **constants), wg)
 
-    def _forward(self, queue, pass_name, g, x, w, bias, y, what):
+    def _forward(self, queue, pass_name, g, x, w, bias, y, what, relu=False):
         """The forward kernel over geometry ``g`` (the transposed one flips the weights): on GPUs
         direct_forward's tiles, on CPUs direct_rows' bands of output rows."""
         b = bias if bias is not None else w
         idx = idx_for(self.dtype, x, w, y, bias)
-        args = (x.buf, x.off, w.buf, w.off, b.buf, b.off, int(bias is not None), y.buf, y.off, *self._sizes(g))
+        args = (x.buf, x.off, w.buf, w.off, b.buf, b.off, flags(bias, relu), y.buf, y.off, *self._sizes(g))
         if not self.staged:
             kb, rb = self.rows[pass_name]
             knl, _ = self._kernel(queue, "direct_rows", idx, None, g, kb, rb)
@@ -236,8 +237,8 @@ class Direct(Algorithm):
         knl, _ = self._kernel(queue, "direct_forward", idx, tile, g, kb)
         launch(queue, knl, (g.OW, -(-g.OH // (ty * ry)) * ty, g.N * g.K // kb), (tx, ty, 1), *args, what=what)
 
-    def forward(self, queue, x, w, bias, y, ws):
-        self._forward(queue, "forward", self.g, x, w, bias, y, "forward (direct)")
+    def forward(self, queue, x, w, bias, y, ws, relu=False):
+        self._forward(queue, "forward", self.g, x, w, bias, y, "forward (direct)", relu)
 
     def backward_input(self, queue, w, dy, dx, ws):
         if self.transposed:

@@ -7,7 +7,7 @@ strided-batched GEMM over the groups, over the whole batch, with no workspace:
   grad-input    dX[:, g] = dY[:, g] @ W[g]        M=N   N=Kd  K=Kg
   grad-weight   dW[g]    = dY[:, g]^T @ X[:, g]   M=Kg  N=Kd  K=N
 """
-from ..bias import prefill_bias
+from ..bias import after_gemm, before_gemm
 from ..gemm import Operand as Op
 from .base import Algorithm
 
@@ -29,11 +29,12 @@ class FullyConnected(Algorithm):
         return (f"fully-connected GEMM over the whole batch, {g.groups} group(s) in one batched call, "
                 f"M={mnk[0]} N={mnk[1]} K={mnk[2]}, no im2col, no workspace")
 
-    def forward(self, queue, x, w, bias, y, ws):
+    def forward(self, queue, x, w, bias, y, ws, relu=False):
         g = self.g
-        beta = prefill_bias(queue, self.dtype, y, bias, g)
+        beta = before_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
         self._gemm(queue, g.N, g.Kg, g.Kd, Op(x.buf, x.off, g.C * g.H * g.W, g.Kd), Op(w.buf, w.off, g.Kd, g.Kg * g.Kd),
                    Op(y.buf, y.off, g.K, g.Kg), beta=beta, b_transp=True, what="forward (fc)")
+        after_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
 
     def backward_input(self, queue, w, dy, dx, ws):
         g = self.g

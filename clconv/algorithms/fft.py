@@ -22,6 +22,7 @@ import functools
 import numpy as np
 import pyopencl as cl
 
+from ..bias import flags
 from ..buffers import Ref, idx_for
 from ..gemm import Operand as Op
 from ..programs import ClconvError, get_kernel, launch, work_group_limit
@@ -159,7 +160,7 @@ class FFT(Transform):
                x.buf, x.off + n0 * C * H * W, ws, at, nb, C, H, W, *pads, Cg, int(rotated),
                what=f"{what}: image transform")
 
-    def _convolve(self, queue, pass_name, x, w, bias, y, ws, what):
+    def _convolve(self, queue, pass_name, x, w, bias, y, ws, what, relu=False):
         """y = conv(x, w) (+ bias) over the pass's geometry, w flipped for grad-input."""
         t, B = self.geometry[pass_name], self.chunk[pass_name]
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
@@ -180,7 +181,7 @@ class FFT(Transform):
                                 Op(ws, 0, 2 * nb, 2 * t.Cg * 2 * nb, t.C * 2 * 2 * nb),
                                 Op(ws, m, 2 * nb, t.Kg * 2 * nb, t.K * 2 * nb), what=what)
             launch(queue, output, (nb, self.fh // 2, t.K), (self.nbo, self.fh // 2, 1), ws, m,
-                   y.buf, y.off + n0 * t.K * t.OH * t.OW, b.buf, b.off, int(bias is not None), nb, t.K, t.OH, t.OW,
+                   y.buf, y.off + n0 * t.K * t.OH * t.OW, b.buf, b.off, flags(bias, relu), nb, t.K, t.OH, t.OW,
                    t.K * t.OH * t.OW, t.OH * t.OW, 1, 1, what=f"{what}: output transform")
 
     def backward_weight(self, queue, x, dy, dw, ws):

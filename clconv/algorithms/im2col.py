@@ -23,7 +23,7 @@ straight into Y. On an H200 that took the 7x7 stem's grad-weight from 0.048-0.05
 """
 import pyopencl as cl
 
-from ..bias import fill_bias
+from ..bias import after_gemm, before_gemm, flags
 from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width
 from ..gemm import Im2colB, Operand as Op
@@ -57,10 +57,10 @@ class Im2col(Algorithm):
         self.max_slices = (max_slices(g.K * g.Kd, g.N * g.P, GPU_MIN_SLICE, GPU_MAX_SLICES) if gpu
                            else max_slices(g.K * g.Kd, g.N * g.P))
         partials = self.max_slices * g.K * g.Kd if self.max_slices > 1 else 0
+        self.band = None   # output rows per tile, when one image does not fit the budget
         if (per_image + partials) * itemsize > workspace_limit:
-            raise ValueError(f"one image of input {list(g.input_shape)} with weight {list(g.weight_shape)} needs "
-                             f"{(per_image + partials) * itemsize} workspace bytes, above the limit "
-                             f"of {workspace_limit} bytes")
+            self._fit_bands(workspace_limit, (per_image + partials) * itemsize, partials)
+            return
         # images per chunk: as many as the budget allows
         self.chunk = max(1, min(g.N, (workspace_limit // itemsize - partials) // per_image, INT32_MAX // g.P))
         # slices of a full chunk, and of a shorter last one (which can split into more)
@@ -72,8 +72,43 @@ class Im2col(Algorithm):
         self.workspace = {"forward": per_image * self.chunk, "backward_input": per_image * self.chunk,
                           "backward_weight": per_image * self.chunk + wgrad_extra}
 
+    def _fit_bands(self, workspace_limit, whole, partials):
+        """One image's workspace (``whole`` bytes) is above the budget: the passes run image by
+        image over tiles of ``band`` output rows, as evenly sized as the budget allows, each
+        tile's col (rows x band * OW) the workspace; output, grad_output and grad-weight are read
+        and written in place. Grad-weight cuts each tile's positions into split-K slices (its
+        ``partials`` after col), summed in order, tile after tile."""
+        g, itemsize = self.g, self.dtype.itemsize
+        row = self.rows * g.OW * itemsize   # col of one output row
+        # split-K's partial sums take at most half the budget, and leave room for one row
+        room = min(workspace_limit // 2, workspace_limit - row) // itemsize
+        self.max_slices = max(1, min(self.max_slices, room // (g.K * g.Kd)))
+        partials = self.max_slices * g.K * g.Kd if self.max_slices > 1 else 0
+        if row + partials * itemsize > workspace_limit:
+            raise ValueError(f"one output row of input {list(g.input_shape)} with weight {list(g.weight_shape)} "
+                             f"needs {row + partials * itemsize} workspace bytes, above the limit of "
+                             f"{workspace_limit} bytes (one image needs {whole})")
+        tiles = -(-g.OH // min(g.OH, (workspace_limit - partials * itemsize) // row))
+        self.band = -(-g.OH // tiles)
+        self.chunk, self.slices, self.last_slices = 1, 1, 1
+        self.tiling = (f"{tiles} tiles of {self.band} output rows per image (one image needs {whole} workspace "
+                       f"bytes, above the limit of {workspace_limit})")
+        col = self.rows * self.band * g.OW
+        self.workspace = {"forward": col, "backward_input": col, "backward_weight": col + partials}
+
+    def _bands(self):
+        """(first output row, rows) of each tile of an image."""
+        return [(oy0, min(self.band, self.g.OH - oy0)) for oy0 in range(0, self.g.OH, self.band)]
+
     def describe(self, pass_name):
         g, B = self.g, self.chunk
+        if self.band:
+            mnk = {"forward": (g.Kg, "rows*OW", g.Kd), "backward_input": (g.Kd, "rows*OW", g.Kg),
+                   "backward_weight": (g.Kg, g.Kd, "rows*OW")}[pass_name]
+            how = {"forward": "output rows written in place", "backward_input": "col2im adding each tile's "
+                   "input rows in order", "backward_weight": "tiles summed in order into grad_weight"}[pass_name]
+            return (f"im2col + GEMM batched over {g.groups} group(s), image by image in {self.tiling}; per GEMM "
+                    f"M={mnk[0]} N={mnk[1]} K={mnk[2]} (rows = {self.band}, fewer in the last tile); {how}")
         chunks = -(-g.N // B) if g.N else 0
         mnk = {"forward": (g.Kg, B * g.P, g.Kd), "backward_input": (g.Kd, B * g.P, g.Kg),
                "backward_weight": (g.Kg, g.Kd, B * g.P)}[pass_name]
@@ -87,8 +122,9 @@ class Im2col(Algorithm):
         return text
 
     def _implicit(self):
-        """Whether forward and grad-weight read im2col in place: few channels, on the GPU GEMM kernel."""
-        return self.g.Cg <= IMPLICIT_MAX_CHANNELS and self.gemm == "gpu"
+        """Whether forward and grad-weight read im2col in place: few channels, on the GPU GEMM kernel
+        (not in tiles: the kernel's im2col is compiled for whole images)."""
+        return self.g.Cg <= IMPLICIT_MAX_CHANNELS and self.gemm == "gpu" and not self.band
 
     def _im2col_b(self, pj, images):
         """The input as the GEMM's im2col operand, slices of pj columns, matrices over ``images``."""
@@ -98,24 +134,28 @@ class Im2col(Algorithm):
         return Im2colB(g.H, g.W, xs, g.P, g.OW, g.kh, g.kw, *g.stride, pt, pl, *g.dilation, pj,
                             (images - 1) * xs + g.Cg * g.H * g.W)
 
-    def _geometry_args(self, B):
+    def _geometry_args(self, B, oy0=0, rows=None):
+        """The layout kernels' geometry arguments for B images, or for the tile of ``rows`` output
+        rows from row oy0 (of one image): a convolution of those rows, its top padding shifted."""
         g = self.g
         (pt, _), (pl, _) = g.pads
-        return (B, g.C, g.H, g.W, g.kh, g.kw, g.OH, g.OW) + g.stride + (pt, pl) + g.dilation
+        return (B, g.C, g.H, g.W, g.kh, g.kw, rows or g.OH, g.OW) + g.stride + (pt - oy0 * g.stride[0], pl) + g.dilation
 
     def _kernel(self, queue, name, idx):
         return get_kernel(queue.context, "im2col.cl", name, self.dtype, IDX=idx)
 
-    def _im2col(self, queue, idx, x, n0, B, ws, col):
-        """col of images n0 ... n0+B-1: on GPUs a work-item per (output pixel, channel); on CPUs
-        im2col_rows, a work-item per (output row, channel) writing VW columns at a time."""
+    def _im2col(self, queue, idx, x, n0, B, ws, col, oy0=0, rows=None):
+        """col of images n0 ... n0+B-1 (or of the tile of ``rows`` output rows from oy0 of image
+        n0): on GPUs a work-item per (output pixel, channel); on CPUs im2col_rows, a work-item
+        per (output row, channel) writing VW columns at a time."""
         g = self.g
-        args = (x.buf, x.off + n0 * g.C * g.H * g.W, ws, col, *self._geometry_args(B))
+        rows = rows or g.OH
+        args = (x.buf, x.off + n0 * g.C * g.H * g.W, ws, col, *self._geometry_args(B, oy0, rows))
         if self.vw:
             knl = get_kernel(queue.context, "im2col.cl", "im2col_rows", self.dtype, IDX=idx, VW=self.vw)
-            launch(queue, knl, (B * g.OH, g.C), (1, 1), *args, what="im2col")
+            launch(queue, knl, (B * rows, g.C), (1, 1), *args, what="im2col")
             return
-        launch(queue, self._kernel(queue, "im2col", idx), (g.P, g.C, B), (64, 1, 1), *args, what="im2col")
+        launch(queue, self._kernel(queue, "im2col", idx), (rows * g.OW, g.C, B), (64, 1, 1), *args, what="im2col")
 
     def _to_columns(self, queue, idx, dy, n0, B, ws, t):
         """dY of images n0 ... n0+B-1 (B, K, P) as (K, B*P): (buffer, offset) of T, or of dY
@@ -129,16 +169,17 @@ class Im2col(Algorithm):
                what="grad_output layout")
         return ws, t
 
-    def forward(self, queue, x, w, bias, y, ws):
+    def forward(self, queue, x, w, bias, y, ws, relu=False):
         g, B = self.g, self.chunk
         Kg, Kd = g.Kg, g.Kd
+        if self.band:
+            return self._forward_tiles(queue, x, w, bias, y, ws, relu)
         if self._implicit():   # one GEMM over groups x images into Y
-            if bias is not None:
-                fill_bias(queue, self.dtype, y, bias, g.N, g.K, g.P)
+            beta = before_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
             self._gemm(queue, Kg, g.P, Kd, Op(w.buf, w.off, Kd, Kg * Kd),
                        Op(x.buf, x.off, 0, g.Cg * g.H * g.W, g.C * g.H * g.W), Op(y.buf, y.off, g.P, Kg * g.P, g.K * g.P),
-                       images=g.N, beta=float(bias is not None), im2col=self._im2col_b(0, 1),
-                       what="forward (implicit im2col)")
+                       images=g.N, beta=beta, im2col=self._im2col_b(0, 1), what="forward (implicit im2col)")
+            after_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
             return
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
         b = bias if bias is not None else w
@@ -146,20 +187,23 @@ class Im2col(Algorithm):
             nb = min(B, g.N - n0)
             col, ld = 0, nb * g.P
             self._im2col(queue, idx, x, n0, nb, ws, col)
-            # one image: straight into Y, its bias filled first; more: into T, then the layout kernel
+            # one image: straight into Y (bias and ReLU around the GEMM); more: into T, then the
+            # layout kernel, which applies them
             out = Ref(y.buf, y.off + n0 * g.K * g.P) if nb == 1 else Ref(ws, self.rows * ld)
-            if nb == 1 and bias is not None:
-                fill_bias(queue, self.dtype, out, bias, 1, g.K, g.P)
+            beta = before_gemm(queue, self.dtype, out, bias, 1, g.K, g.P, relu) if nb == 1 else 0.0
             self._gemm(queue, Kg, ld, Kd, Op(w.buf, w.off, Kd, Kg * Kd), Op(ws, col, ld, Kd * ld),
-                       Op(out.buf, out.off, ld, Kg * ld), beta=float(nb == 1 and bias is not None),
-                       what="forward")
-            if nb > 1:
+                       Op(out.buf, out.off, ld, Kg * ld), beta=beta, what="forward")
+            if nb == 1:
+                after_gemm(queue, self.dtype, out, bias, 1, g.K, g.P, relu)
+            else:
                 launch(queue, self._kernel(queue, "cnhw_to_nchw", idx), (ld, g.K), TILE, ws, out.off, y.buf,
-                       y.off + n0 * g.K * g.P, b.buf, b.off, int(bias is not None), nb, g.K, g.P,
+                       y.off + n0 * g.K * g.P, b.buf, b.off, flags(bias, relu), nb, g.K, g.P,
                        what="output layout")
 
     def backward_input(self, queue, w, dy, dx, ws):
         g, B = self.g, self.chunk
+        if self.band:
+            return self._input_tiles(queue, w, dy, dx, ws)
         idx = idx_for(self.dtype, w, dy, dx, Ref(ws, 0))
         Kg, Kd = g.Kg, g.Kd
         col2im = self._kernel(queue, "col2im", idx)
@@ -170,10 +214,12 @@ class Im2col(Algorithm):
             self._gemm(queue, Kd, ld, Kg, Op(w.buf, w.off, Kd, Kg * Kd), Op(t_buf, t, ld, Kg * ld),
                        Op(ws, col, ld, Kd * ld), a_transp=True, what="grad-input")
             launch(queue, col2im, (g.H * g.W, g.C, nb), (64, 1, 1), ws, col,
-                   dx.buf, dx.off + n0 * g.C * g.H * g.W, *self._geometry_args(nb), what="col2im")
+                   dx.buf, dx.off + n0 * g.C * g.H * g.W, *self._geometry_args(nb), 0, 0, what="col2im")
 
     def backward_weight(self, queue, x, dy, dw, ws):
         g, B = self.g, self.chunk
+        if self.band:
+            return self._weight_tiles(queue, x, dy, dw, ws)
         idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
         Kg, Kd = g.Kg, g.Kd
         for n0 in range(0, g.N, B):
@@ -201,3 +247,65 @@ class Im2col(Algorithm):
                        what="grad-weight (split-K)")
             n = g.K * Kd
             sum_partials(queue, self.dtype, idx, Ref(ws, part), S, n, dw, n0 > 0, "grad-weight (sum of slices)")
+
+    # -- one image at a time, in tiles of output rows (see _fit_bands) ---------------------
+
+    def _forward_tiles(self, queue, x, w, bias, y, ws, relu):
+        """Per image: bias filled first (unless a ReLU follows); per tile: im2col of its rows, then
+        Y[g][:, rows] (+)= W[g] @ col[g], written in place (rows of Y are P apart)."""
+        g, Kg, Kd = self.g, self.g.Kg, self.g.Kd
+        idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
+        for n in range(g.N):
+            image = Ref(y.buf, y.off + n * g.K * g.P)
+            beta = before_gemm(queue, self.dtype, image, bias, 1, g.K, g.P, relu)
+            for oy0, rows in self._bands():
+                L = rows * g.OW
+                self._im2col(queue, idx, x, n, 1, ws, 0, oy0, rows)
+                self._gemm(queue, Kg, L, Kd, Op(w.buf, w.off, Kd, Kg * Kd), Op(ws, 0, L, Kd * L),
+                           Op(y.buf, image.off + oy0 * g.OW, g.P, Kg * g.P), beta=beta, what="forward (tile)")
+            after_gemm(queue, self.dtype, image, bias, 1, g.K, g.P, relu)
+
+    def _input_tiles(self, queue, w, dy, dx, ws):
+        """Per tile: col[g] = W[g]^T @ dY[g][:, rows] (read in place), then col2im of the input rows
+        the tile reaches: the image's first tile writes every input row, later ones add theirs."""
+        g, Kg, Kd = self.g, self.g.Kg, self.g.Kd
+        (pt, _), (sh, dh) = g.pads[0], (g.stride[0], g.dilation[0])
+        idx = idx_for(self.dtype, w, dy, dx, Ref(ws, 0))
+        col2im = self._kernel(queue, "col2im", idx)
+        for n in range(g.N):
+            for t, (oy0, rows) in enumerate(self._bands()):
+                L = rows * g.OW
+                self._gemm(queue, Kd, L, Kg, Op(w.buf, w.off, Kd, Kg * Kd),
+                           Op(dy.buf, dy.off + n * g.K * g.P + oy0 * g.OW, g.P, Kg * g.P), Op(ws, 0, L, Kd * L),
+                           a_transp=True, what="grad-input (tile)")
+                # input rows the tile's output rows read: all of them for the first tile
+                first = 0 if t == 0 else max(0, oy0 * sh - pt)
+                last = g.H if t == 0 else min(g.H, (oy0 + rows - 1) * sh - pt + (g.kh - 1) * dh + 1)
+                if last > first:
+                    launch(queue, col2im, ((last - first) * g.W, g.C, 1), (64, 1, 1), ws, 0,
+                           dx.buf, dx.off + n * g.C * g.H * g.W, *self._geometry_args(1, oy0, rows),
+                           first * g.W, int(t > 0), what="col2im (tile)")
+
+    def _weight_tiles(self, queue, x, dy, dw, ws):
+        """Per tile: im2col of its rows, then dW[g] (+)= dY[g][:, rows] @ col[g]^T, dY read in
+        place, in S split-K slices of the tile's positions (partial sums after col, then their
+        ordered sum); every image's tiles in order, so the sum is the same on every run."""
+        g, Kg, Kd = self.g, self.g.Kg, self.g.Kd
+        idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
+        first, part = True, self.rows * self.band * g.OW
+        for n in range(g.N):
+            for oy0, rows in self._bands():
+                L = rows * g.OW
+                S = largest_divisor_at_most(L, self.max_slices)
+                self._im2col(queue, idx, x, n, 1, ws, 0, oy0, rows)
+                a = Op(dy.buf, dy.off + n * g.K * g.P + oy0 * g.OW, g.P, Kg * g.P, L // S)
+                b = Op(ws, 0, L, Kd * L, L // S)
+                if S == 1:
+                    self._gemm(queue, Kg, Kd, L, a, b, Op(dw.buf, dw.off, Kd, Kg * Kd), beta=0.0 if first else 1.0,
+                               b_transp=True, what="grad-weight (tile)")
+                else:
+                    self._gemm(queue, Kg, Kd, L // S, a, b, Op(ws, part, Kd, Kg * Kd, g.K * Kd), images=S,
+                               b_transp=True, what="grad-weight (tile, split-K)")
+                    sum_partials(queue, self.dtype, idx, Ref(ws, part), S, g.K * Kd, dw, not first,
+                                 "grad-weight (tile, sum of slices)")
+                first = False

@@ -13,7 +13,7 @@ least MIN_SLICE positions (H200, pointwise workload: 0.50 ms against 0.75 throug
 the im2col layout). Otherwise it uses the im2col algorithm, whose im2col for a 1x1
 kernel is the (C, N*H*W) layout that makes it one GEMM per group.
 """
-from ..bias import prefill_bias
+from ..bias import after_gemm, before_gemm
 from ..buffers import Ref, idx_for
 from ..gemm import Operand as Op
 from .base import Algorithm
@@ -52,12 +52,13 @@ class Pointwise(Algorithm):
         return (f"1x1 GEMM on the input, {g.groups} group(s) x {g.N} image(s) in "
                 f"{1 if g.groups == 1 else g.N} batched launch(es), M={m} N={g.P} K={k}, no im2col")
 
-    def forward(self, queue, x, w, bias, y, ws):
+    def forward(self, queue, x, w, bias, y, ws, relu=False):
         g = self.g
-        beta = prefill_bias(queue, self.dtype, y, bias, g)
+        beta = before_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
         self._gemm(queue, g.Kg, g.P, g.Cg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
                    Op(x.buf, x.off, g.P, g.Cg * g.P, g.C * g.P), Op(y.buf, y.off, g.P, g.Kg * g.P, g.K * g.P),
                    images=g.N, beta=beta, what="forward (1x1)")
+        after_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
 
     def backward_input(self, queue, w, dy, dx, ws):
         g = self.g

@@ -20,8 +20,8 @@ def aligned(n):
 class Transform(Algorithm):
     """A subclass sets ``kind`` (for messages) and defines ``_layout(pass_name, B)``: the
     offsets of its workspace regions after the first (at 0), then their end, for chunks of B
-    images; and ``_convolve(queue, pass_name, x, w, bias, y, ws, what)`` for forward and
-    grad-input."""
+    images; and ``_convolve(queue, pass_name, x, w, bias, y, ws, what, relu)`` for forward and
+    grad-input (with ``relu``, the forward's output through max(., 0) as it is written)."""
     kind = None
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
@@ -57,12 +57,12 @@ class Transform(Algorithm):
             flat = (x._replace(per_group=0, per_image=x.per_group) for x in (a, b, c))
             grid_gemm(queue, self.gemm, self.dtype, 1, count * G, m, n, k, *flat, **kw)
 
-    def forward(self, queue, x, w, bias, y, ws):
-        self._convolve(queue, "forward", x, w, bias, y, ws, f"forward ({self.kind})")
+    def forward(self, queue, x, w, bias, y, ws, relu=False):
+        self._convolve(queue, "forward", x, w, bias, y, ws, f"forward ({self.kind})", relu)
 
     def backward_input(self, queue, w, dy, dx, ws):
         self._convolve(queue, "backward_input", dy, w, None, dx, ws, f"grad-input ({self.kind})")
 
-    def _convolve(self, queue, pass_name, x, w, bias, y, ws, what):
+    def _convolve(self, queue, pass_name, x, w, bias, y, ws, what, relu=False):
         raise NotImplementedError
 

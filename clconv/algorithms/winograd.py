@@ -18,6 +18,7 @@ the batch of one batched GEMM (their operands are evenly spaced offsets into
 the workspace); with per-group queues, each group's GEMMs run on its own queue.
 """
 
+from ..bias import flags
 from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width, vectorizes_work_items
 from ..gemm import Operand as Op
@@ -147,7 +148,7 @@ class Winograd(Transform):
         t = self.geometry[pass_name]
         return (nb, t.K, t.OH, t.OW) + self.grid[pass_name] + t.dilation
 
-    def _convolve(self, queue, pass_name, x, w, bias, y, ws, what):
+    def _convolve(self, queue, pass_name, x, w, bias, y, ws, what, relu=False):
         """y = conv(x, w) (+ bias) over the pass's geometry, w flipped for grad-input."""
         t, B = self.geometry[pass_name], self.chunk[pass_name]
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
@@ -163,7 +164,7 @@ class Winograd(Transform):
             self._position_gemm(queue, G, T2, Ko, P, Ci, Op(ws, u, Ci, Ko * Ci, t.K * Ci),
                                 Op(ws, 0, P, Ci * P, t.C * P), Op(ws, m, P, Ko * P, t.K * P), what=what)
             self._transform(queue, "winograd_output", idx, (P, t.K), (nb * self.grid[pass_name][0], t.K), ws, m,
-                            y.buf, y.off + n0 * t.K * t.OH * t.OW, b.buf, b.off, int(bias is not None),
+                            y.buf, y.off + n0 * t.K * t.OH * t.OW, b.buf, b.off, flags(bias, relu),
                             *self._tile_args(pass_name, nb), what=f"{what}: output transform")
 
     def backward_weight(self, queue, x, dy, dw, ws):

@@ -1,0 +1,69 @@
+"""Images whose workspace exceeds the budget run in tiles of output rows (im2col), every pass,
+against the float64 reference, the same bits on every run."""
+import re
+
+import numpy as np
+import pyopencl.array as cla
+import pytest
+
+import clconv
+from clconv import reference
+from helpers import Case, assert_close
+
+TILED = [
+    Case("tiles_k3_p1", 2, 3, 17, 13, 5, 3, 3, padding=1),
+    Case("tiles_s2_asym_g2", 1, 4, 19, 11, 6, 3, 2, stride=2, padding=((2, 0), (1, 1)), groups=2),
+    Case("tiles_d2_s3x1", 2, 2, 23, 9, 4, 3, 3, stride=(3, 1), padding=(2, 1), dilation=2),
+    Case("tiles_k5_overpad", 1, 3, 13, 10, 3, 5, 4, padding=((4, 1), (0, 3))),
+    Case("tiles_depthwise_s2", 2, 6, 21, 15, 6, 3, 3, stride=2, padding=1, groups=6),
+    Case("tiles_k1_s2", 1, 5, 15, 9, 7, 1, 1, stride=2),
+]
+
+
+def _row_bytes(p):
+    g = p.geometry
+    return g.C * g.kh * g.kw * g.OW * 4
+
+
+@pytest.mark.parametrize("case", TILED, ids=repr)
+@pytest.mark.parametrize("algorithm", ["im2col", "auto"])
+def test_one_image_in_tiles_of_output_rows(case, algorithm, queue):
+    x, w, b, dy = case.data()
+    opts = case.options
+    full = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="im2col")
+    limit = 3 * _row_bytes(full)   # three output rows of col per tile
+    p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm=algorithm, workspace_limit=limit)
+    if algorithm == "im2col":   # at most 3 rows: split-K's partial sums take their share of the budget
+        bands = re.findall(r" tiles of (\d+) output rows per image", p.explain())
+        assert len(bands) == 3 and all(1 <= int(rows) <= 3 for rows in bands), p.explain()
+    assert p.workspace_bytes <= limit
+    xd, wd, bd, dyd = (cla.to_device(queue, a) for a in (x, w, b, dy))
+    runs = [(p.forward(xd, wd, bd).get(), p.forward(xd, wd, bd, relu=True).get(), p.backward_input(wd, dyd).get(),
+             p.backward_weight(xd, dyd).get()) for _ in range(2)]
+    for first, second in zip(*runs):
+        np.testing.assert_array_equal(first, second)   # the tiles are summed in a fixed order
+    y, yr, dx, dw = runs[0]
+    assert_close(y, reference.conv2d(x, w, b, **opts), np.float32, "forward")
+    assert_close(yr, np.maximum(reference.conv2d(x, w, b, **opts), 0), np.float32, "forward + ReLU")
+    assert_close(dx, reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "grad-input")
+    assert_close(dw, reference.conv2d_weight(x, w.shape, dy, **opts), np.float32, "grad-weight")
+
+
+def test_auto_runs_what_no_whole_image_fits(queue):
+    """A 3x3 stride-1 layer Winograd would take: with a budget below one image's workspace for
+    every algorithm, "auto" runs it in im2col tiles rather than refusing it."""
+    case = Case("wide", 1, 16, 30, 28, 16, 3, 3, padding=1)
+    x, w, b, dy = case.data()
+    limit = 5 * 16 * 9 * 28 * 4
+    p = clconv.plan(x.shape, w.shape, padding=1, queue=queue, workspace_limit=limit)
+    assert set(p.algorithms.values()) == {"im2col"} and p.explain().count(" tiles of ") == 3
+    assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, padding=1), np.float32, "forward")
+    assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, padding=1), np.float32, "grad-input")
+    assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, padding=1), np.float32,
+                 "grad-weight")
+
+
+def test_a_budget_below_one_output_row_is_refused(queue):
+    with pytest.raises(ValueError, match=r"one output row of input \[1, 4, 9, 9\] with weight \[4, 4, 3, 3\] needs "
+                                         r"1296 workspace bytes, above the limit of 1000 bytes"):
+        clconv.plan((1, 4, 9, 9), (4, 4, 3, 3), padding=1, queue=queue, algorithm="im2col", workspace_limit=1000)
