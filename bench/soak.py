@@ -107,7 +107,8 @@ def main(argv=None):
     print(f"after warm-up: {start}")
     print(f"at the end:    {end}")
     grown = end["rss_mib"] - start["rss_mib"]
-    print(f"host RSS change: {grown:+.1f} MiB; workspace change: {end['workspace_bytes'] - start['workspace_bytes']} bytes")
+    print(f"host RSS change: {grown:+.1f} MiB; pooled device memory change: "
+          f"{end['pooled_bytes'] - start['pooled_bytes']} bytes")
     return 0
 
 
