@@ -13,7 +13,6 @@ import argparse
 import datetime
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ import pyopencl.array as cla
 
 import clconv
 from clconv.reference import TOLERANCE, normalised_error
+from clconv.tuning import time_ms
 
 from .run import HERE
 
@@ -31,18 +31,6 @@ CASES = {  # name: (input, weight, stride, padding, twin's k)
     "gpu": {"1x64x5800x5800_k8": ((1, 64, 5800, 5800), (8, 64, 3, 3), 1, 1, 10)},
 }
 PASSES = ("forward", "backward_input", "backward_weight")
-
-
-def _best_of(fn, queue, runs=3):
-    fn()
-    queue.finish()
-    best = float("inf")
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        queue.finish()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def _timed(queue, xs, ws, stride, padding):
@@ -57,7 +45,7 @@ def _timed(queue, xs, ws, stride, padding):
     calls = {"forward": lambda: p.forward(x, w, out=outs["forward"]),
              "backward_input": lambda: p.backward_input(w, dy, out=outs["backward_input"]),
              "backward_weight": lambda: p.backward_weight(x, dy, out=outs["backward_weight"])}
-    return p, {k: _best_of(fn, queue) for k, fn in calls.items()}, (x, w, dy, outs)
+    return p, {k: time_ms(fn, queue, repeat=3) / 1e3 for k, fn in calls.items()}, (x, w, dy, outs)
 
 
 def _check(host, stride, padding, block=64):

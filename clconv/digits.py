@@ -22,8 +22,9 @@ import pyopencl.array as cla
 from pyopencl.elementwise import ElementwiseKernel
 from pyopencl.tools import context_dependent_memoize
 
-from . import nn
+from . import memory, nn
 from .device import default_queue
+from .validate import queue_context
 
 CLASSES = 10
 SIDE = 8
@@ -93,7 +94,7 @@ class DigitsNet:
     def correct(self, x, labels):
         """How many of the images x the network classifies right, as a device scalar."""
         logits = self.forward(x)
-        hits = cla.empty(self.queue, labels.shape, np.float32)
+        hits = _empty(self.queue, labels.shape, np.float32)
         _kernels(self.queue.context)["argmax_hits"](hits, logits, labels, np.int32(CLASSES), queue=self.queue)
         return _sum(hits)
 
@@ -146,15 +147,20 @@ def cross_entropy(logits, labels):
     (N, 10, 1, 1) and int32 labels (N,)."""
     queue = logits.queue
     n = labels.shape[0]
-    loss = cla.empty(queue, (n,), np.float32)
-    grad = cla.empty(queue, logits.shape, np.float32)
+    loss = _empty(queue, (n,), np.float32)
+    grad = _empty(queue, logits.shape, np.float32)
     _kernels(queue.context)["xent"](loss, logits, labels, grad, np.int32(CLASSES), np.float32(1.0 / n), queue=queue)
     return _sum(loss), grad
 
 
+def _empty(queue, shape, dtype):
+    """A new array from the queue's memory pool, as clconv's own results are (no buffer per step)."""
+    return memory.empty(queue, queue_context(queue), tuple(shape), np.dtype(dtype))
+
+
 def _sum(x):
     """The sum of the float32 device vector ``x`` as a device scalar."""
-    out = cla.empty(x.queue, (1,), np.float32)
+    out = _empty(x.queue, (1,), np.float32)
     _kernels(x.queue.context)["sum"](out, x, np.int32(x.size), queue=x.queue)
     return out
 
@@ -162,8 +168,8 @@ def _sum(x):
 def batch(queue, images, labels, rows):
     """Images (len(rows), 1, 8, 8) and labels of ``rows`` (a device int32 array), gathered on the device."""
     k = _kernels(queue.context)
-    x = cla.empty(queue, (rows.shape[0],) + images.shape[1:], np.float32)
-    y = cla.empty(queue, rows.shape, np.int32)
+    x = _empty(queue, (rows.shape[0],) + images.shape[1:], np.float32)
+    y = _empty(queue, rows.shape, np.int32)
     k["gather"](x, images, rows, np.int32(int(np.prod(images.shape[1:]))), queue=queue)
     k["gather_labels"](y, labels, rows, queue=queue)
     return x, y

@@ -181,7 +181,7 @@ def prepare(queue, plan, arrays, shapes, out, out_shape, allocator=None):
             numpy_mode = False
         else:
             dev[name] = cla.to_device(queue, np.ascontiguousarray(a), allocator=allocator)
-    dev["out"] = out if is_device_array(out) else cla.empty(queue, out_shape, dtype, allocator=allocator)
+    dev["out"] = out if is_device_array(out) else memory.empty(queue, context, tuple(out_shape), dtype, allocator)
     return queue, dev, numpy_mode
 
 
