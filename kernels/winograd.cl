@@ -16,6 +16,8 @@
 // layout above.
 // With dilation D the taps of a tile are D apart and so are its outputs: tile row th starts
 // at output row (th % D) + (th / D) * TM * D, which for D = 1 is TM * th.
+// The kernels over tiles see TH tile rows per image from tile row TH0: all of them (TH0 = 0),
+// or, for an image whose workspace is above the budget, one range of its tile rows (B = 1).
 //
 // Specialised by the host with prepended #defines; the defaults below are for reading.
 #ifndef FR             // filter size: 3 or 5
@@ -173,14 +175,14 @@ __kernel void winograd_filter(__global const REAL* restrict w, const IDX w_off,
 __kernel void winograd_input(__global const REAL* restrict x, const IDX x_off,
                              __global REAL* restrict out, const IDX out_off,
                              const int B, const int C, const int H, const int W,
-                             const int TH, const int TW, const int PT, const int PL,
+                             const int TH, const int TW, const int TH0, const int PT, const int PL,
                              const int DH, const int DW, const int L)
 {
     const int p = get_global_id(0), c = get_global_id(1);
     const int P = B * TH * TW;
     if (p >= P || c >= C) return;
     const int b = p / (TH * TW), t = p - b * TH * TW, th = t / TW;
-    const int y0 = tile_start(th, DH) - PT, x0 = tile_start(t - th * TW, DW) - PL;
+    const int y0 = tile_start(TH0 + th, DH) - PT, x0 = tile_start(t - th * TW, DW) - PL;
     const __global REAL* src = x + x_off + ((IDX)b * C + c) * H * W;
     REAL v[6][6];
     #pragma unroll
@@ -213,7 +215,7 @@ __kernel void winograd_output(__global const REAL* restrict m, const IDX m_off,
                               __global REAL* restrict y, const IDX y_off,
                               __global const REAL* restrict bias, const IDX bias_off, const int flags,
                               const int B, const int K, const int OH, const int OW,
-                              const int TH, const int TW, const int DH, const int DW)
+                              const int TH, const int TW, const int TH0, const int DH, const int DW)
 {
     const int p = get_global_id(0), k = get_global_id(1);
     const int P = B * TH * TW;
@@ -232,7 +234,7 @@ __kernel void winograd_output(__global const REAL* restrict m, const IDX m_off,
     for (int i = 0; i < TM; ++i) output_1d(&v[i][0], 1);
     const REAL b0 = (flags & EPI_BIAS) ? bias[bias_off + k] : (REAL)0;
     const int b = p / (TH * TW), t = p - b * TH * TW, th = t / TW;
-    const int oy0 = tile_start(th, DH), ox0 = tile_start(t - th * TW, DW);
+    const int oy0 = tile_start(TH0 + th, DH), ox0 = tile_start(t - th * TW, DW);
     __global REAL* dst = y + y_off + ((IDX)b * K + k) * OH * OW;
     #pragma unroll
     for (int i = 0; i < TM; ++i) {
@@ -251,13 +253,13 @@ __kernel void winograd_output(__global const REAL* restrict m, const IDX m_off,
 __kernel void winograd_grad_output(__global const REAL* restrict dy, const IDX dy_off,
                                    __global REAL* restrict z, const IDX z_off,
                                    const int B, const int K, const int OH, const int OW,
-                                   const int TH, const int TW, const int DH, const int DW, const int L)
+                                   const int TH, const int TW, const int TH0, const int DH, const int DW, const int L)
 {
     const int p = get_global_id(0), k = get_global_id(1);
     const int P = B * TH * TW;
     if (p >= P || k >= K) return;
     const int b = p / (TH * TW), t = p - b * TH * TW, th = t / TW;
-    const int oy0 = tile_start(th, DH), ox0 = tile_start(t - th * TW, DW);
+    const int oy0 = tile_start(TH0 + th, DH), ox0 = tile_start(t - th * TW, DW);
     const __global REAL* src = dy + dy_off + ((IDX)b * K + k) * OH * OW;
     REAL v[6][6];
     #pragma unroll
@@ -372,11 +374,11 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void winograd_input_rows(__global const REAL* restrict x, const IDX x_off,
                          __global REAL* restrict out, const IDX out_off,
                          const int B, const int C, const int H, const int W,
-                         const int TH, const int TW, const int PT, const int PL,
+                         const int TH, const int TW, const int TH0, const int PT, const int PL,
                          const int DH, const int DW, const int L)
 {
     const int bt = get_global_id(0), c = get_global_id(1), b = bt / TH, th = bt - b * TH;
-    const int y0 = tile_start(th, DH) - PT;
+    const int y0 = tile_start(TH0 + th, DH) - PT;
     const __global REAL* src = x + x_off + ((IDX)b * C + c) * H * W;
     for (int tw0 = 0; tw0 < TW; tw0 += VW) {
         int xs[VW];   // each lane's first input column (past W: a lane beyond the row's tiles)
@@ -419,10 +421,10 @@ void winograd_output_rows(__global const REAL* restrict m, const IDX m_off,
                           __global REAL* restrict y, const IDX y_off,
                           __global const REAL* restrict bias, const IDX bias_off, const int flags,
                           const int B, const int K, const int OH, const int OW,
-                          const int TH, const int TW, const int DH, const int DW)
+                          const int TH, const int TW, const int TH0, const int DH, const int DW)
 {
     const int bt = get_global_id(0), k = get_global_id(1), b = bt / TH, th = bt - b * TH;
-    const int P = B * TH * TW, oy0 = tile_start(th, DH);
+    const int P = B * TH * TW, oy0 = tile_start(TH0 + th, DH);
     const IDX step = (IDX)K * P;
     const REAL b0 = (flags & EPI_BIAS) ? bias[bias_off + k] : (REAL)0;
     __global REAL* dst = y + y_off + ((IDX)b * K + k) * OH * OW;
@@ -467,10 +469,10 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void winograd_grad_output_rows(__global const REAL* restrict dy, const IDX dy_off,
                                __global REAL* restrict z, const IDX z_off,
                                const int B, const int K, const int OH, const int OW,
-                               const int TH, const int TW, const int DH, const int DW, const int L)
+                               const int TH, const int TW, const int TH0, const int DH, const int DW, const int L)
 {
     const int bt = get_global_id(0), k = get_global_id(1), b = bt / TH, th = bt - b * TH;
-    const int oy0 = tile_start(th, DH);
+    const int oy0 = tile_start(TH0 + th, DH);
     const __global REAL* src = dy + dy_off + ((IDX)b * K + k) * OH * OW;
     for (int tw0 = 0; tw0 < TW; tw0 += VW) {
         int xs[VW];   // each lane's first column (OW: a lane beyond the row's tiles)

@@ -62,6 +62,9 @@ SWEEP = [
      None),
     ("winograd_split_k", (2, 1, 32, 32), (2, 1, 5, 5), dict(padding=2), "winograd", "single", None),
     # one image per chunk: grad-weight's 1240 floats (V, Z, dU at 256-element boundaries) fit, two do not
+    # each image in pieces of 2 of its 4 tile rows (the budget is below one image's workspace)
+    ("winograd_pieces", (2, 2, 14, 9), (3, 2, 3, 3), dict(padding=((1, 2), (1, 0)), dilation=(2, 1)), "winograd",
+     "single", 7200),
     ("winograd_chunked", (3, 2, 6, 5), (3, 2, 3, 3), dict(padding=1), "winograd", "single", 1240 * 4),
     ("fft_dilated_overpad_per_group", (2, 4, 6, 5), (4, 2, 3, 2), dict(padding=((4, 0), (1, 2)), dilation=(1, 2),
                                                                       groups=2), "fft", "per-group", None),
@@ -101,6 +104,8 @@ SWEEP = [
      "winograd", "single", None),
     ("cpu_winograd_5x5_split_k", (2, 1, 32, 30), (2, 1, 5, 5), dict(padding=2, cpu=True), "winograd", "single",
      None),
+    ("cpu_winograd_5x5_pieces", (1, 3, 13, 10), (2, 3, 5, 5), dict(padding=2, cpu=True), "winograd", "single",
+     9600),
     ("cpu_im2col_strided_dilated", (2, 4, 11, 13), (6, 2, 3, 2), dict(stride=(2, 3), padding=((2, 0), (1, 2)),
                                                                       dilation=(1, 2), groups=2, cpu=True),
      "im2col", "single", None),

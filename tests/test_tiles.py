@@ -1,5 +1,5 @@
-"""Images whose workspace exceeds the budget run in tiles of output rows (im2col), every pass,
-against the float64 reference, the same bits on every run."""
+"""Images whose workspace exceeds the budget run in tiles of output rows (im2col) or in ranges
+of tile rows (Winograd), every pass, against the float64 reference, the same bits on every run."""
 import re
 
 import numpy as np
@@ -17,6 +17,14 @@ TILED = [
     Case("tiles_k5_overpad", 1, 3, 13, 10, 3, 5, 4, padding=((4, 1), (0, 3))),
     Case("tiles_depthwise_s2", 2, 6, 21, 15, 6, 3, 3, stride=2, padding=1, groups=6),
     Case("tiles_k1_s2", 1, 5, 15, 9, 7, 1, 1, stride=2),
+]
+
+# Winograd's 3x3 and 5x5 at stride 1, 16 channels per group or more (so "auto" would take it)
+WINOGRAD_TILED = [
+    Case("winograd_k3_p1", 2, 16, 37, 13, 16, 3, 3, padding=1),
+    Case("winograd_k5_asym_g2", 1, 32, 43, 11, 32, 5, 5, padding=((2, 0), (1, 3)), groups=2),
+    Case("winograd_d2_k3", 2, 16, 47, 9, 18, 3, 3, padding=2, dilation=2),
+    Case("winograd_k3_valid", 1, 17, 50, 7, 16, 3, 3),
 ]
 
 
@@ -37,6 +45,27 @@ def test_one_image_in_tiles_of_output_rows(case, algorithm, queue):
         bands = re.findall(r" tiles of (\d+) output rows per image", p.explain())
         assert len(bands) == 3 and all(1 <= int(rows) <= 3 for rows in bands), p.explain()
     assert p.workspace_bytes <= limit
+    _check_passes(p, case, queue)
+
+
+@pytest.mark.parametrize("case", WINOGRAD_TILED, ids=repr)
+def test_winograd_in_ranges_of_tile_rows(case, queue):
+    """Half the smallest pass's Winograd workspace for one image: every pass runs each
+    image in pieces of its tile rows."""
+    x, w = case.data()[:2]
+    one = clconv.plan((1,) + x.shape[1:], w.shape, **case.options, queue=queue, algorithm="winograd")
+    limit = min(int(b) for b in re.findall(r"workspace (\d+) bytes", one.explain())) // 2
+    p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="winograd", workspace_limit=limit)
+    pieces = re.findall(r" pieces of (\d+) of its (\d+) tile rows", p.explain())
+    assert len(pieces) == 3 and all(int(rows) < int(of) for rows, of in pieces), p.explain()
+    assert p.workspace_bytes <= limit
+    _check_passes(p, case, queue)
+
+
+def _check_passes(p, case, queue):
+    """Every pass of plan ``p`` and the fused forward against the reference, the same bits twice."""
+    x, w, b, dy = case.data()
+    opts = case.options
     xd, wd, bd, dyd = (cla.to_device(queue, a) for a in (x, w, b, dy))
     runs = [(p.forward(xd, wd, bd).get(), p.forward(xd, wd, bd, relu=True).get(), p.backward_input(wd, dyd).get(),
              p.backward_weight(xd, dyd).get()) for _ in range(2)]
@@ -51,12 +80,12 @@ def test_one_image_in_tiles_of_output_rows(case, algorithm, queue):
 
 def test_auto_runs_what_no_whole_image_fits(queue):
     """A 3x3 stride-1 layer Winograd would take: with a budget below one image's workspace for
-    every algorithm, "auto" runs it in im2col tiles rather than refusing it."""
+    every algorithm, "auto" still takes Winograd, in pieces of the image's tile rows."""
     case = Case("wide", 1, 16, 30, 28, 16, 3, 3, padding=1)
     x, w, b, dy = case.data()
     limit = 5 * 16 * 9 * 28 * 4
     p = clconv.plan(x.shape, w.shape, padding=1, queue=queue, workspace_limit=limit)
-    assert set(p.algorithms.values()) == {"im2col"} and p.explain().count(" tiles of ") == 3
+    assert set(p.algorithms.values()) == {"winograd"} and p.explain().count(" pieces of ") == 3, p.explain()
     assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, padding=1), np.float32, "forward")
     assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, padding=1), np.float32, "grad-input")
     assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, padding=1), np.float32,

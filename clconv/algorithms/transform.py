@@ -4,7 +4,8 @@ Both transform the operands of each pass, run one batched GEMM per transformed p
 (Winograd's 36 tile positions, FFT's frequencies) and transform back. Each pass runs over a
 convolution geometry, grad-input over the transposed one (so it is the forward pass over
 grad_output with flipped filters); the workspace holds regions at aligned offsets for a
-chunk of images, as many images as the budget allows.
+chunk of images, as many images as the budget allows (or, where one image is above it and
+the algorithm can cut it, for a piece of one image: see ``_cut``).
 """
 from ..gemm import grid_gemm
 from ..programs import INT32_MAX
@@ -41,10 +42,15 @@ class Transform(Algorithm):
                 B -= 1
             layout = self._layout(pass_name, B)
             if layout[-1] > limit:
-                raise ValueError(f"one image of input {list(g.input_shape)} with weight {list(g.weight_shape)} "
-                                 f"needs {layout[-1] * self.dtype.itemsize} {self.kind} workspace bytes, above the "
-                                 f"limit of {workspace_limit} bytes")
+                layout = self._cut(pass_name, limit, layout[-1])
             self.chunk[pass_name], self.layout[pass_name], self.workspace[pass_name] = B, layout[:-1], layout[-1]
+
+    def _cut(self, pass_name, limit, whole):
+        """One image's layout (``whole`` elements) is above the budget (``limit`` elements): the
+        layout for pieces of an image that fit, or ValueError where the algorithm cannot cut one."""
+        g, size = self.g, self.dtype.itemsize
+        raise ValueError(f"one image of input {list(g.input_shape)} with weight {list(g.weight_shape)} needs "
+                         f"{whole * size} {self.kind} workspace bytes, above the limit of {limit * size} bytes")
 
     def _position_gemm(self, queue, G, count, m, n, k, a, b, c, **kw):
         """The ``count`` x G GEMMs (one per transformed position and group) on

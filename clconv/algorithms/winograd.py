@@ -16,13 +16,16 @@ and the buffer layouts). Per chunk of images:
 The 36 tile positions t (times the S slices of a split grad-weight) times the groups g are
 the batch of one batched GEMM (their operands are evenly spaced offsets into
 the workspace); with per-group queues, each group's GEMMs run on its own queue.
+An image whose workspace is above the budget runs in pieces: ranges of its tile rows, as
+many rows as the budget holds, through the same kernels (each told its first tile row);
+grad-weight adds the ranges' products in order, so its sum is fixed.
 """
 
 from ..bias import flags
 from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width, vectorizes_work_items
 from ..gemm import Operand as Op
-from ..programs import get_kernel, launch, reduction_work_group, work_group_limit
+from ..programs import INT32_MAX, get_kernel, launch, reduction_work_group, work_group_limit
 from .partials import largest_divisor_at_most, max_slices, sum_partials
 from .transform import Transform, aligned
 
@@ -68,6 +71,8 @@ class Winograd(Transform):
                      for p, t in self.geometry.items()}
         # grad-weight split-K over the tiles: slices of a chunk divide its tiles exactly
         self.max_slices = max_slices(T2 * g.K * g.Cg, g.N * self._tiles_per_image("backward_weight"))
+        # tile rows per piece, and why, for the passes whose one image is above the budget
+        self.ranges, self.cuts = {}, {}
         self._fit_chunks(workspace_limit,
                          per_image=lambda p, t: T2 * self._tiles_per_image(p) * (t.C + t.K),   # V, and M (or Z)
                          # U (or dU, and the partial sums)
@@ -78,13 +83,14 @@ class Winograd(Transform):
         """Partial sums of dU the pass keeps, in units of dU: the most split-K slices, or none."""
         return self.max_slices if pass_name == "backward_weight" and self.max_slices > 1 else 0
 
-    def _layout(self, pass_name, B):
+    def _layout(self, pass_name, B, rows=None):
         """Offsets of the workspace regions after the first, then its end, for chunks of B
-        images. V (36, C, P) comes first, at offset 0: it is the GEMM's B operand (see
+        images (or pieces of ``rows`` tile rows of one image). V (36, C, P) comes first, at offset 0: it is the GEMM's B operand (see
         gemm.clblast._in_place); then U (36, K, Ci) and M (36, K, P), or for grad-weight Z (36, K, P),
         dU (36, K, Ci) and its partial sums (S, 36, K, Ci), V and Z then stored slice-major
         (S, 36, channels, P / S)."""
-        t, P = self.geometry[pass_name], B * self._tiles_per_image(pass_name)
+        t, (TH, TW) = self.geometry[pass_name], self.grid[pass_name]
+        P = B * (TH if rows is None else rows) * TW
         small = T2 * t.K * t.Cg
         if pass_name == "backward_weight":
             sizes = [T2 * t.K * P, small, small * self._partials(pass_name)]
@@ -95,6 +101,35 @@ class Winograd(Transform):
             offsets.append(aligned(offsets[-1] + size) if following else offsets[-1] + size)
         return (*offsets, offsets[-1] + sizes[-1])
 
+    def _cut(self, pass_name, limit, whole):
+        """Pieces of R tile rows of one image, R the most that fit ``limit`` elements (then evened
+        out over the pieces), grad-weight's split-K partial sums within half of it; ValueError
+        when one tile row does not fit."""
+        t, (TH, TW) = self.geometry[pass_name], self.grid[pass_name]
+        if pass_name == "backward_weight":   # split-K's partial sums take at most half the budget
+            self.max_slices = max(1, min(self.max_slices, limit // 2 // (T2 * t.K * t.Cg)))
+        fixed = self._layout(pass_name, 1, 0)[-1]
+        R = min(TH - 1, max(1, (limit - fixed) // (T2 * TW * (t.C + t.K))), INT32_MAX // (T2 * TW * max(t.C, t.K)))
+        while R > 1 and self._layout(pass_name, 1, R)[-1] > limit:   # the estimate ignores alignment
+            R -= 1
+        if R < 1 or self._layout(pass_name, 1, R)[-1] > limit:
+            super()._cut(pass_name, limit, whole)
+        R = -(-TH // -(-TH // R))   # as many pieces, evenly sized
+        self.ranges[pass_name] = R
+        self.cuts[pass_name] = (f"image by image in {-(-TH // R)} pieces of {R} of its {TH} tile rows (one image "
+                                f"needs {whole * self.dtype.itemsize} workspace bytes, above the limit of "
+                                f"{limit * self.dtype.itemsize})")
+        return self._layout(pass_name, 1, R)
+
+    def _pieces(self, pass_name):
+        """(first image, images, first tile row, tile rows) of each piece of a pass: chunks of
+        whole images, or each image's ranges of tile rows."""
+        t, B, (TH, _) = self.geometry[pass_name], self.chunk[pass_name], self.grid[pass_name]
+        R = self.ranges.get(pass_name)
+        if R is None:
+            return [(n0, min(B, t.N - n0), 0, TH) for n0 in range(0, t.N, B)]
+        return [(n, 1, th0, min(R, TH - th0)) for n in range(t.N) for th0 in range(0, TH, R)]
+
     def _tiles_per_image(self, pass_name):
         th, tw = self.grid[pass_name]
         return th * tw
@@ -102,16 +137,20 @@ class Winograd(Transform):
     def describe(self, pass_name):
         t, B = self.geometry[pass_name], self.chunk[pass_name]
         chunks = -(-t.N // B) if t.N else 0
-        n = B * self._tiles_per_image(pass_name)
+        R = self.ranges.get(pass_name)
+        n = B * self._tiles_per_image(pass_name) if R is None else R * self.grid[pass_name][1]
         mnk = (t.Kg, t.Cg, n) if pass_name == "backward_weight" else (t.Kg, n, t.Cg)
         flipped = " of the transposed convolution over grad_output" if pass_name == "backward_input" else ""
         m, r = self.tile, self.g.kh
         S = self._slices(n) if pass_name == "backward_weight" else 1
         count = f"{S} x {T2}" if S > 1 else f"{T2}"
+        pieces = f"chunk, {chunks} chunk(s) of {B} image(s)" if R is None else f"piece, {self.cuts[pass_name]}"
         text = (f"Winograd F({m}x{m},{r}x{r}){flipped}: transforms + {count} x {t.groups} batched GEMMs per "
-                f"chunk, {chunks} chunk(s) of {B} image(s), per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2] // S}")
+                f"{pieces}, per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2] // S}")
         if S > 1:
             text += f", split-K into {S} slices of the tiles summed in order"
+        if R is not None and pass_name == "backward_weight":
+            text += ", pieces added in order"
         if self.rows:
             text += (f"; transforms in rows, {self.rows} tiles per vector (this CPU compiler keeps per-tile kernels "
                      "scalar)")
@@ -134,60 +173,61 @@ class Winograd(Transform):
         local = reduction_work_group(queue.device, min(LOCAL, work_group_limit(knl, queue.device))), 1
         launch(queue, knl, gpu_range, local, *args, what=what)
 
-    def _input(self, queue, idx, pass_name, x, n0, nb, ws, at, slices=1):
-        """V (slices, 36, C, nb * tiles / slices) at ``at`` from images n0 ... n0+nb-1 of ``x``."""
-        t = self.geometry[pass_name]
+    def _input(self, queue, idx, pass_name, x, piece, ws, at, slices=1):
+        """V (slices, 36, C, P / slices) at ``at`` from the P tiles of a piece of ``x``."""
+        t, (n0, nb, th0, rows), TW = self.geometry[pass_name], piece, self.grid[pass_name][1]
         (pt, _), (pl, _) = t.pads
-        P = nb * self._tiles_per_image(pass_name)
-        self._transform(queue, "winograd_input", idx, (P, t.C), (nb * self.grid[pass_name][0], t.C),
-                        x.buf, x.off + n0 * t.C * t.H * t.W, ws, at, nb, t.C, t.H, t.W, *self.grid[pass_name],
+        P = nb * rows * TW
+        self._transform(queue, "winograd_input", idx, (P, t.C), (nb * rows, t.C),
+                        x.buf, x.off + n0 * t.C * t.H * t.W, ws, at, nb, t.C, t.H, t.W, rows, TW, th0,
                         pt, pl, *t.dilation, P // slices, what="Winograd input transform")
 
-    def _tile_args(self, pass_name, nb):
-        """The output-side kernels' tile arguments: images, channels, output size, tiles, dilation."""
-        t = self.geometry[pass_name]
-        return (nb, t.K, t.OH, t.OW) + self.grid[pass_name] + t.dilation
+    def _tile_args(self, pass_name, piece):
+        """The output-side kernels' tile arguments for a piece: images, channels, output size,
+        tile rows and columns, first tile row, dilation."""
+        t, (_, nb, th0, rows) = self.geometry[pass_name], piece
+        return (nb, t.K, t.OH, t.OW, rows, self.grid[pass_name][1], th0) + t.dilation
 
     def _convolve(self, queue, pass_name, x, w, bias, y, ws, what, relu=False):
         """y = conv(x, w) (+ bias) over the pass's geometry, w flipped for grad-input."""
         t, B = self.geometry[pass_name], self.chunk[pass_name]
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
-        G, Ko, Ci, tp = t.groups, t.Kg, t.Cg, self._tiles_per_image(pass_name)
+        G, Ko, Ci = t.groups, t.Kg, t.Cg
         u, m = self.layout[pass_name]
         self._transform(queue, "winograd_filter", idx, (Ci, t.K), (t.K,), w.buf, w.off, ws, u, t.K, Ko, Ci,
                         int(pass_name == "backward_input"), what=f"{what}: filter transform")
         b = bias if bias is not None else w
-        for n0 in range(0, t.N, B):
-            nb = min(B, t.N - n0)
-            P = nb * tp
-            self._input(queue, idx, pass_name, x, n0, nb, ws, 0)
+        for piece in self._pieces(pass_name):
+            n0, nb, _, rows = piece
+            P = nb * rows * self.grid[pass_name][1]
+            self._input(queue, idx, pass_name, x, piece, ws, 0)
             self._position_gemm(queue, G, T2, Ko, P, Ci, Op(ws, u, Ci, Ko * Ci, t.K * Ci),
                                 Op(ws, 0, P, Ci * P, t.C * P), Op(ws, m, P, Ko * P, t.K * P), what=what)
-            self._transform(queue, "winograd_output", idx, (P, t.K), (nb * self.grid[pass_name][0], t.K), ws, m,
+            self._transform(queue, "winograd_output", idx, (P, t.K), (nb * rows, t.K), ws, m,
                             y.buf, y.off + n0 * t.K * t.OH * t.OW, b.buf, b.off, flags(bias, relu),
-                            *self._tile_args(pass_name, nb), what=f"{what}: output transform")
+                            *self._tile_args(pass_name, piece), what=f"{what}: output transform")
 
     def backward_weight(self, queue, x, dy, dw, ws):
-        t, B = self.g, self.chunk["backward_weight"]
+        t = self.g
         idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
-        Kg, Cg, tp = t.Kg, t.Cg, self._tiles_per_image("backward_weight")
+        Kg, Cg, TW = t.Kg, t.Cg, self.grid["backward_weight"][1]
         z, du, part = self.layout["backward_weight"]
         n = T2 * t.K * Cg   # elements of dU
-        for n0 in range(0, t.N, B):
-            nb = min(B, t.N - n0)
-            P = nb * tp
+        for i, piece in enumerate(self._pieces("backward_weight")):
+            n0, nb, _, rows = piece
+            P = nb * rows * TW
             S = self._slices(P)
             L = P // S   # tiles per slice; V and Z slice-major: (S, 36, channels, L)
-            self._input(queue, idx, "backward_weight", x, n0, nb, ws, 0, S)
-            self._transform(queue, "winograd_grad_output", idx, (P, t.K), (nb * self.grid["backward_weight"][0], t.K),
-                            dy.buf, dy.off + n0 * t.K * t.OH * t.OW, ws, z, *self._tile_args("backward_weight", nb), L,
-                            what="grad-weight (Winograd): grad_output transform")
+            self._input(queue, idx, "backward_weight", x, piece, ws, 0, S)
+            self._transform(queue, "winograd_grad_output", idx, (P, t.K), (nb * rows, t.K),
+                            dy.buf, dy.off + n0 * t.K * t.OH * t.OW, ws, z, *self._tile_args("backward_weight", piece),
+                            L, what="grad-weight (Winograd): grad_output transform")
             # GEMM (slice, t, group) at index (s * 36 + t) * G + g: into dU, or its partial sums
             self._position_gemm(queue, t.groups, S * T2, Kg, Cg, L, Op(ws, z, L, Kg * L, t.K * L),
                                 Op(ws, 0, L, Cg * L, t.C * L), Op(ws, du if S == 1 else part, Cg, Kg * Cg, t.K * Cg),
-                                beta=1.0 if S == 1 and n0 > 0 else 0.0, b_transp=True, what="grad-weight (Winograd)")
+                                beta=1.0 if S == 1 and i > 0 else 0.0, b_transp=True, what="grad-weight (Winograd)")
             if S > 1:
-                sum_partials(queue, self.dtype, idx, Ref(ws, part), S, n, Ref(ws, du), n0 > 0,
+                sum_partials(queue, self.dtype, idx, Ref(ws, part), S, n, Ref(ws, du), i > 0,
                              "grad-weight (Winograd): sum of slices")
         self._transform(queue, "winograd_grad_filter", idx, (Cg, t.K), (t.K,), ws, du, dw.buf, dw.off, t.K, Cg,
                         what="grad-weight (Winograd): filter transform")
