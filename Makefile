@@ -29,7 +29,7 @@ ICD_DIR := $(VENV)/etc/OpenCL/clconv-vendors
 $(VENV)/.installed: setup.cfg pyproject.toml | system
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[pocl,intel,test,plot,bench,examples]'
+	$(PY) -m pip install -q -e '.[pocl,intel,test,plot,bench,examples,mpi]'
 	rm -rf $(ICD_DIR) && mkdir -p $(ICD_DIR)
 	for f in /etc/OpenCL/vendors/*.icd; do [ -f "$$f" ] && cp "$$f" $(ICD_DIR)/ || true; done
 	if [ -f $(VENV)/lib/libintelocl.so ]; then echo $(abspath $(VENV))/lib/libintelocl.so > $(ICD_DIR)/intel-cpu.icd; fi
@@ -45,10 +45,15 @@ test: setup
 
 # The whole suite on each device of TEST_DEVICES: the two CPU runtimes, PoCL and Intel's, or
 # the one CLCONV_DEVICE names (a GPU, say). Every device runs; any failure fails the target.
+# With PoCL, the spread tests run once more over two root PoCL devices (POCL_DEVICES), which
+# a process only gets if PoCL is told before it loads.
 TEST_DEVICES ?= $(or $(CLCONV_DEVICE),pocl intel)
 pytest: setup
 	@status=0; for d in $(TEST_DEVICES); do echo "pytest on CLCONV_DEVICE=$$d"; \
-	  CLCONV_DEVICE=$$d $(PY) -m pytest -q tests || status=1; done; exit $$status
+	  CLCONV_DEVICE=$$d $(PY) -m pytest -q tests || status=1; \
+	  if [ $$d = pocl ]; then echo "pytest tests/test_spread.py on two root PoCL devices"; \
+	    POCL_DEVICES="pthread pthread" CLCONV_DEVICE=pocl $(PY) -m pytest -q tests/test_spread.py || status=1; fi; \
+	done; exit $$status
 
 # Every kernel and algorithm under Oclgrind; fails unless its log stays empty.
 # Run 1: with CLBlast, data races and out-of-bounds accesses. Run 2: GEMMs on the host

@@ -4,7 +4,7 @@ Our own OpenCL kernels (im2col/col2im, Winograd transforms, direct grouped convo
 CLBlast GEMM, on pyopencl arrays.
 """
 from . import nn, reference
-from .device import default_context, default_queue
+from .device import default_context, default_queue, device_queues, sub_device_queues
 from .functional import conv2d, conv2d_bias, conv2d_input, conv2d_weight
 from .geometry import ConvGeometry, conv_geometry, normalize_padding, output_size
 from .plan import Plan
@@ -17,5 +17,5 @@ __version__ = "0.1.0"
 
 __all__ = ["conv2d", "conv2d_input", "conv2d_weight", "conv2d_bias", "conv_transpose2d", "conv_transpose2d_input",
            "conv_transpose2d_weight", "nn", "plan", "Plan", "reference",
-           "default_context", "default_queue", "ClconvError", "ConvGeometry", "conv_geometry",
+           "default_context", "default_queue", "device_queues", "sub_device_queues", "ClconvError", "ConvGeometry", "conv_geometry",
            "normalize_padding", "output_size", "free_memory", "memory_stats"]

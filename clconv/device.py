@@ -92,6 +92,41 @@ def default_queue():
         return _default["queue"]
 
 
+class Queues(list):
+    """A list of command queues that keeps their context alive (``.context``): a runtime may
+    treat a context without an application reference as released while its queues live
+    (Intel's does)."""
+
+    def __init__(self, queues, context):
+        super().__init__(queues)
+        self.context = context
+
+
+def device_queues(devices):
+    """An in-order queue on each of ``devices`` (of one platform), in one new context: what a
+    spread plan (``clconv.plan(..., queue=[...])``) runs on. Keep the returned list (or the
+    plan) while the queues are used."""
+    context = cl.Context(list(devices))
+    return Queues([cl.CommandQueue(context, d) for d in devices], context)
+
+
+def sub_device_queues(count, device=None):
+    """``device`` (default: the default queue's) partitioned into ``count`` sub-devices of
+    equal compute units (CPU runtimes such as PoCL and Intel's can; NVIDIA's cannot), a queue
+    on each in one context. A context made of sub-devices may list only their parent in
+    ``context.devices``: use ``queue.device``."""
+    device = device or default_queue().device
+    units = device.max_compute_units // count
+    if count < 1 or units < 1:
+        raise ValueError(f"cannot split {device.name.strip()} ({device.max_compute_units} compute units) into "
+                         f"{count} sub-devices")
+    try:
+        subs = device.create_sub_devices([cl.device_partition_property.EQUALLY, units])[:count]
+    except cl.Error as exc:
+        raise ValueError(f"{device.name.strip()} on {device.platform.name} cannot be partitioned: {exc}") from exc
+    return device_queues(subs)
+
+
 def has_fp64(device):
     return "cl_khr_fp64" in device.extensions.split() or bool(getattr(device, "double_fp_config", 0))
 

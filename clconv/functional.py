@@ -9,8 +9,13 @@ from the queue's memory pool (:mod:`clconv.memory`) unless ``out=`` or
 from . import bias as _bias
 from . import storage
 from .buffers import ref
-from .planner import plan_for_call
+from .planner import is_several, plan_for_call
 from .validate import check_type, finish, prepare
+
+
+def _home(queue):
+    """The queue a call's result lands on: a spread plan's own first queue for a list of queues."""
+    return None if is_several(queue) else queue
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, out=None, queue=None,
@@ -20,7 +25,9 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     input (N, C, H, W), weight (K, C/groups, kh, kw), bias (K,) or None
     -> output (N, K, OH, OW). ``padding``: int, (ph, pw), ((top, bottom), (left, right)),
     'valid' or 'same'. ``stride``, ``dilation``: int or (h, w).
-    ``algorithm``: "auto", "fc", "1x1", "direct", "fft", "winograd" or "im2col"; ``queues``: "single"
+    ``queue``: the queue (default: the input's, else ``clconv.default_queue()``), or a list of
+    queues on devices of one context to spread the call over (:mod:`clconv.spread`; the result
+    on the first). ``algorithm``: "auto", "fc", "1x1", "direct", "fft", "winograd" or "im2col"; ``queues``: "single"
     or "per-group"; ``gemm``: the GEMM engine (see :func:`clconv.plan`); ``allocator``: a pyopencl
     allocator for the result and the workspace instead of clconv's pool; ``relu``: the output
     through max(., 0), fused into the pass that writes it (bias and ReLU in one pass).
@@ -29,7 +36,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     check_type("weight", weight)
     plan = plan_for_call(input.shape, weight.shape, stride, padding, dilation, groups, input.dtype, queue,
                          (input, weight, bias, out), algorithm, queues, gemm)
-    return plan.forward(input, weight, bias, out=out, queue=queue, allocator=allocator, relu=relu)
+    return plan.forward(input, weight, bias, out=out, queue=_home(queue), allocator=allocator, relu=relu)
 
 
 def conv2d_input(input_size, weight, grad_output, stride=1, padding=0, dilation=1, groups=1, *, out=None,
@@ -42,7 +49,7 @@ def conv2d_input(input_size, weight, grad_output, stride=1, padding=0, dilation=
     check_type("weight", weight)
     plan = plan_for_call(input_size, weight.shape, stride, padding, dilation, groups, weight.dtype, queue,
                          (weight, grad_output, out), algorithm, queues, gemm)
-    return plan.backward_input(weight, grad_output, out=out, queue=queue, allocator=allocator)
+    return plan.backward_input(weight, grad_output, out=out, queue=_home(queue), allocator=allocator)
 
 
 def conv2d_weight(input, weight_size, grad_output, stride=1, padding=0, dilation=1, groups=1, *, out=None,
@@ -55,7 +62,7 @@ def conv2d_weight(input, weight_size, grad_output, stride=1, padding=0, dilation
     check_type("input", input)
     plan = plan_for_call(input.shape, weight_size, stride, padding, dilation, groups, input.dtype, queue,
                          (input, grad_output, out), algorithm, queues, gemm)
-    return plan.backward_weight(input, grad_output, out=out, queue=queue, allocator=allocator)
+    return plan.backward_weight(input, grad_output, out=out, queue=_home(queue), allocator=allocator)
 
 
 def conv2d_bias(grad_output, *, out=None, queue=None, allocator=None):

@@ -16,7 +16,7 @@ from .buffers import ref
 from .device import check_dtype_supported, default_queue
 from .functional import conv2d_bias
 from .geometry import normalize_padding, pair
-from .planner import plan_for_call
+from .planner import is_several, plan_for_call
 from .validate import queue_context
 from .transpose import conv_transpose2d, conv_transpose2d_input, conv_transpose2d_weight
 
@@ -36,7 +36,10 @@ class _ConvBase:
         self.kernel_size = pair(kernel_size, "kernel_size")
         self.stride, self.dilation = pair(stride, "stride"), pair(dilation, "dilation")
         self.padding = padding
-        self.queue = queue or default_queue()
+        # a list of queues (devices of one context): Conv2d spreads its passes over them
+        # (clconv.spread); arrays and results live on the first
+        self.devices = tuple(queue) if is_several(queue) else None
+        self.queue = (self.devices[0] if self.devices else queue) or default_queue()
         self.allocator = allocator
         self.dtype = np.dtype(dtype)
         check_dtype_supported(self.dtype, self.queue.device)
@@ -109,6 +112,8 @@ class Conv2d(_ConvBase):
     initialised as PyTorch does (uniform in +-1/sqrt(fan_in)); ``seed`` makes it repeatable.
     ``relu``: the output goes through max(., 0), fused into the pass that writes it; ``backward``
     then takes the gradient through it, using the output of the last ``forward``.
+    ``queue``: a queue, or a list of queues on devices of one context, over which every pass
+    is spread (:mod:`clconv.spread`); parameters and results live on the first.
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
@@ -132,7 +137,8 @@ class Conv2d(_ConvBase):
         p = self._plans.get(input_shape)
         if p is None:
             p = self._plans[input_shape] = plan_for_call(input_shape, self.weight.shape, self.stride, self.padding,
-                                                         self.dilation, self.groups, self.dtype, self.queue, (),
+                                                         self.dilation, self.groups, self.dtype,
+                                                         self.devices or self.queue, (),
                                                          "auto", "single", "auto")
         return p
 
@@ -171,6 +177,8 @@ class ConvTranspose2d(_ConvBase):
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
                  bias=True, dilation=1, dtype=np.float32, queue=None, seed=None, allocator=None):
+        if is_several(queue):
+            raise ValueError("ConvTranspose2d runs on one queue; got a list of queues (Conv2d spreads over several)")
         super().__init__(in_channels, out_channels, kernel_size, stride, pair(padding, "padding"), dilation, groups,
                          bias, dtype, queue, seed, allocator)
         self.output_padding = pair(output_padding, "output_padding")

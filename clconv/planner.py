@@ -11,6 +11,7 @@ import numpy as np
 from . import tuner, tuning
 from .geometry import PASSES, conv_geometry
 from .plan import Plan
+from .spread import SpreadPlan
 from .validate import pick_queue, queue_context
 
 
@@ -25,17 +26,48 @@ def tuned_choices(g, dtype, queue):
     return {p: entry for p, entry in found.items() if entry is not None}
 
 
-def build(g, dtype, queue, algorithm="auto", queues="single", workspace_limit=None, gemm="auto"):
-    """A :class:`Plan`; the tuning cache decides only what the caller left open ("auto" with
-    single queues: an explicit queues= choice stands)."""
+def tuned_splits(g, dtype, queues, make_plan):
+    """{pass: entry} from the tuning cache for geometry ``g`` spread over ``queues``; with
+    CLCONV_AUTOTUNE=1, missing passes are timed now and stored."""
+    stored = tuning.load()
+    found = {p: stored.get(tuning.spread_key(queues, dtype, g, p)) for p in PASSES}
+    missing = [p for p, entry in found.items() if entry is None]
+    if missing and g.N and os.environ.get("CLCONV_AUTOTUNE") == "1":
+        found.update(tuner.tune_spread(g, dtype, queues, make_plan, passes=missing))
+    return {p: entry for p, entry in found.items() if entry is not None}
+
+
+def is_several(queue):
+    """Whether ``queue`` asks for several devices: a list or tuple of queues."""
+    return isinstance(queue, (list, tuple))
+
+
+def build(g, dtype, queue, algorithm="auto", queues="single", workspace_limit=None, gemm="auto", split="auto",
+          shares=None):
+    """A :class:`Plan`, or for a list of queues a :class:`clconv.spread.SpreadPlan` whose parts
+    are such plans; the tuning cache decides only what the caller left open ("auto" with
+    single queues: an explicit queues= choice stands; "auto" split without shares)."""
+    if is_several(queue):
+        def make_plan(sub, q):
+            return build(sub, dtype, q, algorithm, queues, workspace_limit, gemm)
+        if len(queue) == 1:
+            return make_plan(g, queue[0])
+        tuned = tuned_splits(g, dtype, tuple(queue), make_plan) if split == "auto" and shares is None else None
+        return SpreadPlan(g, dtype, queue, make_plan, split=split, shares=shares, tuned=tuned)
     tuned = tuned_choices(g, dtype, queue) if algorithm == "auto" and queues == "single" else None
     return Plan(g, dtype, queue, algorithm=algorithm, queues=queues, workspace_limit=workspace_limit, gemm=gemm,
                 tuned=tuned)
 
 
 def plan(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, *, dtype=np.float32,
-         queue=None, algorithm="auto", queues="single", workspace_limit=None, gemm="auto"):
+         queue=None, algorithm="auto", queues="single", workspace_limit=None, gemm="auto", split="auto",
+         shares=None):
     """Build a reusable :class:`Plan` for input (N, C, H, W) and weight (K, C/groups, kh, kw).
+
+    ``queue``: one queue, or a list of queues on devices of one context for a
+    :class:`clconv.spread.SpreadPlan` that spreads every pass over them, ``split`` "auto"
+    (measured in the tuning cache, else by rule), "images" or "groups", in proportion to
+    ``shares`` (the devices' relative speeds; default measured, else compute units).
 
     ``algorithm``: "auto" or one of "fc", "1x1", "direct", "fft", "winograd", "im2col" (ValueError if
     it does not apply). ``queues``: "single" or "per-group" (each group's GEMMs on
@@ -45,7 +77,15 @@ def plan(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, *
     or "clblast" (see :mod:`clconv.gemm`).
     """
     g = conv_geometry(input_shape, weight_shape, stride, padding, dilation, groups)
-    return build(g, dtype, pick_queue(queue), algorithm, queues, workspace_limit, gemm)
+    return build(g, dtype, queue if is_several(queue) else pick_queue(queue), algorithm, queues, workspace_limit, gemm,
+                 split, shares)
+
+
+def _queues_key(queue):
+    """A cache key's device part: the context of one queue, or the queues of a spread."""
+    if is_several(queue):
+        return tuple(q.int_ptr for q in queue)
+    return queue_context(queue).int_ptr
 
 
 _PLAN_CACHE_SIZE = 64
@@ -63,7 +103,7 @@ def cached_plan(g, dtype, queue, algorithm="auto", queues="single", gemm="auto")
     """The plan for (geometry, dtype, context, algorithm, queues, GEMM request) from a small LRU
     cache. An "auto" GEMM request is keyed with CLCONV_GEMM, which the plan resolves it by:
     nothing on this path asks the driver."""
-    key = (queue_context(queue).int_ptr, g, np.dtype(dtype), algorithm, queues, _gemm_request(gemm))
+    key = (_queues_key(queue), g, np.dtype(dtype), algorithm, queues, _gemm_request(gemm))
     with _plan_lock:
         p = _plan_cache.get(key)
         if p is not None:
@@ -87,8 +127,8 @@ def plan_for_call(input_shape, weight_shape, stride, padding, dilation, groups, 
     repr of its options, which tells 1 from True and (1, 1) from [1, 1], dtype, context,
     algorithm, queues and GEMM request): a call seen before skips the geometry's checks and
     the plan cache's key. ``queue``: the call's, else the first device array's, else the default."""
-    queue = pick_queue(queue, *arrays)
-    key = (queue_context(queue).int_ptr, tuple(input_shape), tuple(weight_shape),
+    queue = tuple(queue) if is_several(queue) else pick_queue(queue, *arrays)
+    key = (_queues_key(queue), tuple(input_shape), tuple(weight_shape),
            repr((stride, padding, dilation, groups)), dtype, algorithm, queues, _gemm_request(gemm))
     p = _calls.get(key)
     if p is None:

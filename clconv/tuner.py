@@ -1,4 +1,5 @@
-"""The tuners, above the plans they time: the fastest algorithm per pass (:func:`tune`), and
+"""The tuners, above the plans they time: the fastest algorithm per pass (:func:`tune`), the
+split of a pass over several devices (:func:`tune_spread`), and
 the CLBlast GEMM parameters on the workloads' GEMM passes (:func:`tune_gemm`, whose search
 is :func:`clconv.gemm.clblast_params.search`). Winners go to the tuning cache
 (:mod:`clconv.tuning`), where :mod:`clconv.planner` finds them."""
@@ -12,7 +13,8 @@ from .gemm import clblast_params
 from .geometry import PASSES
 from .plan import Plan
 from .programs import recording
-from .tuning import entry_key, store, time_ms
+from .spread import SpreadPlan
+from .tuning import entry_key, spread_key, store, time_ms
 
 
 def candidates(g):
@@ -66,6 +68,42 @@ def tune(g, dtype, queue, passes=PASSES, save=True, progress=None):
                               "timings": {k: round(v, 4) for k, v in timings.items()},
                               "date": datetime.date.today().isoformat()}
         new[entry_key(queue.device, dtype, g, pass_name)] = results[pass_name]
+    if save:
+        store(new)
+    return results
+
+
+def tune_spread(g, dtype, queues, make_plan, passes=PASSES, save=True):
+    """Per pass, each split of geometry ``g`` over ``queues`` (:mod:`clconv.spread`): first
+    each device's throughput on an even part alone (the shares), then the spread plan with
+    those shares; store and return the faster split with its shares.
+
+    Returns {pass: {"split", "shares", "ms", "timings"}}; "timings" has each split and the
+    first device alone on the whole pass, for comparison."""
+    rng = np.random.default_rng(0)
+    home = queues[0]
+    x, w, dy, outs = _arrays(g, dtype, home, rng)
+    splits = ("images", "groups") if g.groups >= 2 else ("images",)
+    results, new = {}, {}
+    for pass_name in passes:
+        timings, shares = {}, {}
+        for split in splits:
+            even = SpreadPlan(g, dtype, queues, make_plan, split=split, shares=[1] * len(queues))
+            rates = []
+            for part in even._parts_for(split, (1,) * len(queues)):
+                sub = _passes(part.plan, *_arrays(part.plan.geometry, dtype, part.queue, rng))[pass_name]
+                rates.append(part.count / time_ms(sub, part.queue, repeat=3))
+            rates += [0.0] * (len(queues) - len(rates))   # devices left without a part (fewer items than devices)
+            shares[split] = [round(r / max(rates), 3) for r in rates]
+            p = SpreadPlan(g, dtype, queues, make_plan, split=split, shares=shares[split])
+            timings[split] = time_ms(_passes(p, x, w, dy, outs)[pass_name], home)
+        alone = make_plan(g, home)
+        timings["device 0 alone"] = time_ms(_passes(alone, x, w, dy, outs)[pass_name], home)
+        best = min(splits, key=timings.get)
+        results[pass_name] = {"split": best, "shares": shares[best], "ms": round(timings[best], 4),
+                              "timings": {k: round(v, 4) for k, v in timings.items()},
+                              "date": datetime.date.today().isoformat()}
+        new[spread_key(queues, dtype, g, pass_name)] = results[pass_name]
     if save:
         store(new)
     return results

@@ -23,7 +23,9 @@ def largest_divisor_at_most(n, limit):
     return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
 
 
-def sum_partials(queue, dtype, idx, part, S, n, out, accumulate, what):
-    """out (n,) (+)= the S partial sums part (S, n), in order; both are Refs."""
+def sum_partials(queue, dtype, idx, part, S, n, out, accumulate, what, stride=None):
+    """out (n,) (+)= the S partial sums of ``part``, ``stride`` elements apart (default n), in
+    order; both are Refs."""
     knl = get_kernel(queue.context, "partials.cl", "sum_partials", dtype, IDX=idx)
-    launch(queue, knl, (n,), (64,), part.buf, part.off, S, n, out.buf, out.off, int(accumulate), what=what)
+    launch(queue, knl, (n,), (64,), part.buf, part.off, S, n, stride or n, out.buf, out.off, int(accumulate),
+           what=what)
