@@ -1,8 +1,10 @@
 """python -m clconv {info, bench, tune, tune-gemm, check}: the command line."""
 import argparse
 import importlib
+import json
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyopencl as cl
@@ -93,13 +95,30 @@ def cmd_tune_gemm(args):
     return 0
 
 
+def _launched_by_mpiexec():
+    """Whether this process is one of several started by mpiexec (MPICH's or Open MPI's)."""
+    size = os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or "1"
+    return int(size) > 1
+
+
 def cmd_train_digits(args):
     queue = default_queue()
-    print(f"training on {queue.device.name.strip()} ({queue.device.platform.name})")
-    history = digits.train(args.epochs, args.batch, args.lr, args.momentum, queue=queue, plot=args.plot or None)
-    if args.plot:
-        print(f"wrote {args.plot}")
-    print(f"test accuracy {history['accuracy'][-1]:.4f} after {args.epochs} epochs in {history['seconds']:.1f} s")
+    comm = None
+    if args.mpi or _launched_by_mpiexec():
+        from mpi4py import MPI   # the `mpi` extra
+        comm = MPI.COMM_WORLD
+    lead = comm is None or comm.Get_rank() == 0
+    if lead:
+        ranks = f", {comm.Get_size()} MPI ranks" if comm is not None else ""
+        print(f"training on {queue.device.name.strip()} ({queue.device.platform.name}){ranks}")
+    history = digits.train(args.epochs, args.batch, args.lr, args.momentum, queue=queue,
+                           plot=args.plot or None, comm=comm, overlap=False if args.no_overlap else "auto")
+    if lead:
+        if args.plot:
+            print(f"wrote {args.plot}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(history))
+        print(f"test accuracy {history['accuracy'][-1]:.4f} after {args.epochs} epochs in {history['seconds']:.1f} s")
     return 0
 
 
@@ -165,6 +184,11 @@ def main(argv=None):
     digits.add_argument("--lr", type=float, default=0.05)
     digits.add_argument("--momentum", type=float, default=0.9)
     digits.add_argument("--plot", default="digits-training.png", help="PNG of loss and accuracy per epoch ('' for none)")
+    digits.add_argument("--json", help="write the loss and accuracy per epoch and the seconds to this file")
+    digits.add_argument("--mpi", action="store_true", help="average the gradients over the MPI ranks (the default "
+                                                           "when started by mpiexec with more than one process)")
+    digits.add_argument("--no-overlap", action="store_true", help="with MPI: reduce every layer's gradients after "
+                                                                  "the whole backward, not during it")
     check = sub.add_parser("check", help="quick self-test of every pass against the NumPy reference")
     check.add_argument("--dtype", choices=["float32", "float16", "float64"], default="float32")
     args, rest = ap.parse_known_args(argv)

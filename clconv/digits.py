@@ -24,6 +24,7 @@ from pyopencl.tools import context_dependent_memoize
 
 from . import memory, nn
 from .device import default_queue
+from .spread import counts
 from .validate import queue_context
 
 CLASSES = 10
@@ -67,12 +68,15 @@ class DigitsNet:
             x = layer.forward(x)
         return x
 
-    def backward(self, grad_logits):
-        """Gradients of every layer's weight and bias (set, not added) from the logits' gradient."""
+    def backward(self, grad_logits, ready=None):
+        """Gradients of every layer's weight and bias (set, not added) from the logits' gradient;
+        ``ready(layer)`` after each layer's (a :meth:`clconv.mpi.DataParallel.ready`)."""
         g = grad_logits
         for layer, x in zip(reversed(self.layers), reversed(self._inputs)):
             layer.zero_grad()
             g = layer.backward(x, g)
+            if ready:
+                ready(layer)
 
     def sgd(self, lr, momentum):
         """v = momentum * v + grad; p -= lr * v (PyTorch's SGD with momentum, no dampening)."""
@@ -82,12 +86,24 @@ class DigitsNet:
             for p, g, v in zip(layer.parameters(), grads, velocity):
                 update(p, g, v, np.float32(lr), np.float32(momentum), queue=self.queue)
 
-    def step(self, x, labels, lr, momentum):
+    def step(self, x, labels, lr, momentum, dp=None):
         """One SGD step on images x and labels (device arrays); returns the batch's summed loss
-        as a device scalar (not read back)."""
-        logits = self.forward(x)
-        loss, grad = cross_entropy(logits, labels)
-        self.backward(grad)
+        as a device scalar (not read back). With ``dp`` (a :class:`clconv.mpi.DataParallel`),
+        x is this rank's share of the batch (perhaps none) and the gradients are averaged over
+        every rank's images before the update."""
+        n = labels.shape[0]
+        if dp is not None:
+            dp.start(n)
+        if n:
+            loss, grad = cross_entropy(self.forward(x), labels)
+            self.backward(grad, dp.ready if dp is not None else None)
+        else:   # no image here: this rank adds zeros to the others' sums
+            loss = cla.zeros(self.queue, (1,), np.float32)
+            for layer in reversed(self.layers):
+                layer.zero_grad()
+                dp.ready(layer)
+        if dp is not None:
+            dp.finish()
         self.sgd(lr, momentum)
         return loss
 
@@ -175,15 +191,26 @@ def batch(queue, images, labels, rows):
     return x, y
 
 
-def train(epochs=30, batch_size=32, lr=0.05, momentum=0.9, seed=0, queue=None, plot=None, progress=True):
+def train(epochs=30, batch_size=32, lr=0.05, momentum=0.9, seed=0, queue=None, plot=None, progress=True, comm=None,
+          overlap="auto"):
     """Train on the 80 % split and test on the rest after every epoch. Returns
-    {"loss": [mean training loss per epoch], "accuracy": [test accuracy per epoch], "seconds"}."""
+    {"loss": [mean training loss per epoch], "accuracy": [test accuracy per epoch], "seconds"}.
+
+    ``comm``: an MPI communicator of more than one rank (``mpiexec -n 2``): each rank takes its
+    share of every batch (the same batches as one process) and :class:`clconv.mpi.DataParallel`
+    averages the gradients over the ranks (``overlap``: each layer's reduction during the
+    earlier layers' backward); rank 0 reports and plots."""
     from tqdm import tqdm
     queue = queue or default_queue()
     xtr, ytr, xte, yte = load(seed)
     images, labels = cla.to_device(queue, xtr), cla.to_device(queue, ytr)
     test_x, test_y = cla.to_device(queue, xte), cla.to_device(queue, yte)
     net = DigitsNet(queue, seed=seed)
+    dp = None
+    if comm is not None and comm.Get_size() > 1:
+        from .mpi import DataParallel
+        dp = DataParallel(net.layers, comm, overlap)
+        progress = progress and dp.rank == 0
     rng = np.random.default_rng(seed)
     history = {"loss": [], "accuracy": []}
     start = time.perf_counter()
@@ -192,15 +219,20 @@ def train(epochs=30, batch_size=32, lr=0.05, momentum=0.9, seed=0, queue=None, p
         total = cla.zeros(queue, (1,), np.float32)
         starts = range(0, len(ytr), batch_size)
         for b0 in tqdm(starts, desc=f"epoch {epoch + 1}/{epochs}", unit="batch", disable=not progress, leave=False):
-            x, y = batch(queue, images, labels, order[b0:b0 + batch_size])
-            total += net.step(x, y, lr, momentum)
-        history["loss"].append(float(total.get()[0]) / len(ytr))
+            b1 = min(b0 + batch_size, len(ytr))
+            if dp is not None:   # this rank's share of the batch, as even as the ranks allow
+                cut = np.cumsum([0] + counts(b1 - b0, [1] * dp.size))
+                b0, b1 = b0 + int(cut[dp.rank]), b0 + int(cut[dp.rank + 1])
+            x, y = batch(queue, images, labels, order[b0:b1])
+            total += net.step(x, y, lr, momentum, dp)
+        loss = float(total.get()[0])
+        history["loss"].append((dp.comm.allreduce(loss) if dp is not None else loss) / len(ytr))
         history["accuracy"].append(float(net.correct(test_x, test_y).get()[0]) / len(yte))
         if progress:
             tqdm.write(f"epoch {epoch + 1:3d}: training loss {history['loss'][-1]:.4f}, "
                        f"test accuracy {history['accuracy'][-1]:.4f}")
     history["seconds"] = time.perf_counter() - start
-    if plot:
+    if plot and (dp is None or dp.rank == 0):
         draw(history, plot, queue.device)
     return history
 

@@ -92,6 +92,9 @@ class SpreadPlan:
             raise ValueError(f"shares must be {len(queues)} non-negative numbers, not all zero; got {shares!r}")
         self.geometry, self.dtype, self.queues, self.allocator = geometry, np.dtype(dtype), queues, allocator
         self.queue = queues[0]
+        # sub-buffer origins: multiples of every device's base-address alignment, in bytes (the
+        # context of sub-devices may list only their parent: both are asked)
+        self._align = max(d.mem_base_addr_align for d in (*self.context.devices, *(q.device for q in queues))) // 8
         self._make_plan, self._parts = make_plan, {}
         self._choice = {}   # pass -> (split, shares, why)
         tuned = tuned or {}
@@ -233,7 +236,7 @@ class SpreadPlan:
         reduce = split == "images" and pass_name == "backward_weight"
         if reduce:   # a slot per part, aligned, in one home buffer: the sum runs on home, in order
             n = out.size
-            step = _aligned_elements(n, self.context, isz)
+            step = -(-n * isz // self._align) * self._align // isz
             slots = memory.allocate(home, step * len(parts) * isz, "grad-weight over devices", allocator)
         for i, part in enumerate(parts):
             q = part.queue
@@ -249,7 +252,7 @@ class SpreadPlan:
                 moved += [sub] if sub is not None else []
                 temps += [temp] if temp is not None else []
             if reduce:
-                r = Ref(_sub_buffer(slots, i * step * isz, n * isz, q.device), 0, n)
+                r = Ref(_sub_buffer(slots, i * step * isz, n * isz, self._align), 0, n)
             else:
                 r, temp = self._write(home, out, self._slab(split, result, part), allocator)
                 if temp is not None:
@@ -277,7 +280,7 @@ class SpreadPlan:
         if slab is None:
             return ref(a), None, None
         if slab.count == 1:
-            sub = _sub_buffer(a.base_data, (base + slab.start) * isz, slab.inner * isz, queue.device)
+            sub = _sub_buffer(a.base_data, (base + slab.start) * isz, slab.inner * isz, self._align)
             r = Ref(sub, 0, slab.inner) if sub is not None else Ref(a.base_data, base + slab.start,
                                                                      base + slab.start + slab.inner)
             return r, sub, None
@@ -292,23 +295,17 @@ class SpreadPlan:
         isz = out.dtype.itemsize
         base = out.offset // isz
         if slab.count == 1:
-            sub = _sub_buffer(out.base_data, (base + slab.start) * isz, slab.inner * isz, home.device)
+            sub = _sub_buffer(out.base_data, (base + slab.start) * isz, slab.inner * isz, self._align)
             if sub is not None:
                 return Ref(sub, 0, slab.inner), None
         temp = memory.allocate(home, slab.inner * slab.count * isz, "a device's part of the result", allocator)
         return Ref(temp, 0, slab.inner * slab.count), temp
 
 
-def _aligned_elements(n, context, itemsize):
-    """``n`` rounded up to the coarsest base-address alignment of the context's devices."""
-    align = max(d.mem_base_addr_align for d in context.devices) // 8 // itemsize
-    return -(-n // align) * align
-
-
-def _sub_buffer(buf, origin, size, device):
-    """A sub-buffer of ``buf`` at byte ``origin``, or None where the origin is not aligned for
-    ``device`` (or ``buf`` is itself a sub-buffer)."""
-    if origin % (device.mem_base_addr_align // 8):
+def _sub_buffer(buf, origin, size, align):
+    """A sub-buffer of ``buf`` at byte ``origin``, or None where the origin is not a multiple of
+    ``align`` bytes (or ``buf`` is itself a sub-buffer)."""
+    if origin % align:
         return None
     if not isinstance(buf, cl.Buffer):   # a memory pool's block: the same cl_mem as a Buffer
         buf = cl.Buffer.from_int_ptr(buf.int_ptr, retain=True)

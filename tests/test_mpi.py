@@ -1,0 +1,52 @@
+"""Gradients summed over MPI ranks (clconv.mpi): tests/mpi_check.py under mpiexec with 1, 2
+and 3 processes, uneven and empty local batches, with and without overlap, and with the
+reduction broken on purpose (which must fail); the digits example under ``mpiexec -n 2``
+against one process."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mpi4py", reason="the `mpi` extra (make installs it)")
+
+HERE = Path(__file__).parent
+MPIEXEC = Path(sys.executable).parent / "mpiexec"   # MPICH's wheel puts it beside the interpreter
+
+
+def _mpiexec(n, *args, timeout=600):
+    if not MPIEXEC.exists():
+        pytest.fail(f"no mpiexec beside {sys.executable}: install the `mpi` extra (mpich)")
+    return subprocess.run([str(MPIEXEC), "-n", str(n), sys.executable, *args], capture_output=True, text=True,
+                          timeout=timeout, env=os.environ)
+
+
+@pytest.mark.parametrize("ranks, extra", [(1, []), (2, []), (3, []), (2, ["--no-overlap"]), (3, ["--images", "2"])],
+                         ids=["1-rank", "2-ranks", "3-ranks", "2-ranks-no-overlap", "3-ranks-one-empty"])
+def test_reduced_gradients_equal_the_full_batch(ranks, extra):
+    run = _mpiexec(ranks, str(HERE / "mpi_check.py"), *extra)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count(" ok") == ranks, run.stdout
+
+
+@pytest.mark.parametrize("fault", ["skip", "double", "max"])
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_broken_reduction_is_caught(fault, ranks):
+    run = _mpiexec(ranks, str(HERE / "mpi_check.py"), "--fault", fault)
+    assert run.returncode != 0 and "MISMATCH" in run.stdout, run.stdout + run.stderr
+
+
+def test_digits_under_two_ranks_follow_one_process(tmp_path):
+    """The same batches split over two ranks: the same losses and accuracies as one process,
+    up to float32 rounding of the sums."""
+    histories = []
+    for ranks in (1, 2):
+        out = tmp_path / f"{ranks}.json"
+        run = _mpiexec(ranks, "-m", "clconv", "train-digits", "--epochs", "3", "--plot", "", "--json", str(out))
+        assert run.returncode == 0, run.stdout + run.stderr
+        histories.append(json.loads(out.read_text()))
+    one, two = histories
+    assert one["accuracy"] == pytest.approx(two["accuracy"], abs=1 / 360)   # one test image either way
+    assert one["loss"] == pytest.approx(two["loss"], rel=1e-4)
