@@ -1,13 +1,14 @@
 // The second stage of a split-K GEMM (clconv/algorithms/partials.py): partial sums over
-// slices of the inner dimension, added in a fixed order so results are deterministic.
+// slices of the inner dimension, added in a fixed order so results are deterministic; also
+// the sum over devices of a spread grad-weight (clconv/spread.py), in float16 storage too.
 
 // out[i] = (accumulate ? out[i] : 0) + sum over s < S of part[s * stride + i], in order.
-__kernel void sum_partials(__global const REAL* restrict part, const IDX part_off, const int S, const IDX n,
-                           const IDX stride, __global REAL* restrict out, const IDX out_off, const int accumulate)
+__kernel void sum_partials(__global const STORE* restrict part, const IDX part_off, const int S, const IDX n,
+                           const IDX stride, __global STORE* restrict out, const IDX out_off, const int accumulate)
 {
     const IDX i = get_global_id(0);
     if (i >= n) return;
-    REAL acc = accumulate ? out[out_off + i] : (REAL)0;
-    for (int s = 0; s < S; ++s) acc += part[part_off + (IDX)s * stride + i];
-    out[out_off + i] = acc;
+    REAL acc = accumulate ? LOAD(out, out_off + i) : (REAL)0;
+    for (int s = 0; s < S; ++s) acc += LOAD(part, part_off + (IDX)s * stride + i);
+    SAVE(out, out_off + i, acc);
 }

@@ -1,7 +1,8 @@
 """Passes spread over several devices of one context (clconv.spread): two sub-devices of the
-test device, and two root PoCL devices where the platform has them (``make test`` runs this
-file again with POCL_DEVICES="pthread pthread"), every pass and split against the float64
-reference, the same bits on every run."""
+test device (where it partitions), two queues on the test device itself (every device, GPUs
+too), and two root PoCL devices where the platform has them (``make test`` runs this file again
+with POCL_DEVICES="pthread pthread"), every pass and split against the float64 reference, the
+same bits on every run."""
 import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
@@ -10,6 +11,7 @@ import pytest
 import clconv
 from clconv import reference, tuner, tuning
 from clconv.spread import counts
+from clconv.device import has_fp64
 from helpers import Case, assert_close
 
 
@@ -18,10 +20,14 @@ def _root_pocl_devices():
             for d in p.get_devices()]
 
 
-@pytest.fixture(scope="module", params=["sub-devices", "root-devices"])
+@pytest.fixture(scope="module", params=["sub-devices", "two-queues", "root-devices"])
 def queues(request, queue):
     if request.param == "sub-devices":
+        if not queue.device.partition_max_sub_devices:
+            pytest.skip(f"{queue.device.name.strip()} does not partition")
         return clconv.sub_device_queues(2, queue.device)
+    if request.param == "two-queues":
+        return [queue, cl.CommandQueue(queue.context, queue.device)]
     devices = _root_pocl_devices()
     if len(devices) < 2:
         pytest.skip('one root PoCL device (make test runs this file with POCL_DEVICES="pthread pthread")')
@@ -65,6 +71,23 @@ def test_spread_matches_reference(case, split, queues):
     assert_close(y, np.maximum(reference.conv2d(x, w, b, **opts), 0), np.float32, "forward + ReLU")
     assert_close(dx, reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "grad-input")
     assert_close(dw, reference.conv2d_weight(x, w.shape, dy, **opts), np.float32, "grad-weight")
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64], ids=["float16", "float64"])
+@pytest.mark.parametrize("split", ["images", "groups"])
+def test_spread_other_dtypes(dtype, split, queues):
+    """float16 storage (the parts compute on float32 copies; grad-weight's sum over devices reads
+    and writes half) and float64."""
+    if dtype == np.float64 and not has_fp64(queues[0].device):
+        pytest.skip("no fp64")
+    case = SPREAD[0]
+    x, w, b, dy = case.data(dtype)
+    opts = case.options
+    p = clconv.plan(x.shape, w.shape, **opts, dtype=dtype, queue=queues, split=split)
+    xf, wf, bf, dyf = (a.astype(np.float64) for a in (x, w, b, dy))
+    assert_close(p.forward(x, w, b), reference.conv2d(xf, wf, bf, **opts), dtype, "forward")
+    assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, wf, dyf, **opts), dtype, "grad-input")
+    assert_close(p.backward_weight(x, dy), reference.conv2d_weight(xf, w.shape, dyf, **opts), dtype, "grad-weight")
 
 
 def test_counts_follow_shares():
