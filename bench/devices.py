@@ -1,12 +1,13 @@
 """Several devices against one: each pass of the large workloads on one device and spread over
 several (clconv.spread), both splits, side by side in one run.
 
-    python -m bench.devices [--workload NAME ...] [--devices gpus|sub-devices|pocl-roots]
+    python -m bench.devices [--workload NAME ...] [--devices gpus|sub-devices|pocl-roots|queues]
                             [--count K] [--size cpu|gpu] [--rounds R] [--json PATH]
 
 ``--devices``: the GPUs of the first platform with several ("gpus", the default where there
 are), the default device cut into K sub-devices ("sub-devices", CPU runtimes), or the root
-PoCL devices (``POCL_DEVICES="pthread pthread"``). The one-device baseline is the first of
+PoCL devices (``POCL_DEVICES="pthread pthread"``), or K queues on the default device itself
+("queues": no speed-up to gain, it measures what spreading costs). The one-device baseline is the first of
 them, in the same context; with sub-devices, the partitioned device whole is timed too. The shares come from clconv.tuner.tune_spread (each device's
 throughput on an even part alone); then, in R rounds alternating one device and each split,
 min and median per call, GFLOP/s, GB/s, and the speed-up (one device's min over the spread's).
@@ -36,6 +37,9 @@ PASSES = ("forward", "backward_input", "backward_weight")
 def pick_queues(kind, count):
     if kind == "sub-devices":
         return clconv.sub_device_queues(count)
+    if kind == "queues":
+        home = clconv.default_queue()
+        return [home] + [cl.CommandQueue(home.context, home.device) for _ in range(count - 1)]
     if kind == "pocl-roots":
         devices = [d for p in cl.get_platforms() if "portable" in p.name.lower() for d in p.get_devices()]
     else:
@@ -122,7 +126,7 @@ def run(w, size, queues, rounds, log, whole=None):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.devices", description=__doc__.splitlines()[0])
     ap.add_argument("--workload", action="append", help=f"workload name (repeatable; default: {', '.join(LARGE)})")
-    ap.add_argument("--devices", choices=["gpus", "sub-devices", "pocl-roots"])
+    ap.add_argument("--devices", choices=["gpus", "sub-devices", "pocl-roots", "queues"])
     ap.add_argument("--count", type=int, default=2)
     ap.add_argument("--size", choices=["cpu", "gpu"])
     ap.add_argument("--rounds", type=int, default=3)
