@@ -57,9 +57,9 @@ __kernel void col2im(__global const REAL* restrict col, const IDX col_off,
     const IDX src = col_off + (IDX)c * KH * KW * ld + (IDX)b * OH * OW;
     // Only taps t with (position + pad - t * D) a non-negative multiple of the stride read
     // this pixel; undilated, they are t = (position + pad) % S, then every S-th.
-    // (a tile of output rows has a shifted, possibly negative, top padding: remainders made >= 0)
+    // (a tile of outputs has a shifted, possibly negative, top and left padding: remainders made >= 0)
     const int i0 = DH == 1 ? ((y + PT) % SH + SH) % SH : 0, di = DH == 1 ? SH : 1;
-    const int j0 = DW == 1 ? (xx + PL) % SW : 0, dj = DW == 1 ? SW : 1;
+    const int j0 = DW == 1 ? ((xx + PL) % SW + SW) % SW : 0, dj = DW == 1 ? SW : 1;
     REAL acc = (REAL)0;
     for (int i = i0; i < KH; i += di) {
         int oy = y + PT - i * DH;                 // = oy * SH when tap i reads row y

@@ -41,6 +41,9 @@ SWEEP = [
     # one image in tiles of 2 output rows: col of 2 rows (4 x 3 x 3 taps x 2 x 4 columns) is the budget
     ("im2col_tiles", (2, 4, 9, 7), (4, 2, 3, 3), dict(stride=(2, 1), padding=((2, 1), (1, 0)), dilation=(1, 2),
                                                   groups=2), "im2col", "single", 4 * 9 * 2 * 4 * 4),
+    # tiles of 2 output columns of one row: col of 2 positions (3 x 3 x 3 taps x 2) is the budget
+    ("im2col_column_tiles", (1, 3, 5, 11), (4, 3, 3, 3), dict(stride=(1, 2), padding=((1, 0), (2, 1))), "im2col",
+     "single", 3 * 9 * 2 * 4),
     ("im2col_per_group_queues", (2, 4, 5, 6), (6, 2, 3, 3), dict(padding=1, groups=2), "im2col", "per-group",
      None),
     ("fc", (3, 4, 3, 2), (6, 2, 3, 2), dict(groups=2), "fc", "single", None),
@@ -106,6 +109,8 @@ SWEEP = [
      None),
     ("cpu_winograd_5x5_pieces", (1, 3, 13, 10), (2, 3, 5, 5), dict(padding=2, cpu=True), "winograd", "single",
      9600),
+    ("cpu_im2col_column_tiles", (1, 3, 5, 11), (4, 3, 3, 3), dict(stride=(1, 2), padding=((1, 0), (2, 1)), cpu=True),
+     "im2col", "single", 3 * 9 * 2 * 4),
     ("cpu_im2col_strided_dilated", (2, 4, 11, 13), (6, 2, 3, 2), dict(stride=(2, 3), padding=((2, 0), (1, 2)),
                                                                       dilation=(1, 2), groups=2, cpu=True),
      "im2col", "single", None),

@@ -35,15 +35,22 @@ def _row_bytes(p):
 
 @pytest.mark.parametrize("case", TILED, ids=repr)
 @pytest.mark.parametrize("algorithm", ["im2col", "auto"])
-def test_one_image_in_tiles_of_output_rows(case, algorithm, queue):
+@pytest.mark.parametrize("budget", ["rows", "columns"])
+def test_one_image_in_tiles(case, algorithm, budget, queue):
+    """Tiles of output rows (a budget of three rows' col), or of columns of one row (a budget
+    below one row's col)."""
     x, w, b, dy = case.data()
     opts = case.options
     full = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="im2col")
-    limit = 3 * _row_bytes(full)   # three output rows of col per tile
+    row = _row_bytes(full)
+    limit = 3 * row if budget == "rows" else max(row // 3, 2 * row // full.geometry.OW)
     p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm=algorithm, workspace_limit=limit)
-    if algorithm == "im2col":   # at most 3 rows: split-K's partial sums take their share of the budget
+    if algorithm == "im2col" and budget == "rows":   # at most 3 rows: split-K's partials take their share
         bands = re.findall(r" tiles of (\d+) output rows per image", p.explain())
         assert len(bands) == 3 and all(1 <= int(rows) <= 3 for rows in bands), p.explain()
+    elif algorithm == "im2col":
+        cols = re.findall(r" tiles of (\d+) output columns of one row per image", p.explain())
+        assert len(cols) == 3 and all(1 <= int(c) < full.geometry.OW for c in cols), p.explain()
     assert p.workspace_bytes <= limit
     _check_passes(p, case, queue)
 
@@ -92,7 +99,7 @@ def test_auto_runs_what_no_whole_image_fits(queue):
                  "grad-weight")
 
 
-def test_a_budget_below_one_output_row_is_refused(queue):
-    with pytest.raises(ValueError, match=r"one output row of input \[1, 4, 9, 9\] with weight \[4, 4, 3, 3\] needs "
-                                         r"1296 workspace bytes, above the limit of 1000 bytes"):
-        clconv.plan((1, 4, 9, 9), (4, 4, 3, 3), padding=1, queue=queue, algorithm="im2col", workspace_limit=1000)
+def test_a_budget_below_one_output_position_is_refused(queue):
+    with pytest.raises(ValueError, match=r"one output position of input \[1, 4, 9, 9\] with weight \[4, 4, 3, 3\] "
+                                         r"needs 144 workspace bytes, above the limit of 100 bytes"):
+        clconv.plan((1, 4, 9, 9), (4, 4, 3, 3), padding=1, queue=queue, algorithm="im2col", workspace_limit=100)

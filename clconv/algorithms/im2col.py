@@ -75,40 +75,51 @@ class Im2col(Algorithm):
     def _fit_bands(self, workspace_limit, whole, partials):
         """One image's workspace (``whole`` bytes) is above the budget: the passes run image by
         image over tiles of ``band`` output rows, as evenly sized as the budget allows, each
-        tile's col (rows x band * OW) the workspace; output, grad_output and grad-weight are read
+        tile's col (rows x band * OW) the workspace; where one row's col is above the budget too,
+        over tiles of ``cols`` columns of one row. Output, grad_output and grad-weight are read
         and written in place. Grad-weight cuts each tile's positions into split-K slices (its
         ``partials`` after col), summed in order, tile after tile."""
         g, itemsize = self.g, self.dtype.itemsize
-        row = self.rows * g.OW * itemsize   # col of one output row
-        # split-K's partial sums take at most half the budget, and leave room for one row
-        room = min(workspace_limit // 2, workspace_limit - row) // itemsize
+        column = self.rows * itemsize       # col of one output position
+        # split-K's partial sums take at most half the budget, and leave room for one position
+        room = min(workspace_limit // 2, workspace_limit - column) // itemsize
         self.max_slices = max(1, min(self.max_slices, room // (g.K * g.Kd)))
         partials = self.max_slices * g.K * g.Kd if self.max_slices > 1 else 0
-        if row + partials * itemsize > workspace_limit:
-            raise ValueError(f"one output row of input {list(g.input_shape)} with weight {list(g.weight_shape)} "
-                             f"needs {row + partials * itemsize} workspace bytes, above the limit of "
-                             f"{workspace_limit} bytes (one image needs {whole})")
-        tiles = -(-g.OH // min(g.OH, (workspace_limit - partials * itemsize) // row))
-        self.band = -(-g.OH // tiles)
+        fits = (workspace_limit - partials * itemsize) // column   # output positions per tile
+        if fits < 1:
+            raise ValueError(f"one output position of input {list(g.input_shape)} with weight "
+                             f"{list(g.weight_shape)} needs {column + partials * itemsize} workspace bytes, above "
+                             f"the limit of {workspace_limit} bytes (one image needs {whole})")
+        if fits >= g.OW:   # whole rows
+            tiles = -(-g.OH // min(g.OH, fits // g.OW))
+            self.band, self.cols = -(-g.OH // tiles), g.OW
+            shape = f"{tiles} tiles of {self.band} output rows per image"
+        else:              # pieces of one row
+            per_row = -(-g.OW // fits)
+            self.band, self.cols = 1, -(-g.OW // per_row)
+            shape = (f"{g.OH * per_row} tiles of {self.cols} output columns of one row per image ({per_row} per "
+                     f"row: one row's col is above the budget too)")
         self.chunk, self.slices, self.last_slices = 1, 1, 1
-        self.tiling = (f"{tiles} tiles of {self.band} output rows per image (one image needs {whole} workspace "
-                       f"bytes, above the limit of {workspace_limit})")
-        col = self.rows * self.band * g.OW
+        self.tiling = f"{shape} (one image needs {whole} workspace bytes, above the limit of {workspace_limit})"
+        col = self.rows * self.band * self.cols
         self.workspace = {"forward": col, "backward_input": col, "backward_weight": col + partials}
 
     def _bands(self):
-        """(first output row, rows) of each tile of an image."""
-        return [(oy0, min(self.band, self.g.OH - oy0)) for oy0 in range(0, self.g.OH, self.band)]
+        """(first output row, rows, first output column, columns) of each tile of an image."""
+        g = self.g
+        return [(oy0, min(self.band, g.OH - oy0), ox0, min(self.cols, g.OW - ox0))
+                for oy0 in range(0, g.OH, self.band) for ox0 in range(0, g.OW, self.cols)]
 
     def describe(self, pass_name):
         g, B = self.g, self.chunk
         if self.band:
-            mnk = {"forward": (g.Kg, "rows*OW", g.Kd), "backward_input": (g.Kd, "rows*OW", g.Kg),
-                   "backward_weight": (g.Kg, g.Kd, "rows*OW")}[pass_name]
+            mnk = {"forward": (g.Kg, "tile", g.Kd), "backward_input": (g.Kd, "tile", g.Kg),
+                   "backward_weight": (g.Kg, g.Kd, "tile")}[pass_name]
             how = {"forward": "output rows written in place", "backward_input": "col2im adding each tile's "
                    "input rows in order", "backward_weight": "tiles summed in order into grad_weight"}[pass_name]
             return (f"im2col + GEMM batched over {g.groups} group(s), image by image in {self.tiling}; per GEMM "
-                    f"M={mnk[0]} N={mnk[1]} K={mnk[2]} (rows = {self.band}, fewer in the last tile); {how}")
+                    f"M={mnk[0]} N={mnk[1]} K={mnk[2]} (tile = {self.band * self.cols} positions, fewer in the last); "
+                    f"{how}")
         chunks = -(-g.N // B) if g.N else 0
         mnk = {"forward": (g.Kg, B * g.P, g.Kd), "backward_input": (g.Kd, B * g.P, g.Kg),
                "backward_weight": (g.Kg, g.Kd, B * g.P)}[pass_name]
@@ -134,28 +145,30 @@ class Im2col(Algorithm):
         return Im2colB(g.H, g.W, xs, g.P, g.OW, g.kh, g.kw, *g.stride, pt, pl, *g.dilation, pj,
                             (images - 1) * xs + g.Cg * g.H * g.W)
 
-    def _geometry_args(self, B, oy0=0, rows=None):
-        """The layout kernels' geometry arguments for B images, or for the tile of ``rows`` output
-        rows from row oy0 (of one image): a convolution of those rows, its top padding shifted."""
+    def _geometry_args(self, B, tile=None):
+        """The layout kernels' geometry arguments for B images, or for a ``tile`` (oy0, rows, ox0,
+        cols) of one image: a convolution of those outputs, its top and left padding shifted."""
         g = self.g
         (pt, _), (pl, _) = g.pads
-        return (B, g.C, g.H, g.W, g.kh, g.kw, rows or g.OH, g.OW) + g.stride + (pt - oy0 * g.stride[0], pl) + g.dilation
+        oy0, rows, ox0, cols = tile or (0, g.OH, 0, g.OW)
+        return ((B, g.C, g.H, g.W, g.kh, g.kw, rows, cols) + g.stride
+                + (pt - oy0 * g.stride[0], pl - ox0 * g.stride[1]) + g.dilation)
 
     def _kernel(self, queue, name, idx):
         return get_kernel(queue.context, "im2col.cl", name, self.dtype, IDX=idx)
 
-    def _im2col(self, queue, idx, x, n0, B, ws, col, oy0=0, rows=None):
-        """col of images n0 ... n0+B-1 (or of the tile of ``rows`` output rows from oy0 of image
-        n0): on GPUs a work-item per (output pixel, channel); on CPUs im2col_rows, a work-item
-        per (output row, channel) writing VW columns at a time."""
+    def _im2col(self, queue, idx, x, n0, B, ws, col, tile=None):
+        """col of images n0 ... n0+B-1 (or of a ``tile`` of image n0, see _geometry_args): on GPUs a
+        work-item per (output pixel, channel); on CPUs im2col_rows, a work-item per (output row,
+        channel) writing VW columns at a time."""
         g = self.g
-        rows = rows or g.OH
-        args = (x.buf, x.off + n0 * g.C * g.H * g.W, ws, col, *self._geometry_args(B, oy0, rows))
+        _, rows, _, cols = tile or (0, g.OH, 0, g.OW)
+        args = (x.buf, x.off + n0 * g.C * g.H * g.W, ws, col, *self._geometry_args(B, tile))
         if self.vw:
             knl = get_kernel(queue.context, "im2col.cl", "im2col_rows", self.dtype, IDX=idx, VW=self.vw)
             launch(queue, knl, (B * rows, g.C), (1, 1), *args, what="im2col")
             return
-        launch(queue, self._kernel(queue, "im2col", idx), (rows * g.OW, g.C, B), (64, 1, 1), *args, what="im2col")
+        launch(queue, self._kernel(queue, "im2col", idx), (rows * cols, g.C, B), (64, 1, 1), *args, what="im2col")
 
     def _to_columns(self, queue, idx, dy, n0, B, ws, t):
         """dY of images n0 ... n0+B-1 (B, K, P) as (K, B*P): (buffer, offset) of T, or of dY
@@ -258,11 +271,12 @@ class Im2col(Algorithm):
         for n in range(g.N):
             image = Ref(y.buf, y.off + n * g.K * g.P)
             beta = before_gemm(queue, self.dtype, image, bias, 1, g.K, g.P, relu)
-            for oy0, rows in self._bands():
-                L = rows * g.OW
-                self._im2col(queue, idx, x, n, 1, ws, 0, oy0, rows)
+            for tile in self._bands():
+                oy0, rows, ox0, cols = tile
+                L = rows * cols
+                self._im2col(queue, idx, x, n, 1, ws, 0, tile)
                 self._gemm(queue, Kg, L, Kd, Op(w.buf, w.off, Kd, Kg * Kd), Op(ws, 0, L, Kd * L),
-                           Op(y.buf, image.off + oy0 * g.OW, g.P, Kg * g.P), beta=beta, what="forward (tile)")
+                           Op(y.buf, image.off + oy0 * g.OW + ox0, g.P, Kg * g.P), beta=beta, what="forward (tile)")
             after_gemm(queue, self.dtype, image, bias, 1, g.K, g.P, relu)
 
     def _input_tiles(self, queue, w, dy, dx, ws):
@@ -273,17 +287,18 @@ class Im2col(Algorithm):
         idx = idx_for(self.dtype, w, dy, dx, Ref(ws, 0))
         col2im = self._kernel(queue, "col2im", idx)
         for n in range(g.N):
-            for t, (oy0, rows) in enumerate(self._bands()):
-                L = rows * g.OW
+            for t, tile in enumerate(self._bands()):
+                oy0, rows, ox0, cols = tile
+                L = rows * cols
                 self._gemm(queue, Kd, L, Kg, Op(w.buf, w.off, Kd, Kg * Kd),
-                           Op(dy.buf, dy.off + n * g.K * g.P + oy0 * g.OW, g.P, Kg * g.P), Op(ws, 0, L, Kd * L),
+                           Op(dy.buf, dy.off + n * g.K * g.P + oy0 * g.OW + ox0, g.P, Kg * g.P), Op(ws, 0, L, Kd * L),
                            a_transp=True, what="grad-input (tile)")
                 # input rows the tile's output rows read: all of them for the first tile
                 first = 0 if t == 0 else max(0, oy0 * sh - pt)
                 last = g.H if t == 0 else min(g.H, (oy0 + rows - 1) * sh - pt + (g.kh - 1) * dh + 1)
                 if last > first:
                     launch(queue, col2im, ((last - first) * g.W, g.C, 1), (64, 1, 1), ws, 0,
-                           dx.buf, dx.off + n * g.C * g.H * g.W, *self._geometry_args(1, oy0, rows),
+                           dx.buf, dx.off + n * g.C * g.H * g.W, *self._geometry_args(1, tile),
                            first * g.W, int(t > 0), what="col2im (tile)")
 
     def _weight_tiles(self, queue, x, dy, dw, ws):
@@ -292,13 +307,14 @@ class Im2col(Algorithm):
         ordered sum); every image's tiles in order, so the sum is the same on every run."""
         g, Kg, Kd = self.g, self.g.Kg, self.g.Kd
         idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
-        first, part = True, self.rows * self.band * g.OW
+        first, part = True, self.rows * self.band * self.cols
         for n in range(g.N):
-            for oy0, rows in self._bands():
-                L = rows * g.OW
+            for tile in self._bands():
+                oy0, rows, ox0, cols = tile
+                L = rows * cols
                 S = largest_divisor_at_most(L, self.max_slices)
-                self._im2col(queue, idx, x, n, 1, ws, 0, oy0, rows)
-                a = Op(dy.buf, dy.off + n * g.K * g.P + oy0 * g.OW, g.P, Kg * g.P, L // S)
+                self._im2col(queue, idx, x, n, 1, ws, 0, tile)
+                a = Op(dy.buf, dy.off + n * g.K * g.P + oy0 * g.OW + ox0, g.P, Kg * g.P, L // S)
                 b = Op(ws, 0, L, Kd * L, L // S)
                 if S == 1:
                     self._gemm(queue, Kg, Kd, L, a, b, Op(dw.buf, dw.off, Kd, Kg * Kd), beta=0.0 if first else 1.0,
