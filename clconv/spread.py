@@ -232,13 +232,24 @@ class SpreadPlan:
         isz = self.dtype.itemsize
         out = dev["out"]
         start = cl.enqueue_marker(home)   # the inputs are ready (uploads, the caller's work on home)
-        copies, done = [], []             # (temp, slab) the home queue copies in; each part's last event
+        # Where each part writes, all taken from the home pool before any part is enqueued: a block
+        # a part on the home queue frees during this call must not go to a part on another queue.
+        copies, writes = [], []           # (temp, slab) the home queue copies in; each part's result Ref
         reduce = split == "images" and pass_name == "backward_weight"
         if reduce:   # a slot per part, aligned, in one home buffer: the sum runs on home, in order
             n = out.size
             step = -(-n * isz // self._align) * self._align // isz
             slots = memory.allocate(home, step * len(parts) * isz, "grad-weight over devices", allocator)
-        for i, part in enumerate(parts):
+            writes = [Ref(_sub_buffer(slots, i * step * isz, n * isz, self._align), 0, n) for i in range(len(parts))]
+        else:
+            for part in parts:
+                slab = self._slab(split, result, part)
+                r, temp = self._write(home, out, slab, allocator)
+                writes.append(r)
+                if temp is not None:
+                    copies.append((temp, slab))
+        done = []   # each part's last event
+        for part, r in zip(parts, writes):
             q = part.queue
             cl.enqueue_barrier(q, wait_for=[start])
             refs, moved, temps = [], [], []
@@ -247,21 +258,15 @@ class SpreadPlan:
                 if a is None:
                     refs.append(None)
                     continue
-                r, sub, temp = self._read(q, a, self._slab(split, name, part), allocator)
-                refs.append(r)
+                ra, sub, temp = self._read(q, a, self._slab(split, name, part), allocator)
+                refs.append(ra)
                 moved += [sub] if sub is not None else []
                 temps += [temp] if temp is not None else []
-            if reduce:
-                r = Ref(_sub_buffer(slots, i * step * isz, n * isz, self._align), 0, n)
-            else:
-                r, temp = self._write(home, out, self._slab(split, result, part), allocator)
-                if temp is not None:
-                    copies.append((temp, self._slab(split, result, part)))
             if moved:
                 cl.enqueue_migrate_mem_objects(q, moved)
             part.plan.enqueue(pass_name, q, *refs, r, allocator=allocator, relu=relu)
             done.append(cl.enqueue_marker(q))
-            for t in temps:   # gathered inputs: read only by the part's own queue, enqueued already
+            for t in temps:   # gathered inputs: from the part's own queue's pool, read only there
                 t.release()
         cl.enqueue_barrier(home, wait_for=done)
         for temp, slab in copies:

@@ -74,6 +74,30 @@ def test_spread_matches_reference(case, split, queues):
     assert_close(dw, reference.conv2d_weight(x, w.shape, dy, **opts), np.float32, "grad-weight")
 
 
+# every algorithm, forced, on a grouped case it applies to: the parts run it on their devices
+EVERY = [
+    ("im2col", Case("im2col_g2_s2", 3, 16, 11, 9, 6, 3, 3, stride=2, padding=1, groups=2)),
+    ("winograd", Case("winograd_g2", 3, 32, 9, 10, 32, 3, 3, padding=1, groups=2)),
+    ("fft", Case("fft_g2_k5", 3, 32, 9, 8, 32, 5, 5, padding=2, groups=2)),
+    ("direct", Case("direct_g4", 3, 8, 9, 7, 8, 3, 3, padding=1, groups=4)),
+    ("1x1", Case("1x1_g2", 3, 6, 5, 7, 4, 1, 1, groups=2)),
+    ("fc", Case("fc_g2", 3, 6, 3, 5, 4, 3, 5, groups=2)),
+]
+
+
+@pytest.mark.parametrize("algorithm, case", EVERY, ids=[a for a, _ in EVERY])
+@pytest.mark.parametrize("split", ["images", "groups"])
+def test_every_algorithm_spreads(algorithm, case, split, queues):
+    x, w, b, dy = case.data()
+    opts = case.options
+    p = clconv.plan(x.shape, w.shape, **opts, queue=queues, split=split, algorithm=algorithm)
+    assert set(p.algorithms.values()) == {algorithm}
+    assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float32, "forward")
+    assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "grad-input")
+    assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **opts), np.float32,
+                 "grad-weight")
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float64], ids=["float16", "float64"])
 @pytest.mark.parametrize("split", ["images", "groups"])
 def test_spread_other_dtypes(dtype, split, queues):
