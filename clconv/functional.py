@@ -14,8 +14,8 @@ from .validate import check_type, finish, prepare
 
 
 def _home(queue):
-    """The queue a call's result lands on: a spread plan's own first queue for a list of queues."""
-    return None if is_several(queue) else queue
+    """The queue a call runs on: for a list of queues (a spread plan), the first."""
+    return queue[0] if is_several(queue) else queue
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, out=None, queue=None,

@@ -11,7 +11,9 @@ rank ends with the gradient of the loss averaged over all the ranks' images:
 
 (``grad_r`` the mean over rank r's n_r images; ranks may hold different numbers of images,
 none too). MPI wheels are not GPU-aware: gradients travel through host arrays, in float64
-(so the sum is the same on every rank for any order MPI adds in, to float32). A layer's
+(MPICH and Open MPI give every rank the same sum: tests/mpi_check.py checks the bits). A
+reduction that fails on one rank aborts the communicator: its collectives would no longer
+pair with the other ranks'. A layer's
 reduction starts as soon as its backward is enqueued (:meth:`DataParallel.ready`): a helper
 thread waits for its gradients' copy to the host and runs its Allreduce while the device
 computes the earlier layers' backward; :meth:`DataParallel.finish` waits for the last one and
@@ -22,6 +24,7 @@ OVERLAP_MIN_BYTES of gradients are reduced on the thread, smaller ones in ``fini
 to 256 channels, overlapped and not within 5 % of each other, reductions 1-3 % of a step).
 """
 import queue as queues
+import sys
 import threading
 
 import numpy as np
@@ -55,6 +58,8 @@ class DataParallel:
         from mpi4py import MPI   # the `mpi` extra
         self.MPI = MPI
         self.comm = comm or MPI.COMM_WORLD
+        # asked once: under THREAD_SERIALIZED the main thread may not call MPI while the helper does
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.modules = list(modules)
         # a helper thread calls MPI while the main thread waits for nothing MPI: SERIALIZED suffices
         threads = MPI.Query_thread() >= MPI.THREAD_SERIALIZED
@@ -70,19 +75,10 @@ class DataParallel:
         self.overlap = any(entry[2] for entry in self._host.values())
         self._weight = self._total = None
         self._jobs, self._waiting = queues.Queue(), []
-        self._error = None
         self._thread = None
 
-    @property
-    def rank(self):
-        return self.comm.Get_rank()
-
-    @property
-    def size(self):
-        return self.comm.Get_size()
-
     def broadcast(self, root=0):
-        """Every module's parameters from rank ``root`` to all ranks (blocking)."""
+        """Every module's parameters from rank ``root`` to all ranks (blocking; not within a step)."""
         for m in self.modules:
             for p in m.parameters():
                 host = p.get()
@@ -94,13 +90,14 @@ class DataParallel:
         (None: they are sums, to be added as they are)."""
         if self._weight is not None:
             raise RuntimeError("DataParallel.start() called twice without finish()")
+        # the batches' sum is asked for either way, so that every rank makes the same MPI calls
+        total = self.comm.allreduce(0.0 if local_batch is None else float(local_batch), op=self.MPI.SUM)
         if local_batch is None:
             self._weight, self._total = 1.0, 1.0
         else:
-            self._weight = float(local_batch)
-            self._total = self.comm.allreduce(self._weight, op=self.MPI.SUM)
-            if self._total <= 0:
-                raise ValueError(f"no rank holds an image in this step (local batches sum to {self._total})")
+            if total <= 0:
+                raise ValueError(f"no rank holds an image in this step (local batches sum to {total})")
+            self._weight, self._total = float(local_batch), total
         self._waiting = []
         if self.overlap and self._thread is None:
             self._thread = threading.Thread(target=self._serve, name="clconv-mpi", daemon=True)
@@ -111,6 +108,8 @@ class DataParallel:
         and reduce them once the copy is done."""
         if self._weight is None:
             raise RuntimeError("DataParallel.ready() before start()")
+        if any(job[0] is module for job in self._waiting):
+            raise RuntimeError(f"DataParallel.ready() twice in one step for {module!r}")
         _, parts, threaded = self._host[id(module)]
         events = [cl.enqueue_copy(module.queue, h, g.base_data, src_offset=g.offset, is_blocking=False)
                   for h, g in zip(parts, _grads(module))]
@@ -125,37 +124,45 @@ class DataParallel:
         if self._weight is None:
             raise RuntimeError("DataParallel.finish() before start()")
         jobs, self._waiting = self._waiting, []
-        named = {id(job[0]) for job in jobs}
-        missing = [m for m in self.modules if id(m) not in named]
-        if missing:
-            raise RuntimeError(f"DataParallel.finish(): ready() was not called for {missing}; every rank must reduce "
-                               "every module, in the same order")
-        for job in jobs:   # the thread's first (so that one thread calls MPI at a time), in order
-            if self._host[id(job[0])][2]:
-                job[2].wait()
-        for job in jobs:
-            if not self._host[id(job[0])][2]:
-                self._reduce(job)
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+        try:
+            for job in jobs:   # the thread's first (so that one thread calls MPI at a time), in order
+                if self._host[id(job[0])][2]:
+                    job[2].wait()
+            named = {id(job[0]) for job in jobs}
+            missing = [m for m in self.modules if id(m) not in named]
+            if missing:   # the other ranks are waiting in collectives this one will never make
+                self._abort(RuntimeError(f"DataParallel.finish(): ready() was not called for {missing}; every rank "
+                                         "must reduce every module, in the same order"))
+            for job in jobs:
+                if not self._host[id(job[0])][2]:
+                    self._reduce(job)
+        finally:
+            self._weight = self._total = None
         for module, _, _ in jobs:
             parts = self._host[id(module)][1]
             for h, g in zip(parts, _grads(module)):
                 cl.enqueue_copy(module.queue, g.base_data, h, dst_offset=g.offset, is_blocking=False)
-        self._weight = self._total = None
 
     def _serve(self):
         while True:
             job = self._jobs.get()
             try:
                 self._reduce(job)
-            except BaseException as exc:   # noqa: BLE001 -- re-raised by finish() on the main thread
-                self._error = exc
             finally:
                 job[2].set()
 
+    def _abort(self, exc):
+        """Say why on stderr, then abort the communicator (every rank stops)."""
+        print(f"clconv.mpi: rank {self.rank} of {self.size}: {exc!r}; aborting", file=sys.stderr, flush=True)
+        self.comm.Abort(1)
+
     def _reduce(self, job):
+        try:
+            self._reduce_one(job)
+        except Exception as exc:   # noqa: BLE001 -- a rank that skips a collective would hang or mix the others
+            self._abort(exc)
+
+    def _reduce_one(self, job):
         module, events, done = job
         cl.wait_for_events(events)
         flat, parts, _ = self._host[id(module)]

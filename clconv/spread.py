@@ -31,6 +31,7 @@ from . import memory, storage
 from .algorithms.partials import sum_partials
 from .buffers import Ref, idx_for, ref
 from .geometry import PASSES, check_grad_output
+from .programs import ClconvError
 from .validate import check_type, finish, prepare, queue_context
 
 SPLITS = ("images", "groups")
@@ -73,7 +74,9 @@ class SpreadPlan:
     ``split``: "auto" (measured per pass in the tuning cache, else by rule), "images" or
     "groups"; ``shares``: the devices' relative speeds (default: measured, else compute units);
     ``make_plan(geometry, queue)``: a part's plan on its queue. ``tuned``: {pass: entry} from
-    the tuning cache (:func:`clconv.tuner.tune_spread`)."""
+    the tuning cache (:func:`clconv.tuner.tune_spread`). ``allocator`` (the plan's, or a
+    call's) serves the results and the home queue's buffers; each part's workspace comes from
+    its own queue's pool."""
 
     def __init__(self, geometry, dtype, queues, make_plan, *, split="auto", shares=None, tuned=None, allocator=None):
         queues = tuple(queues)
@@ -95,6 +98,7 @@ class SpreadPlan:
         # sub-buffer origins: multiples of every device's base-address alignment, in bytes (the
         # context of sub-devices may list only their parent: both are asked)
         self._align = max(d.mem_base_addr_align for d in (*self.context.devices, *(q.device for q in queues))) // 8
+        # (bytes: the driver reports bits)
         self._make_plan, self._parts = make_plan, {}
         self._choice = {}   # pass -> (split, shares, why)
         tuned = tuned or {}
@@ -151,7 +155,8 @@ class SpreadPlan:
     @property
     def workspace_bytes(self):
         """Largest workspace any part's pass allocates on its device, in bytes."""
-        return max(part.plan.workspace_bytes for p in PASSES for part in self._parts_for(*self._choice[p][:2]))
+        return max((part.plan.workspace_bytes for p in PASSES for part in self._parts_for(*self._choice[p][:2])),
+                   default=0)
 
     def explain(self):
         g = self.geometry
@@ -165,6 +170,7 @@ class SpreadPlan:
             share = ", ".join(f"device {self.queues.index(part.queue)} {part.count} {what} from {part.first}"
                               for part in parts)
             extra = ("; grad-weight summed over the devices in order on the home queue"
+                     + (" (each device's sum stored as float16 first)" if self.dtype == np.float16 else "")
                      if split == "images" and p == "backward_weight" else "")
             lines.append(f"{p} split by {split} ({share}; shares {list(shares)}); chosen {why}{extra}")
             for part in parts:
@@ -232,6 +238,7 @@ class SpreadPlan:
         isz = self.dtype.itemsize
         out = dev["out"]
         start = cl.enqueue_marker(home)   # the inputs are ready (uploads, the caller's work on home)
+        home.flush()                      # waited on from the other queues: it must reach the device
         # Where each part writes, all taken from the home pool before any part is enqueued: a block
         # a part on the home queue frees during this call must not go to a part on another queue.
         copies, writes = [], []           # (temp, slab) the home queue copies in; each part's result Ref
@@ -239,8 +246,11 @@ class SpreadPlan:
         if reduce:   # a slot per part, aligned, in one home buffer: the sum runs on home, in order
             n = out.size
             step = -(-n * isz // self._align) * self._align // isz
-            slots = memory.allocate(home, step * len(parts) * isz, "grad-weight over devices", allocator)
+            # (from the home pool, not the caller's allocator: a whole buffer, so the slots can be sub-buffers)
+            slots = memory.allocate(home, step * len(parts) * isz, "grad-weight over devices")
             writes = [Ref(_sub_buffer(slots, i * step * isz, n * isz, self._align), 0, n) for i in range(len(parts))]
+            if None in [w.buf for w in writes]:
+                raise ClconvError(f"clconv: the driver refused sub-buffers of a {step * len(parts) * isz}-byte buffer")
         else:
             for part in parts:
                 slab = self._slab(split, result, part)
@@ -258,14 +268,17 @@ class SpreadPlan:
                 if a is None:
                     refs.append(None)
                     continue
-                ra, sub, temp = self._read(q, a, self._slab(split, name, part), allocator)
+                ra, sub, temp = self._read(q, a, self._slab(split, name, part))
                 refs.append(ra)
                 moved += [sub] if sub is not None else []
                 temps += [temp] if temp is not None else []
             if moved:
                 cl.enqueue_migrate_mem_objects(q, moved)
-            part.plan.enqueue(pass_name, q, *refs, r, allocator=allocator, relu=relu)
+            # the part's workspace from its own queue's pool: a caller's allocator, shared by every
+            # queue, could hand a block one part frees to another part still running
+            part.plan.enqueue(pass_name, q, *refs, r, relu=relu)
             done.append(cl.enqueue_marker(q))
+            q.flush()   # waited on from the home queue
             for t in temps:   # gathered inputs: from the part's own queue's pool, read only there
                 t.release()
         cl.enqueue_barrier(home, wait_for=done)
@@ -278,7 +291,7 @@ class SpreadPlan:
                          "grad-weight: sum over devices", stride=step)
             slots.release()
 
-    def _read(self, queue, a, slab, allocator):
+    def _read(self, queue, a, slab):
         """(Ref, sub-buffer to migrate or None, gathered temp or None) of array ``a``'s slab for a part."""
         base = a.offset // a.dtype.itemsize
         isz = a.dtype.itemsize
@@ -289,7 +302,7 @@ class SpreadPlan:
             r = Ref(sub, 0, slab.inner) if sub is not None else Ref(a.base_data, base + slab.start,
                                                                      base + slab.start + slab.inner)
             return r, sub, None
-        temp = memory.allocate(queue, slab.inner * slab.count * isz, "gathering a slice for a device", allocator)
+        temp = memory.allocate(queue, slab.inner * slab.count * isz, "gathering a slice for a device")
         cl.enqueue_copy(queue, temp, a.base_data, src_origin=((base + slab.start) * isz, 0, 0), dst_origin=(0, 0, 0),
                         region=(slab.inner * isz, slab.count, 1), src_pitches=(slab.pitch * isz, 0),
                         dst_pitches=(slab.inner * isz, 0))

@@ -93,7 +93,9 @@ def tune_spread(g, dtype, queues, make_plan, passes=PASSES, save=True):
             for part in even._parts_for(split, (1,) * len(queues)):
                 sub = _passes(part.plan, *_arrays(part.plan.geometry, dtype, part.queue, rng))[pass_name]
                 rates.append(part.count / time_ms(sub, part.queue, repeat=3))
-            rates += [0.0] * (len(queues) - len(rates))   # devices left without a part (fewer items than devices)
+            # devices left without a part (fewer items than devices): with even shares, counts()
+            # leaves only the last ones empty, so the rates line up with the queues
+            rates += [0.0] * (len(queues) - len(rates))
             shares[split] = [round(r / max(rates), 3) for r in rates]
             p = SpreadPlan(g, dtype, queues, make_plan, split=split, shares=shares[split])
             timings[split] = time_ms(_passes(p, x, w, dy, outs)[pass_name], home)

@@ -7,7 +7,8 @@ Every rank builds the same two-layer network (same seeds) and takes its uneven s
 batch of 7 images (``--images``; fewer than the ranks leaves some with none); the loss is mean(sum(output * R)) over the batch for a fixed random R.
 After the reduction each rank's gradients must equal the full batch's, computed by the same
 modules in one process, and be the same bits on every rank. ``--fault`` breaks the reduction
-on purpose (skipped, done twice, MPI.MAX instead of MPI.SUM): the check must then fail.
+on purpose (skipped, done twice, MPI.MAX instead of MPI.SUM): the check must then fail; with
+"forget" the last rank leaves one layer out of the reduction, and must abort every rank.
 Every rank exits with the combined verdict (0 only if all ranks passed), so one failing rank
 cannot leave the others waiting.
 """
@@ -43,7 +44,7 @@ def step(layers, x, r, scale, dp=None):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--fault", choices=["skip", "double", "max"])
+    ap.add_argument("--fault", choices=["skip", "double", "max", "forget"])
     ap.add_argument("--no-overlap", action="store_true")
     ap.add_argument("--images", type=int, default=7)
     args = ap.parse_args()
@@ -69,6 +70,9 @@ def main():
         dp._allreduce = lambda buffer: (reduce_once(buffer), reduce_once(buffer))
     elif args.fault == "max":
         dp._allreduce = lambda buffer: comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.MAX)
+    if args.fault == "forget" and rank == size - 1:
+        ready = dp.ready
+        dp.ready = lambda layer: None if layer is layers[0] else ready(layer)
     for _ in range(2):   # twice: the second step reuses the host buffers
         dp.start(hi - lo)
         if hi > lo:

@@ -45,6 +45,14 @@ def test_a_broken_reduction_is_caught(fault, ranks):
     assert run.returncode != 0 and "MISMATCH" in run.stdout, run.stdout + run.stderr
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_rank_leaving_a_layer_out_aborts_every_rank(ranks):
+    """One rank never reduces a layer the others do: it aborts the communicator rather than leave
+    them waiting (the run ends, with an error)."""
+    run = _mpiexec(ranks, str(HERE / "mpi_check.py"), "--fault", "forget", timeout=300)
+    assert run.returncode != 0 and "ready() was not called" in run.stderr, run.stdout + run.stderr
+
+
 def test_digits_under_two_ranks_follow_one_process(tmp_path):
     """The same batches split over two ranks: the same losses and accuracies as one process,
     up to float32 rounding of the sums."""

@@ -149,6 +149,22 @@ def test_out_at_an_offset_is_written_and_nothing_else(queues):
                  "forward")
 
 
+def test_a_callers_allocator(queues):
+    """A pyopencl memory pool of the caller's serves the results; the parts' workspaces still come
+    from their own queues' pools (one shared pool could hand one part's freed block to another)."""
+    from pyopencl.tools import ImmediateAllocator, MemoryPool
+    case = SPREAD[1]
+    x, w, b, dy = case.data()
+    pool = MemoryPool(ImmediateAllocator(queues[0]))
+    p = clconv.plan(x.shape, w.shape, **case.options, queue=queues, split="images")
+    for _ in range(3):
+        y = p.forward(x, w, b, allocator=pool)
+        dw = p.backward_weight(x, dy, allocator=pool)
+    assert_close(y, reference.conv2d(x, w, b, **case.options), np.float32, "forward")
+    assert_close(dw, reference.conv2d_weight(x, w.shape, dy, **case.options), np.float32, "grad-weight")
+    assert pool.managed_bytes > 0
+
+
 def test_functional_and_module_spread(queues):
     case = SPREAD[0]
     x, w, b, dy = case.data()
