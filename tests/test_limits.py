@@ -52,8 +52,9 @@ def test_small_max_allocation_forces_chunks_with_the_same_result(queue, monkeypa
 
 
 def test_one_image_above_the_limit_is_refused_before_enqueueing(queue):
-    with pytest.raises(ValueError, match="workspace bytes, above the limit"):
-        clconv.plan((2, 8, 30, 30), (8, 8, 3, 3), padding=1, queue=queue, algorithm="im2col", workspace_limit=1000)
+    # one output position's column, 8 x 3 x 3 floats, is above the budget: no tile fits
+    with pytest.raises(ValueError, match="needs 288 workspace bytes, above the limit of 200 bytes"):
+        clconv.plan((2, 8, 30, 30), (8, 8, 3, 3), padding=1, queue=queue, algorithm="im2col", workspace_limit=200)
 
 
 def test_allocation_failure_is_reraised_with_context(queue, monkeypatch):
