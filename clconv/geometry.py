@@ -133,6 +133,13 @@ class ConvGeometry:
         """Multiply-adds x 2 of one pass (the same for forward, grad-input, grad-weight)."""
         return 2 * self.N * self.K * self.P * self.Kd
 
+    def pass_shapes(self):
+        """Per pass, ({argument: its size}, the result's size), as every plan checks its calls."""
+        return {"forward": ({"input": self.input_shape, "weight": self.weight_shape, "bias": (self.K,)},
+                            self.output_shape),
+                "backward_input": ({"weight": self.weight_shape, "grad_output": self.output_shape}, self.input_shape),
+                "backward_weight": ({"input": self.input_shape, "grad_output": self.output_shape}, self.weight_shape)}
+
 
 def _shape(s):
     return list(s)

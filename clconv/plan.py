@@ -64,10 +64,7 @@ class Plan:
                           self._workspace_elements(p) * self.compute_dtype.itemsize)
                       for p, (algo, _) in self._choice.items()}
         # per pass: the expected size of each argument and of the result, checked on every call
-        self._shapes = {"forward": ({"input": g.input_shape, "weight": g.weight_shape, "bias": (g.K,)},
-                                    g.output_shape),
-                        "backward_input": ({"weight": g.weight_shape, "grad_output": g.output_shape}, g.input_shape),
-                        "backward_weight": ({"input": g.input_shape, "grad_output": g.output_shape}, g.weight_shape)}
+        self._shapes = g.pass_shapes()
         self._replays = Replays()
 
     def _build(self, cls, per_group):

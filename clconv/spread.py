@@ -118,11 +118,7 @@ class SpreadPlan:
                                why + ("; shares as given" if given else "; shares by compute units"))
         for p in PASSES:
             self._parts_for(*self._choice[p][:2])   # every part's plan made now: errors before any call
-        g = geometry
-        self._shapes = {"forward": ({"input": g.input_shape, "weight": g.weight_shape, "bias": (g.K,)},
-                                    g.output_shape),
-                        "backward_input": ({"weight": g.weight_shape, "grad_output": g.output_shape}, g.input_shape),
-                        "backward_weight": ({"input": g.input_shape, "grad_output": g.output_shape}, g.weight_shape)}
+        self._shapes = geometry.pass_shapes()
 
     def _parts_for(self, split, shares):
         key = (split, shares)

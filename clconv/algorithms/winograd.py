@@ -190,7 +190,7 @@ class Winograd(Transform):
 
     def _convolve(self, queue, pass_name, x, w, bias, y, ws, what, relu=False):
         """y = conv(x, w) (+ bias) over the pass's geometry, w flipped for grad-input."""
-        t, B = self.geometry[pass_name], self.chunk[pass_name]
+        t = self.geometry[pass_name]
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
         G, Ko, Ci = t.groups, t.Kg, t.Cg
         u, m = self.layout[pass_name]
