@@ -7,8 +7,10 @@ NVIDIA's driver cost 0.1-0.5 ms a call. A block freed back to a queue's pool is 
 again only to work enqueued later on that same in-order queue, so it runs after everything
 that used the block there. Where a pass on another queue reads an array (``queue=`` other
 than the array's own), the call keeps the array alive until that queue has finished the
-pass (:func:`keep_until_done`), so its block cannot return to a pool while being read. Work
-of the user's own on other queues is the user's to order, as with PyTorch's streams.
+pass (:func:`keep_until_done`), so its block cannot return to a pool while being read. A call
+waits for the writes pyopencl recorded on an argument of another queue (its ``events``; see
+``clconv.validate.prepare``); other work of the user's own on other queues is the user's to
+order, as with PyTorch's streams.
 
 ``allocator=`` (functional API, plans, modules) replaces the pool with the user's pyopencl
 allocator, for results and workspaces alike. :func:`free_memory` (``clconv.free_memory()``) returns the pools' free

@@ -153,6 +153,7 @@ def prepare(queue, plan, arrays, shapes, out, out_shape, allocator=None):
     same_context = plan is not None and (queue is plan.queue or context == plan.context)
     if same_context and all_plain(plan.dtype, context, arrays, shapes, out, out_shape):
         # the usual call, device arrays that pass every check below: accepted in one test
+        _after_their_queues(queue, arrays.values(), out)
         if out is None:
             out = memory.empty(queue, context, out_shape, plan.dtype, allocator)
         return queue, {**arrays, "out": out}, False
@@ -173,6 +174,7 @@ def prepare(queue, plan, arrays, shapes, out, out_shape, allocator=None):
     for name, a in given:
         check_array(name, a, shapes[name], context)
     check_out(out, out_shape, context, given)
+    _after_their_queues(queue, arrays.values(), out)
     dev = dict(arrays)
     numpy_mode = True
     allocator = allocator or memory.pool(queue)
@@ -183,6 +185,18 @@ def prepare(queue, plan, arrays, shapes, out, out_shape, allocator=None):
             dev[name] = cla.to_device(queue, np.ascontiguousarray(a), allocator=allocator)
     dev["out"] = out if is_device_array(out) else memory.empty(queue, context, tuple(out_shape), dtype, allocator)
     return queue, dev, numpy_mode
+
+
+def _after_their_queues(queue, arrays, out):
+    """Order the call after what pyopencl recorded on device arrays of another queue (their
+    ``events``: writes, ``to_device`` among them). A blocking write returning is not enough:
+    Intel's CPU runtime showed a kernel on a second queue the old contents of a buffer just
+    written through the first, about one call in four under load, unless it waited on the
+    write's event."""
+    events = [e for a in (*arrays, out) if is_device_array(a) and a.queue is not None and a.queue is not queue
+              for e in a.events]
+    if events:
+        cl.enqueue_barrier(queue, wait_for=events)
 
 
 def finish(queue, dev, out, numpy_mode):
