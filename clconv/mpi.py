@@ -26,6 +26,7 @@ to 256 channels, overlapped and not within 5 % of each other, reductions 1-3 % o
 import queue as queues
 import sys
 import threading
+import time
 
 import numpy as np
 import pyopencl as cl
@@ -154,6 +155,7 @@ class DataParallel:
     def _abort(self, exc):
         """Say why on stderr, then abort the communicator (every rank stops)."""
         print(f"clconv.mpi: rank {self.rank} of {self.size}: {exc!r}; aborting", file=sys.stderr, flush=True)
+        time.sleep(0.5)   # time for the launcher to forward the message before it kills the ranks
         self.comm.Abort(1)
 
     def _reduce(self, job):

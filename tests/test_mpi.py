@@ -49,8 +49,10 @@ def test_a_broken_reduction_is_caught(fault, ranks):
 def test_a_rank_leaving_a_layer_out_aborts_every_rank(ranks):
     """One rank never reduces a layer the others do: it aborts the communicator rather than leave
     them waiting (the run ends, with an error)."""
-    run = _mpiexec(ranks, str(HERE / "mpi_check.py"), "--fault", "forget", timeout=300)
-    assert run.returncode != 0 and "ready() was not called" in run.stderr, run.stdout + run.stderr
+    run = _mpiexec(ranks, str(HERE / "mpi_check.py"), "--fault", "forget", timeout=300)   # a hang fails here
+    # ended with an error before any rank's verdict (the abort message itself may be lost: the
+    # launcher can stop forwarding output as it kills the ranks)
+    assert run.returncode != 0 and " ok" not in run.stdout and "MISMATCH" not in run.stdout, run.stdout + run.stderr
 
 
 def test_digits_under_two_ranks_follow_one_process(tmp_path):
