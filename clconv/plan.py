@@ -14,9 +14,9 @@ from .algorithms import ALGORITHMS
 from .buffers import ref
 from .device import check_dtype_supported
 from .gemm import choose as choose_gemm
-from .geometry import PASSES, check_grad_output
+from .geometry import PASSES
 from .replay import Replays
-from .validate import check_type, finish, prepare, queue_context
+from .validate import check_grad_output_array, finish, prepare, queue_context
 
 QUEUES = ("single", "per-group")
 
@@ -183,7 +183,7 @@ class Plan:
 
     def backward_input(self, weight, grad_output, *, out=None, queue=None, allocator=None):
         """grad_input (N, C, H, W) from weight (K, C/groups, kh, kw) and grad_output (N, K, OH, OW)."""
-        _check_grad_output_rank(grad_output, self.geometry)
+        check_grad_output_array(grad_output, self.geometry)
         shapes, out_shape = self._shapes["backward_input"]
         allocator = allocator or self.allocator
         queue, dev, numpy_mode = prepare(queue, self, {"weight": weight, "grad_output": grad_output},
@@ -195,7 +195,7 @@ class Plan:
 
     def backward_weight(self, input, grad_output, *, out=None, queue=None, allocator=None):
         """grad_weight (K, C/groups, kh, kw) from input (N, C, H, W) and grad_output (N, K, OH, OW)."""
-        _check_grad_output_rank(grad_output, self.geometry)
+        check_grad_output_array(grad_output, self.geometry)
         shapes, out_shape = self._shapes["backward_weight"]
         allocator = allocator or self.allocator
         queue, dev, numpy_mode = prepare(queue, self, {"input": input, "grad_output": grad_output},
@@ -206,11 +206,6 @@ class Plan:
         else:
             storage.zero(queue, dev["out"])
         return finish(queue, dev, out, numpy_mode)
-
-
-def _check_grad_output_rank(grad_output, g):
-    check_type("grad_output", grad_output)
-    check_grad_output(g, grad_output.shape)
 
 
 def _check_allocations(g, dtype, device):

@@ -30,9 +30,9 @@ import pyopencl as cl
 from . import memory, storage
 from .algorithms.partials import sum_partials
 from .buffers import Ref, idx_for, ref
-from .geometry import PASSES, check_grad_output
+from .geometry import PASSES
 from .programs import ClconvError
-from .validate import check_type, finish, prepare, queue_context
+from .validate import check_grad_output_array, finish, prepare, queue_context
 
 SPLITS = ("images", "groups")
 
@@ -178,37 +178,27 @@ class SpreadPlan:
 
     def forward(self, input, weight, bias=None, *, out=None, queue=None, allocator=None, relu=False):
         """As :meth:`clconv.plan.Plan.forward`, each part on its device."""
-        shapes, out_shape = self._shapes["forward"]
-        allocator = allocator or self.allocator
-        queue, dev, numpy_mode = prepare(queue, self, {"input": input, "weight": weight, "bias": bias}, shapes, out,
-                                         out_shape, allocator)
-        if self.geometry.N:
-            self._run("forward", queue, dev, ("input", "weight", "bias"), allocator, relu)
-        return finish(queue, dev, out, numpy_mode)
+        return self._call("forward", {"input": input, "weight": weight, "bias": bias}, out, queue, allocator, relu)
 
     def backward_input(self, weight, grad_output, *, out=None, queue=None, allocator=None):
         """As :meth:`clconv.plan.Plan.backward_input`, each part on its device."""
-        check_type("grad_output", grad_output)
-        check_grad_output(self.geometry, grad_output.shape)
-        shapes, out_shape = self._shapes["backward_input"]
-        allocator = allocator or self.allocator
-        queue, dev, numpy_mode = prepare(queue, self, {"weight": weight, "grad_output": grad_output}, shapes, out,
-                                         out_shape, allocator)
-        if self.geometry.N:
-            self._run("backward_input", queue, dev, ("weight", "grad_output"), allocator)
-        return finish(queue, dev, out, numpy_mode)
+        check_grad_output_array(grad_output, self.geometry)
+        return self._call("backward_input", {"weight": weight, "grad_output": grad_output}, out, queue, allocator)
 
     def backward_weight(self, input, grad_output, *, out=None, queue=None, allocator=None):
         """As :meth:`clconv.plan.Plan.backward_weight`, each part on its device."""
-        check_type("grad_output", grad_output)
-        check_grad_output(self.geometry, grad_output.shape)
-        shapes, out_shape = self._shapes["backward_weight"]
+        check_grad_output_array(grad_output, self.geometry)
+        return self._call("backward_weight", {"input": input, "grad_output": grad_output}, out, queue, allocator)
+
+    def _call(self, pass_name, arrays, out, queue, allocator, relu=False):
+        """Check and marshal a pass's arguments (``arrays``: {name: array}, in argument order), run
+        it over the parts, and return its result as the caller expects."""
+        shapes, out_shape = self._shapes[pass_name]
         allocator = allocator or self.allocator
-        queue, dev, numpy_mode = prepare(queue, self, {"input": input, "grad_output": grad_output}, shapes, out,
-                                         out_shape, allocator)
+        queue, dev, numpy_mode = prepare(queue, self, arrays, shapes, out, out_shape, allocator)
         if self.geometry.N:
-            self._run("backward_weight", queue, dev, ("input", "grad_output"), allocator)
-        else:
+            self._run(pass_name, queue, dev, tuple(arrays), allocator, relu)
+        elif pass_name == "backward_weight":
             storage.zero(queue, dev["out"])
         return finish(queue, dev, out, numpy_mode)
 

@@ -14,6 +14,7 @@ import pyopencl.array as cla
 
 from . import memory
 from .device import check_dtype_supported, default_queue
+from .geometry import check_grad_output
 
 
 def is_device_array(a):
@@ -27,6 +28,12 @@ def check_type(name, a):
     if a.dtype.kind != "f":
         raise TypeError(f"{name} must be a floating-point array, got {name} of dtype {a.dtype} "
                         f"and size {list(a.shape)}")
+
+
+def check_grad_output_array(grad_output, g):
+    """Raise unless ``grad_output`` is a float array of geometry ``g``'s output size."""
+    check_type("grad_output", grad_output)
+    check_grad_output(g, grad_output.shape)
 
 
 def check_same_dtype(**arrays):
