@@ -119,6 +119,11 @@ class SpreadPlan:
         for p in PASSES:
             self._parts_for(*self._choice[p][:2])   # every part's plan made now: errors before any call
         self._shapes = geometry.pass_shapes()
+        g = geometry   # elements per image and per group of each array a pass reads or writes
+        self._elements = ({"input": g.C * g.H * g.W, "grad_input": g.C * g.H * g.W, "output": g.K * g.P,
+                           "grad_output": g.K * g.P},
+                          {"input": g.Cg * g.H * g.W, "grad_input": g.Cg * g.H * g.W, "output": g.Kg * g.P,
+                           "grad_output": g.Kg * g.P, "weight": g.Kg * g.Kd, "grad_weight": g.Kg * g.Kd, "bias": g.Kg})
 
     def _parts_for(self, split, shares):
         key = (split, shares)
@@ -203,12 +208,9 @@ class SpreadPlan:
         return finish(queue, dev, out, numpy_mode)
 
     def _slab(self, split, name, part):
-        """The part's slab of array ``name`` ("out" is the pass's result, named by ``result``)."""
-        g = self.geometry
-        image = {"input": g.C * g.H * g.W, "grad_input": g.C * g.H * g.W,
-                 "output": g.K * g.P, "grad_output": g.K * g.P}
-        per_group = {"input": g.Cg * g.H * g.W, "grad_input": g.Cg * g.H * g.W, "output": g.Kg * g.P,
-                     "grad_output": g.Kg * g.P, "weight": g.Kg * g.Kd, "grad_weight": g.Kg * g.Kd, "bias": g.Kg}
+        """The part's slab of array ``name`` (an argument's name, or the result's: "output",
+        "grad_input", "grad_weight"); None for the whole array."""
+        g, (image, per_group) = self.geometry, self._elements
         if split == "images":
             if name in image:
                 return Slab(part.first * image[name], part.count * image[name], 1, 0)
