@@ -1,5 +1,6 @@
 """python -m clconv {info, bench, tune, tune-gemm, check}: the command line."""
 import argparse
+import functools
 import importlib
 import json
 import os
@@ -10,17 +11,24 @@ import numpy as np
 import pyopencl as cl
 from tqdm import tqdm
 
-from . import digits, reference, tuner, tuning
-from .device import default_queue, has_fp16, has_fp64, pick_device
-from .functional import conv2d, conv2d_bias, conv2d_input, conv2d_weight
-from .gemm import clblast_params
+from . import digits, reference, selfcheck, tuner, tuning
+from .device import DeviceNotFound, default_queue, has_fp16, has_fp64, pick_device
+from .functional import conv2d_bias
+from .gemm import choose as choose_gemm, clblast_params
 from .geometry import PASSES, conv_geometry
+from .plan import Plan
+from .programs import ClconvError
 
 
 def cmd_info(args):
     for pi, platform in enumerate(cl.get_platforms()):
         print(f"platform {pi}: {platform.name} ({platform.version})")
-        for di, d in enumerate(platform.get_devices()):
+        try:
+            devices = platform.get_devices()
+        except cl.Error as exc:
+            print(f"  no devices ({exc})")
+            continue
+        for di, d in enumerate(devices):
             kind = cl.device_type.to_string(d.type)
             print(f"  device {pi}:{di}: {d.name.strip()} [{kind}], driver {d.driver_version}")
             print(f"    compute units {d.max_compute_units}, global memory {d.global_mem_size / 2**30:.1f} GiB, "
@@ -28,8 +36,21 @@ def cmd_info(args):
             print(f"    fp64 (cl_khr_fp64): {'yes' if has_fp64(d) else 'no'}, "
                   f"fp16 (cl_khr_fp16): {'yes' if has_fp16(d) else 'no'} "
                   "(float16 arrays run either way: stored as half, computed in float32)")
-    device, why = pick_device()
+            verdicts = selfcheck.stored(d)
+            passed = sorted(f"{a} ({e}, {t})" for (t, a, e), (ok, _) in verdicts.items() if ok)
+            failed = sorted(f"{a} ({e}, {t}): {m}" for (t, a, e), (ok, m) in verdicts.items() if not ok)
+            print(f"    known-answer checks passed: {', '.join(passed) or 'none stored yet'}")
+            for line in failed:
+                print(f"    known-answer check FAILED, left out of 'auto': {line}")
+    try:
+        device, why = pick_device()
+    except DeviceNotFound as exc:
+        print(f"no default device: {exc}", file=sys.stderr)
+        return 2
     print(f"default device: {device.name.strip()} on {device.platform.name} ({why})")
+    print("known-answer checks run the first time an algorithm is used on a device (python -m clconv check "
+          "runs them all now); CLCONV_SELFCHECK=0 turns them off" if selfcheck.enabled() else
+          "known-answer checks are off (CLCONV_SELFCHECK=0)")
     return 0
 
 
@@ -50,7 +71,7 @@ def _workload_geometries(names, device):
     size = "gpu" if device.type & cl.device_type.GPU else "cpu"
     chosen = [w for w in load_workloads() if not names or w["name"] in names]
     if names and len(chosen) != len(set(names)):
-        raise SystemExit(f"unknown workload in {names}; known: {[w['name'] for w in load_workloads()]}")
+        raise ValueError(f"unknown workload in {names}; known: {[w['name'] for w in load_workloads()]}")
     for w in chosen:
         s = w[size]
         yield w["name"], conv_geometry((s["N"], s["C"], s["H"], s["W"]), (s["K"], s["C"] // s["groups"], s["kh"],
@@ -122,45 +143,32 @@ def cmd_train_digits(args):
     return 0
 
 
-CHECKS = [  # (algorithm [and queues or GEMM engine], input, weight, options): every algorithm at least once
-    ("im2col", (2, 4, 9, 7), (6, 4, 3, 2), dict(stride=(2, 1), padding=((1, 0), (2, 1)))),
-    ("im2col clconv-GEMM", (2, 4, 9, 7), (6, 2, 3, 3), dict(padding=1, groups=2)),
-    ("im2col CLBlast-GEMM", (2, 4, 9, 7), (6, 2, 3, 3), dict(padding=1, groups=2)),
-    ("im2col per-group", (2, 4, 9, 7), (6, 2, 3, 3), dict(padding="same", groups=2, dilation=2)),
-    ("fc", (5, 6, 4, 3), (8, 3, 4, 3), dict(groups=2)),
-    ("1x1", (3, 6, 5, 7), (9, 2, 1, 1), dict(groups=3)),
-    ("direct", (2, 6, 11, 9), (12, 1, 3, 3), dict(stride=2, padding=1, groups=6)),
-    ("direct few-channel", (2, 3, 13, 11), (8, 3, 7, 7), dict(stride=2, padding=3)),
-    ("winograd", (2, 32, 9, 10), (32, 16, 3, 3), dict(padding=(1, 2), dilation=(1, 2), groups=2)),
-    ("winograd 5x5", (2, 16, 11, 9), (16, 16, 5, 5), dict(padding=2)),
-    ("fft", (2, 6, 12, 9), (4, 3, 5, 3), dict(padding=(2, 0), dilation=(1, 2), groups=2)),
-]
-
-
 def cmd_check(args):
+    """Every algorithm's known-answer cases (:data:`clconv.selfcheck.CASES`) anew, on the plans'
+    GEMM engine, and im2col also on CLBlast and on per-group queues; the engines' verdicts are
+    stored as the first use of an algorithm would store them."""
     queue = default_queue()
     dtype = np.dtype(args.dtype)
-    print(f"checking every pass in {dtype} against the NumPy reference on {queue.device.name.strip()}")
-    rng = np.random.default_rng(0)
+    own, _ = choose_gemm(queue.device)
+    print(f"checking every pass in {dtype} against the NumPy reference on {queue.device.name.strip()} "
+          f"(GEMMs on {own})")
+    unchecked = functools.partial(Plan, selfcheck=False)
     failed = 0
-    for name, xs, ws, opts in CHECKS:
-        algorithm, queues = name.split()[0], "per-group" if "per-group" in name else "single"
-        gemm = "clconv" if "clconv-GEMM" in name else "clblast" if "CLBlast-GEMM" in name else "auto"
-        choice = dict(algorithm=algorithm, queues=queues, gemm=gemm)
-        x, w = rng.standard_normal(xs).astype(dtype), rng.standard_normal(ws).astype(dtype)
-        b = rng.standard_normal(ws[0]).astype(dtype)
-        y = conv2d(x, w, b, **opts, **choice)
-        dy = rng.standard_normal(y.shape).astype(dtype)
-        for pass_name, got, want in [
-                ("forward", y, reference.conv2d(x, w, b, **opts)),
-                ("grad-input", conv2d_input(xs, w, dy, **opts, **choice), reference.conv2d_input(xs, w, dy, **opts)),
-                ("grad-weight", conv2d_weight(x, ws, dy, **opts, **choice),
-                 reference.conv2d_weight(x, ws, dy, **opts)),
-                ("grad-bias", conv2d_bias(dy), reference.conv2d_bias(dy))]:
-            err = float(reference.normalised_error(got, want))
-            ok = err <= reference.TOLERANCE[dtype]
+    runs = [(a, own, "single", "") for a in dict.fromkeys(case[0] for case in selfcheck.CASES)]
+    runs += [("im2col", "clblast", "single", " CLBlast-GEMM"), ("im2col", own, "per-group", " per-group")]
+    for algorithm, engine, queues, suffix in runs:
+        results = selfcheck.run(unchecked, queue, algorithm, engine, dtype, queues)
+        if queues == "single":
+            selfcheck.store(queue.device, algorithm, engine, dtype, results)
+        for label, pass_name, err, ok, message in results:
             failed += not ok
-            print(f"  {name:20s} {pass_name:12s} normalised max error {err:.1e}  {'ok' if ok else 'FAILED'}")
+            shown = f"normalised max error {err:.1e}" if err is not None else message.splitlines()[0]
+            print(f"  {label + suffix:28s} {pass_name:12s} {shown}  {'ok' if ok else 'FAILED'}")
+    dy = np.random.default_rng(1).standard_normal((3, 5, 4, 7)).astype(dtype)
+    err = float(reference.normalised_error(conv2d_bias(dy), reference.conv2d_bias(dy)))
+    ok = err <= reference.TOLERANCE[dtype]
+    failed += not ok
+    print(f"  {'bias':28s} {'grad-bias':12s} normalised max error {err:.1e}  {'ok' if ok else 'FAILED'}")
     print("all passes match" if not failed else f"{failed} check(s) FAILED")
     return 1 if failed else 0
 
@@ -197,5 +205,15 @@ def main(argv=None):
     args.rest = rest
     if args.device:
         os.environ["CLCONV_DEVICE"] = args.device
-    return {"info": cmd_info, "bench": cmd_bench, "tune": cmd_tune, "tune-gemm": cmd_tune_gemm,
-            "train-digits": cmd_train_digits, "check": cmd_check}[args.command](args)
+    command = {"info": cmd_info, "bench": cmd_bench, "tune": cmd_tune, "tune-gemm": cmd_tune_gemm,
+               "train-digits": cmd_train_digits, "check": cmd_check}[args.command]
+    # what a user can mend (no such device, a dtype the device lacks, a bad option) is said in one
+    # line, without a traceback; exit status 2, as argparse gives for a bad command line
+    try:
+        return command(args)
+    except (DeviceNotFound, TypeError, ValueError) as exc:
+        print(f"python -m clconv {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except ClconvError as exc:
+        print(f"python -m clconv {args.command}: {exc}", file=sys.stderr)
+        return 1

@@ -10,7 +10,7 @@ import pyopencl.array as cla
 
 import clconv
 from clconv import reference
-from clconv.device import pick_device
+from clconv.device import DeviceNotFound, pick_device
 
 
 def _timed(queue, fn, *args, **kw):
@@ -27,7 +27,11 @@ def main():
     for pi, platform in enumerate(cl.get_platforms()):
         for di, device in enumerate(platform.get_devices()):
             print(f"  {pi}:{di}  {platform.name} / {device.name}")
-    device, why = pick_device()
+    try:
+        device, why = pick_device()
+    except DeviceNotFound as exc:
+        print(exc)
+        return 2
     queue = clconv.default_queue()
     print(f"default device: {device.name} ({why}; set CLCONV_DEVICE to choose)")
 

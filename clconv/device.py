@@ -27,6 +27,11 @@ def use_environment_vendors():
 use_environment_vendors()
 
 
+class DeviceNotFound(RuntimeError):
+    """No OpenCL device, or none that ``CLCONV_DEVICE`` (or ``--device``) names; the message lists
+    the devices there are."""
+
+
 def _all_devices():
     found = []
     for pi, platform in enumerate(cl.get_platforms()):
@@ -48,8 +53,8 @@ def pick_device(spec=None):
     spec = os.environ.get("CLCONV_DEVICE", "") if spec is None else spec
     devices = _all_devices()
     if not devices:
-        raise RuntimeError("clconv: no OpenCL platform with a device was found "
-                           "(install pyopencl[pocl] for the PoCL CPU device)")
+        raise DeviceNotFound("clconv: no OpenCL platform with a device was found "
+                             "(install pyopencl[pocl] for the PoCL CPU device)")
     listing = "; ".join(f"{pi}:{di} {p.name} / {d.name}" for pi, di, p, d in devices)
     if spec:
         if ":" in spec and all(part.strip().isdigit() for part in spec.split(":")):
@@ -64,7 +69,8 @@ def pick_device(spec=None):
                 for _, _, p, d in devices:
                     if any(spec.lower() in n.lower() for n in fields(p, d)):
                         return d, f"CLCONV_DEVICE={spec!r} matches {p.name} / {d.name}"
-        raise RuntimeError(f"clconv: no OpenCL device matches CLCONV_DEVICE={spec!r}; devices: {listing}")
+        raise DeviceNotFound(f"clconv: no OpenCL device matches CLCONV_DEVICE={spec!r} (a substring of a platform's "
+                             f"or device's name, vendor or version, or P:D indices); devices: {listing}")
     for _, _, _, d in devices:
         if d.type & cl.device_type.GPU:
             return d, "first GPU"

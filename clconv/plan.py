@@ -9,12 +9,13 @@ import functools
 
 import numpy as np
 
-from . import memory, storage
+from . import memory, selfcheck, storage
 from .algorithms import ALGORITHMS
 from .buffers import ref
 from .device import check_dtype_supported
 from .gemm import choose as choose_gemm
 from .geometry import PASSES
+from .programs import ClconvError
 from .replay import Replays
 from .validate import check_grad_output_array, finish, prepare, queue_context
 
@@ -36,11 +37,14 @@ class Plan:
     ``allocator`` (the plan's, or a call's) when one is given.
     ``tuned``: {pass: tuning-cache entry} for passes whose algorithm was measured
     (:func:`clconv.planner.tuned_choices`); the others are chosen by the rules.
+    Only algorithms that passed their known-answer check on this device are chosen
+    (:mod:`clconv.selfcheck`; ``selfcheck=False`` skips it, as the check's own plans do).
     """
 
     def __init__(self, geometry, dtype, queue, *, algorithm="auto", queues="single", workspace_limit=None,
-                 gemm="auto", tuned=None, allocator=None):
+                 gemm="auto", tuned=None, allocator=None, selfcheck=True):
         self.geometry, self.dtype, self.queue, self.allocator = geometry, np.dtype(dtype), queue, allocator
+        self._selfcheck = selfcheck
         self.context = queue_context(queue)   # kept: the caller may drop theirs
         self.compute_dtype = storage.compute_dtype(dtype)   # float32 for float16 arrays
         if queues not in QUEUES:
@@ -71,9 +75,24 @@ class Plan:
         return cls(self.geometry, self.compute_dtype, self.queue.device, self.workspace_limit, per_group=per_group,
                    gemm=self.gemm)
 
+    def _trusted(self, name):
+        """(ok, why not) from the known-answer check of algorithm ``name`` on this plan's device,
+        GEMM engine and dtype (:func:`clconv.selfcheck.verdict`)."""
+        if not self._selfcheck:
+            return True, ""
+        return selfcheck.verdict(functools.partial(Plan, selfcheck=False), self.queue, name, self.gemm, self.dtype)
+
     def _choose(self, pass_name, algorithm, tuned=None):
         g = self.geometry
-        if tuned and tuned.get("algorithm") in ALGORITHMS and ALGORITHMS[tuned["algorithm"]].applies(g)[0]:
+        if algorithm != "auto":
+            ok, why = self._trusted(algorithm)
+            if not ok:
+                d = self.queue.device
+                raise ClconvError(f"clconv: algorithm {algorithm!r} (GEMMs on {self.gemm}, {self.dtype}) failed its "
+                                  f"known-answer check on {d.name.strip()} ({d.platform.name.strip()}, driver "
+                                  f"{d.driver_version}): {why}")
+        if (tuned and tuned.get("algorithm") in ALGORITHMS and ALGORITHMS[tuned["algorithm"]].applies(g)[0]
+                and self._trusted(tuned["algorithm"])[0]):
             others = ", ".join(f"{k} {v} ms" for k, v in sorted(tuned.get("timings", {}).items()))
             try:
                 return (self._build(ALGORITHMS[tuned["algorithm"]], tuned.get("queues") == "per-group"),
@@ -88,6 +107,10 @@ class Plan:
                 preferred, why_not = cls.preferred(g, pass_name, self.queue.device)
                 if not preferred:
                     passed_over += f" (not {name}: {why_not})"
+                    continue
+                trusted, why_not = self._trusted(name)
+                if not trusted:
+                    passed_over += f" (not {name}: it failed its known-answer check on this device: {why_not})"
                     continue
             if ok:
                 try:

@@ -50,10 +50,32 @@ def test_info_lists_both_cpu_runtimes_from_the_environment():
 def test_check_runs_every_algorithm(dtype):
     out = run(["-m", "clconv", "check", "--dtype", dtype])
     assert f"every pass in {dtype}" in out
-    for name in ("im2col", "im2col clconv-GEMM", "im2col CLBlast-GEMM", "im2col per-group", "fc", "1x1", "direct",
-                 "direct few-channel", "winograd", "winograd 5x5", "fft"):
-        assert f"  {name:20s} forward " in out
-    assert out.count(" ok") == 44 and "all passes match" in out
+    for name in ("im2col", "im2col grouped", "im2col CLBlast-GEMM", "im2col grouped per-group", "fc", "1x1",
+                 "direct", "direct few-channel", "winograd", "winograd 5x5", "fft"):
+        for pass_name in ("forward", "grad-input", "grad-weight"):
+            assert f"  {name:28s} {pass_name:12s} normalised max error" in out
+    assert out.count(" ok") == 40 and "all passes match" in out
+
+
+@pytest.mark.parametrize("args", [["info"], ["check"], ["bench", "--no-peers"], ["tune"]], ids=" ".join)
+def test_no_matching_device_is_said_without_a_traceback(args):
+    """A device that CLCONV_DEVICE (or --device) names but that is not there: one message listing
+    the devices, exit status 2; `info` still lists the platforms first."""
+    env = dict(os.environ, CLCONV_DEVICE="no-such-device")
+    proc = subprocess.run([sys.executable, "-m", "clconv", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "no OpenCL device matches CLCONV_DEVICE='no-such-device'" in proc.stderr and "devices: 0:0 " in proc.stderr
+    if args == ["info"]:
+        assert "platform 0: " in proc.stdout
+
+
+def test_bad_options_are_said_without_a_traceback(queue):
+    for args in (["bench", "--workload", "no-such-workload", "--no-peers"], ["tune", "--workload", "no-such-workload"]):
+        proc = subprocess.run([sys.executable, "-m", "clconv", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr and "no-such-workload" in proc.stderr, args
 
 
 def test_bench_writes_json_and_chart(tmp_path):
