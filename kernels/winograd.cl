@@ -27,6 +27,10 @@
 
 // The 1-D transforms, in place on v[0], v[s], v[2s], ... (after inlining every index is a
 // constant, so the tiles live in registers). Interpolation points 0, 1, -1, 2, -2, infinity.
+// A tile is one flat array, value (i, j) at v[6 * i + j]: column j is v + j with s = 6, row i
+// v + 6 * i with s = 1. Not v[6][6]: a column from &v[0][j] would index past the row v[0],
+// undefined behaviour in C (C99 6.5.6, J.2's a[1][7]), and Mesa's compiler (rusticl) takes it
+// at its word: those loads read undefined values and those stores are dropped.
 // Defined once for a type T with a name suffix: for REAL values (suffix none) and, in the
 // CPU kernels below, for vectors of VW tiles' values (suffix _v).
 #if FR == 3
@@ -151,23 +155,23 @@ __kernel void winograd_filter(__global const REAL* restrict w, const IDX w_off,
     if (ci >= Ci || k >= K) return;
     const int grp = k / Ko;
     const __global REAL* g = w + w_off + (flip ? (IDX)(grp * Ci + ci) * Ko + (k - grp * Ko) : (IDX)k * Ci + ci) * FR * FR;
-    REAL v[6][6];
+    REAL v[36];
     #pragma unroll
     for (int i = 0; i < FR; ++i)
         #pragma unroll
         for (int j = 0; j < FR; ++j)
-            v[i][j] = flip ? g[FR * FR - 1 - FR * i - j] : g[FR * i + j];
+            v[6 * i + j] = flip ? g[FR * FR - 1 - FR * i - j] : g[FR * i + j];
     #pragma unroll
-    for (int j = 0; j < FR; ++j) filter_1d(&v[0][j], 6);
+    for (int j = 0; j < FR; ++j) filter_1d(v + j, 6);
     #pragma unroll
-    for (int i = 0; i < 6; ++i) filter_1d(&v[i][0], 1);
+    for (int i = 0; i < 6; ++i) filter_1d(v + 6 * i, 1);
     const IDX step = (IDX)K * Ci;
     IDX dst = u_off + (IDX)k * Ci + ci;
     #pragma unroll
     for (int i = 0; i < 6; ++i)
         #pragma unroll
         for (int j = 0; j < 6; ++j, dst += step)
-            u[dst] = v[i][j];
+            u[dst] = v[6 * i + j];
 }
 
 // V[s][t][c][l] = (B^T d B)[t] of channel c's patch under tile p = s * L + l. 2-D range:
@@ -184,7 +188,7 @@ __kernel void winograd_input(__global const REAL* restrict x, const IDX x_off,
     const int b = p / (TH * TW), t = p - b * TH * TW, th = t / TW;
     const int y0 = tile_start(TH0 + th, DH) - PT, x0 = tile_start(t - th * TW, DW) - PL;
     const __global REAL* src = x + x_off + ((IDX)b * C + c) * H * W;
-    REAL v[6][6];
+    REAL v[36];
     #pragma unroll
     for (int i = 0; i < 6; ++i) {
         const int y = y0 + i * DH;
@@ -192,13 +196,13 @@ __kernel void winograd_input(__global const REAL* restrict x, const IDX x_off,
         #pragma unroll
         for (int j = 0; j < 6; ++j) {
             const int xx = x0 + j * DW;
-            v[i][j] = (row_in && xx >= 0 && xx < W) ? src[y * W + xx] : (REAL)0;
+            v[6 * i + j] = (row_in && xx >= 0 && xx < W) ? src[y * W + xx] : (REAL)0;
         }
     }
     #pragma unroll
-    for (int j = 0; j < 6; ++j) input_1d(&v[0][j], 6);
+    for (int j = 0; j < 6; ++j) input_1d(v + j, 6);
     #pragma unroll
-    for (int i = 0; i < 6; ++i) input_1d(&v[i][0], 1);
+    for (int i = 0; i < 6; ++i) input_1d(v + 6 * i, 1);
     const int s = p / L;
     const IDX step = (IDX)C * L;
     IDX dst = out_off + ((IDX)s * 36 * C + c) * L + p - s * L;
@@ -206,7 +210,7 @@ __kernel void winograd_input(__global const REAL* restrict x, const IDX x_off,
     for (int i = 0; i < 6; ++i)
         #pragma unroll
         for (int j = 0; j < 6; ++j, dst += step)
-            out[dst] = v[i][j];
+            out[dst] = v[6 * i + j];
 }
 
 // Output tile p of channel k = A^T M[.][k][p] A (+ bias), written where it lies inside the
@@ -222,16 +226,16 @@ __kernel void winograd_output(__global const REAL* restrict m, const IDX m_off,
     if (p >= P || k >= K) return;
     const IDX step = (IDX)K * P;
     IDX src = m_off + (IDX)k * P + p;
-    REAL v[6][6];
+    REAL v[36];
     #pragma unroll
     for (int i = 0; i < 6; ++i)
         #pragma unroll
         for (int j = 0; j < 6; ++j, src += step)
-            v[i][j] = m[src];
+            v[6 * i + j] = m[src];
     #pragma unroll
-    for (int j = 0; j < 6; ++j) output_1d(&v[0][j], 6);
+    for (int j = 0; j < 6; ++j) output_1d(v + j, 6);
     #pragma unroll
-    for (int i = 0; i < TM; ++i) output_1d(&v[i][0], 1);
+    for (int i = 0; i < TM; ++i) output_1d(v + 6 * i, 1);
     const REAL b0 = (flags & EPI_BIAS) ? bias[bias_off + k] : (REAL)0;
     const int b = p / (TH * TW), t = p - b * TH * TW, th = t / TW;
     const int oy0 = tile_start(TH0 + th, DH), ox0 = tile_start(t - th * TW, DW);
@@ -243,7 +247,7 @@ __kernel void winograd_output(__global const REAL* restrict m, const IDX m_off,
         #pragma unroll
         for (int j = 0; j < TM; ++j) {
             const int ox = ox0 + j * DW;
-            if (ox < OW) dst[oy * OW + ox] = EPILOGUE(flags, v[i][j] + b0);
+            if (ox < OW) dst[oy * OW + ox] = EPILOGUE(flags, v[6 * i + j] + b0);
         }
     }
 }
@@ -261,20 +265,20 @@ __kernel void winograd_grad_output(__global const REAL* restrict dy, const IDX d
     const int b = p / (TH * TW), t = p - b * TH * TW, th = t / TW;
     const int oy0 = tile_start(TH0 + th, DH), ox0 = tile_start(t - th * TW, DW);
     const __global REAL* src = dy + dy_off + ((IDX)b * K + k) * OH * OW;
-    REAL v[6][6];
+    REAL v[36];
     #pragma unroll
     for (int i = 0; i < TM; ++i) {
         const int oy = oy0 + i * DH;
         #pragma unroll
         for (int j = 0; j < TM; ++j) {
             const int ox = ox0 + j * DW;
-            v[i][j] = (oy < OH && ox < OW) ? src[oy * OW + ox] : (REAL)0;
+            v[6 * i + j] = (oy < OH && ox < OW) ? src[oy * OW + ox] : (REAL)0;
         }
     }
     #pragma unroll
-    for (int j = 0; j < TM; ++j) grad_output_1d(&v[0][j], 6);
+    for (int j = 0; j < TM; ++j) grad_output_1d(v + j, 6);
     #pragma unroll
-    for (int i = 0; i < 6; ++i) grad_output_1d(&v[i][0], 1);
+    for (int i = 0; i < 6; ++i) grad_output_1d(v + 6 * i, 1);
     const int s = p / L;
     const IDX step = (IDX)K * L;
     IDX dst = z_off + ((IDX)s * 36 * K + k) * L + p - s * L;
@@ -282,7 +286,7 @@ __kernel void winograd_grad_output(__global const REAL* restrict dy, const IDX d
     for (int i = 0; i < 6; ++i)
         #pragma unroll
         for (int j = 0; j < 6; ++j, dst += step)
-            z[dst] = v[i][j];
+            z[dst] = v[6 * i + j];
 }
 
 // grad_weight[k][ci] = G^T dU[.][k][ci] G: the 36 summed products back to FRxFR taps
@@ -295,22 +299,22 @@ __kernel void winograd_grad_filter(__global const REAL* restrict du, const IDX d
     if (ci >= Ci || k >= K) return;
     const IDX step = (IDX)K * Ci;
     IDX src = du_off + (IDX)k * Ci + ci;
-    REAL v[6][6];
+    REAL v[36];
     #pragma unroll
     for (int i = 0; i < 6; ++i)
         #pragma unroll
         for (int j = 0; j < 6; ++j, src += step)
-            v[i][j] = du[src];
+            v[6 * i + j] = du[src];
     #pragma unroll
-    for (int j = 0; j < 6; ++j) grad_filter_1d(&v[0][j], 6);
+    for (int j = 0; j < 6; ++j) grad_filter_1d(v + j, 6);
     #pragma unroll
-    for (int i = 0; i < FR; ++i) grad_filter_1d(&v[i][0], 1);
+    for (int i = 0; i < FR; ++i) grad_filter_1d(v + 6 * i, 1);
     __global REAL* g = dw + dw_off + ((IDX)k * Ci + ci) * FR * FR;
     #pragma unroll
     for (int i = 0; i < FR; ++i)
         #pragma unroll
         for (int j = 0; j < FR; ++j)
-            g[FR * i + j] = v[i][j];
+            g[FR * i + j] = v[6 * i + j];
 }
 
 // ---- CPU devices ----------------------------------------------------------------------
@@ -327,7 +331,7 @@ TRANSFORMS(REALV, _v)
 // The 36 transformed values of tiles p0 .. p0 + n - 1 (n > VW: VW of them) of channel c,
 // one per lane of v, into out[s][t][c][l] (p = s * L + l) with `channels` channels: each
 // value's VW tiles consecutive where they lie in one slice.
-inline void store_tiles(REALV v[6][6], __global REAL* restrict out, const int p0, const int n, const int channels,
+inline void store_tiles(REALV v[36], __global REAL* restrict out, const int p0, const int n, const int channels,
                         const int c, const int L)
 {
     const IDX step = (IDX)channels * L;
@@ -337,7 +341,7 @@ inline void store_tiles(REALV v[6][6], __global REAL* restrict out, const int p0
         #pragma unroll
         for (int t = 0; t < 36; ++t) {
             lanes u;
-            u.v = v[t / 6][t % 6];
+            u.v = v[t];
             #pragma unroll
             for (int q = 0; q < VW; ++q) dst[t * step + q] = u.s[q];
         }
@@ -349,22 +353,22 @@ inline void store_tiles(REALV v[6][6], __global REAL* restrict out, const int p0
         #pragma unroll
         for (int t = 0; t < 36; ++t) {
             lanes u;
-            u.v = v[t / 6][t % 6];
+            u.v = v[t];
             dst[t * step] = u.s[q];
         }
     }
 }
 
-// v[i][j] = src[(6 * i + j) * step + q] for the VW lanes q, zero from lane n on: VW consecutive
+// v[t] = src[t * step + q] for the VW lanes q, zero from lane n on: VW consecutive
 // values of each of 36 planes `step` apart.
-inline void load_planes(REALV v[6][6], const __global REAL* restrict src, const IDX step, const int n)
+inline void load_planes(REALV v[36], const __global REAL* restrict src, const IDX step, const int n)
 {
     #pragma unroll
     for (int t = 0; t < 36; ++t) {
         lanes u;
         #pragma unroll
         for (int q = 0; q < VW; ++q) u.s[q] = q < n ? src[t * step + q] : (REAL)0;
-        v[t / 6][t % 6] = u.v;
+        v[t] = u.v;
     }
 }
 
@@ -386,7 +390,7 @@ void winograd_input_rows(__global const REAL* restrict x, const IDX x_off,
         for (int q = 0; q < VW; ++q) xs[q] = tw0 + q < TW ? tile_start(tw0 + q, DW) - PL : W;
         // every lane's patch inside the row (undilated): no bounds to test
         const bool inside = DW == 1 && tw0 + VW <= TW && xs[0] >= 0 && xs[VW - 1] + 5 < W;
-        REALV v[6][6];
+        REALV v[36];
         #pragma unroll
         for (int i = 0; i < 6; ++i) {
             const int y = y0 + i * DH;
@@ -404,13 +408,13 @@ void winograd_input_rows(__global const REAL* restrict x, const IDX x_off,
                         t.s[q] = row_in && xx >= 0 && xx < W ? src[y * W + xx] : (REAL)0;
                     }
                 }
-                v[i][j] = t.v;
+                v[6 * i + j] = t.v;
             }
         }
         #pragma unroll
-        for (int j = 0; j < 6; ++j) input_1d_v(&v[0][j], 6);
+        for (int j = 0; j < 6; ++j) input_1d_v(v + j, 6);
         #pragma unroll
-        for (int i = 0; i < 6; ++i) input_1d_v(&v[i][0], 1);
+        for (int i = 0; i < 6; ++i) input_1d_v(v + 6 * i, 1);
         store_tiles(v, out + out_off, bt * TW + tw0, TW - tw0, C, c, L);
     }
 }
@@ -429,19 +433,19 @@ void winograd_output_rows(__global const REAL* restrict m, const IDX m_off,
     const REAL b0 = (flags & EPI_BIAS) ? bias[bias_off + k] : (REAL)0;
     __global REAL* dst = y + y_off + ((IDX)b * K + k) * OH * OW;
     for (int tw0 = 0; tw0 < TW; tw0 += VW) {
-        REALV v[6][6];
+        REALV v[36];
         load_planes(v, m + m_off + (IDX)k * P + bt * TW + tw0, step, TW - tw0);
         #pragma unroll
-        for (int j = 0; j < 6; ++j) output_1d_v(&v[0][j], 6);
+        for (int j = 0; j < 6; ++j) output_1d_v(v + j, 6);
         #pragma unroll
-        for (int i = 0; i < TM; ++i) output_1d_v(&v[i][0], 1);
+        for (int i = 0; i < TM; ++i) output_1d_v(v + 6 * i, 1);
         #pragma unroll
         for (int i = 0; i < TM; ++i) {
             const int oy = oy0 + i * DH;
             if (oy >= OH) break;
             lanes t[TM];
             #pragma unroll
-            for (int j = 0; j < TM; ++j) t[j].v = v[i][j];
+            for (int j = 0; j < TM; ++j) t[j].v = v[6 * i + j];
             if (DW == 1 && tw0 + VW <= TW && TM * (tw0 + VW) <= OW) {   // TM * VW consecutive outputs
                 __global REAL* row = dst + oy * OW + TM * tw0;
                 #pragma unroll
@@ -478,7 +482,7 @@ void winograd_grad_output_rows(__global const REAL* restrict dy, const IDX dy_of
         int xs[VW];   // each lane's first column (OW: a lane beyond the row's tiles)
         #pragma unroll
         for (int q = 0; q < VW; ++q) xs[q] = tw0 + q < TW ? tile_start(tw0 + q, DW) : OW;
-        REALV v[6][6];
+        REALV v[36];
         #pragma unroll
         for (int i = 0; i < TM; ++i) {
             const int oy = oy0 + i * DH;
@@ -490,13 +494,13 @@ void winograd_grad_output_rows(__global const REAL* restrict dy, const IDX dy_of
                     const int ox = xs[q] + j * DW;
                     t.s[q] = oy < OH && ox < OW ? src[oy * OW + ox] : (REAL)0;
                 }
-                v[i][j] = t.v;
+                v[6 * i + j] = t.v;
             }
         }
         #pragma unroll
-        for (int j = 0; j < TM; ++j) grad_output_1d_v(&v[0][j], 6);
+        for (int j = 0; j < TM; ++j) grad_output_1d_v(v + j, 6);
         #pragma unroll
-        for (int i = 0; i < 6; ++i) grad_output_1d_v(&v[i][0], 1);
+        for (int i = 0; i < 6; ++i) grad_output_1d_v(v + 6 * i, 1);
         store_tiles(v, z + z_off, bt * TW + tw0, TW - tw0, K, k, L);
     }
 }
@@ -510,7 +514,7 @@ void winograd_filter_rows(__global const REAL* restrict w, const IDX w_off,
     const int k = get_global_id(0), grp = k / Ko;
     const IDX step = (IDX)K * Ci;
     for (int ci0 = 0; ci0 < Ci; ci0 += VW) {
-        REALV v[6][6];
+        REALV v[36];
         #pragma unroll
         for (int i = 0; i < FR; ++i)
             #pragma unroll
@@ -523,19 +527,19 @@ void winograd_filter_rows(__global const REAL* restrict w, const IDX w_off,
                                                                : (IDX)k * Ci + ci) * FR * FR;
                     t.s[q] = flip ? g[(FR - 1 - i) * FR + FR - 1 - j] : g[i * FR + j];
                 }
-                v[i][j] = t.v;
+                v[6 * i + j] = t.v;
             }
         #pragma unroll
-        for (int j = 0; j < FR; ++j) filter_1d_v(&v[0][j], 6);
+        for (int j = 0; j < FR; ++j) filter_1d_v(v + j, 6);
         #pragma unroll
-        for (int i = 0; i < 6; ++i) filter_1d_v(&v[i][0], 1);
+        for (int i = 0; i < 6; ++i) filter_1d_v(v + 6 * i, 1);
         __global REAL* dst = u + u_off + (IDX)k * Ci + ci0;
         #pragma unroll
         for (int i = 0; i < 6; ++i)
             #pragma unroll
             for (int j = 0; j < 6; ++j) {
                 lanes t;
-                t.v = v[i][j];
+                t.v = v[6 * i + j];
                 for (int q = 0; q < VW && ci0 + q < Ci; ++q) dst[(6 * i + j) * step + q] = t.s[q];
             }
     }
@@ -550,18 +554,18 @@ void winograd_grad_filter_rows(__global const REAL* restrict du, const IDX du_of
     const int k = get_global_id(0);
     const IDX step = (IDX)K * Ci;
     for (int ci0 = 0; ci0 < Ci; ci0 += VW) {
-        REALV v[6][6];
+        REALV v[36];
         load_planes(v, du + du_off + (IDX)k * Ci + ci0, step, Ci - ci0);
         #pragma unroll
-        for (int j = 0; j < 6; ++j) grad_filter_1d_v(&v[0][j], 6);
+        for (int j = 0; j < 6; ++j) grad_filter_1d_v(v + j, 6);
         #pragma unroll
-        for (int i = 0; i < FR; ++i) grad_filter_1d_v(&v[i][0], 1);
+        for (int i = 0; i < FR; ++i) grad_filter_1d_v(v + 6 * i, 1);
         #pragma unroll
         for (int i = 0; i < FR; ++i)
             #pragma unroll
             for (int j = 0; j < FR; ++j) {
                 lanes t;
-                t.v = v[i][j];
+                t.v = v[6 * i + j];
                 for (int q = 0; q < VW && ci0 + q < Ci; ++q)
                     dw[dw_off + ((IDX)k * Ci + ci0 + q) * FR * FR + FR * i + j] = t.s[q];
             }
