@@ -17,8 +17,19 @@ import pyopencl as cl
 from clconv import reference
 
 
+def _pair(value):
+    """(h, w) from an int or an (h, w) pair, as PyTorch takes stride, padding and dilation."""
+    return (int(value[0]), int(value[1])) if isinstance(value, (tuple, list)) else (int(value),) * 2
+
+
 def torch_peer(w, ocl_device, arrays):
-    """{pass: fn} running PyTorch, the synchronize function, and a label; or a reason string."""
+    """{pass: fn} running PyTorch, the synchronize function, and a label; or a reason string.
+
+    ``w``: the sizes (N, C, H, W, K, kh, kw, groups) and stride, padding, dilation, each an int
+    or an (h, w) pair (symmetric padding per axis, as PyTorch's); ``arrays``: NumPy x, w, dy.
+    Each fn returns PyTorch's result: the output, or convolution_backward's (grad_input,
+    grad_weight, grad_bias) with only the asked-for gradient computed.
+    """
     try:
         import torch
     except ImportError:
@@ -30,7 +41,7 @@ def torch_peer(w, ocl_device, arrays):
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cudnn.benchmark = True
     x, wt, dy = (torch.from_numpy(a).to(dev) for a in (arrays["x"], arrays["w"], arrays["dy"]))
-    s, p, d, g = (w["stride"],) * 2, (w["padding"],) * 2, (w["dilation"],) * 2, w["groups"]
+    s, p, d, g = _pair(w["stride"]), _pair(w["padding"]), _pair(w["dilation"]), w["groups"]
 
     def backward(mask):
         return lambda: torch.ops.aten.convolution_backward(dy, x, wt, None, s, p, d, False, (0, 0), g, mask)

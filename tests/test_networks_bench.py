@@ -1,0 +1,85 @@
+"""The networks benchmark (python -m bench.networks): its layers file is consistent, its core
+runs on a few tiny layers and writes the JSON it promises, and its correctness check catches
+a wrong result. Needs PyTorch (the benchmark's peer) except for the layers-file test."""
+import json
+
+import numpy as np
+import pytest
+
+import clconv
+from clconv.bench import networks as nb
+
+
+@pytest.fixture(scope="module")
+def data():
+    return nb.load_layers()
+
+
+def macs(layer):
+    """Multiply-adds per image: how we pick the smallest layers."""
+    return layer["K"] * layer["OH"] * layer["OW"] * layer["C"] // layer["groups"] * layer["kh"] * layer["kw"]
+
+
+@pytest.fixture(scope="module")
+def tiny(data):
+    """The smallest layer of three kinds: a 1x1 on a small map, a depthwise one, an asymmetric one."""
+    picks = []
+    for kinds in (("1x1 on <=7x7",), ("depthwise 3x3", "depthwise 5x5", "depthwise 7x7"), ("asymmetric 1xn/nx1",)):
+        picks.append(min((lay for lay in data["layers"] if nb.kind(lay) in kinds), key=macs))
+    return picks
+
+
+def test_layers_file_is_consistent(data):
+    layers = data["layers"]
+    assert len({lay["id"] for lay in layers}) == len(layers)
+    shapes = [json.dumps([lay[k] for k in ("C", "H", "W", "K", "kh", "kw", "stride", "padding", "dilation", "groups")])
+              for lay in layers]
+    assert len(set(shapes)) == len(layers), "a layer is listed twice"
+    for net, info in data["networks"].items():
+        mine = [lay for lay in layers if net in lay["count"]]
+        assert len(mine) == info["distinct"], net
+        assert sum(lay["count"][net] for lay in mine) == info["conv2d_layers"], net
+    for lay in layers:
+        assert set(lay["count"]) <= set(data["networks"]) and min(lay["count"].values()) >= 1, lay["id"]
+        g = nb.geometry(lay, 1)   # clconv's own shape rule must give the output PyTorch recorded
+        assert (g.OH, g.OW) == (lay["OH"], lay["OW"]) and g.OH > 0 and g.OW > 0, lay["id"]
+        assert nb.kind(lay) in nb.KINDS, lay["id"]
+
+
+def test_benchmark_writes_its_json(tiny, tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "run.json"
+    nets = sorted({n for lay in tiny for n in lay["count"]})
+    status = nb.main(["--networks", ",".join(nets), "--layers", ",".join(lay["id"] for lay in tiny),
+                      "--batch", "1", "--budget", "0.01", "--rounds", "1", "--json", str(out)])
+    assert status == 0
+    record = json.loads(out.read_text())
+    assert record["batch"] == 1 and record["networks"] == nets and record["peer"].startswith("torch-")
+    assert sorted(r["id"] for r in record["layers"]) == sorted(lay["id"] for lay in tiny)
+    for r in record["layers"]:
+        assert set(r["passes"]) == {"forward", "backward_input", "backward_weight"}
+        for d in r["passes"].values():
+            assert d["ok"] and d["error"] <= nb.TOL
+            assert d["clconv_ms"] > 0 and d["torch_ms"] > 0 and d["first_call_ms"] > 0
+            assert d["ratio"] == pytest.approx(d["clconv_ms"] / d["torch_ms"])
+            assert d["algorithm"] in ("fc", "1x1", "direct", "fft", "winograd", "im2col")
+    s = record["summary"]
+    assert s["overall"]["layer_passes"] == 9 and s["failures"] == []
+    assert s["faster"]["clconv"] + s["faster"]["torch"] == 9
+    assert set(s["per_kind"]) == {r["kind"] for r in record["layers"]}
+    for net in nets:
+        m = s["networks"][net]
+        assert m["clconv_step_ms"] > 0 and m["torch_step_ms"] > 0
+        assert m["conv2d_measured"] == sum(lay["count"].get(net, 0) for lay in tiny)
+    # each layer's first calls are counted once, with the first network that has it
+    assert sum(m["clconv_first_call_s"] for m in s["networks"].values()) == pytest.approx(
+        sum(d["first_call_ms"] for r in record["layers"] for d in r["passes"].values()) / 1e3)
+
+
+def test_a_wrong_result_fails_the_check(tiny, queue, monkeypatch):
+    pytest.importorskip("torch")
+    real = clconv.conv2d
+    monkeypatch.setattr(clconv, "conv2d", lambda *args, **kw: real(*args, **kw) * np.float32(1.001))
+    passes, _ = nb.run_layer(tiny[0], 1, queue, budget_s=0.01, rounds=1)
+    assert not passes["forward"]["ok"] and passes["forward"]["error"] > nb.TOL
+    assert passes["backward_input"]["ok"] and passes["backward_weight"]["ok"]
