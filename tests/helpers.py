@@ -16,7 +16,9 @@ def assert_close(actual, expected, dtype, what=""):
 
 class QueueAs:
     """``queue`` whose device reports other values for the properties given (the rest are the
-    real device's), to the plans built on it; kernels still run on the real queue."""
+    real device's), to the plans built on it; kernels still run on the real queue. Plans on it
+    are built with ``selfcheck=False``: a known-answer verdict is the real device's, and its
+    check would run on this stand-in, which pyopencl's allocators refuse."""
 
     def __init__(self, queue, **device):
         self._q, self.device = queue, _DeviceAs(queue.device, device)

@@ -27,7 +27,8 @@ from numpy.lib.stride_tricks import as_strided
 
 import clconv
 from clconv import reference
-from clconv.gemm import clblast as blas
+from clconv.algorithms import im2col, pointwise
+from clconv.gemm import clblast as blas, k_slices
 from helpers import QueueAs
 
 # (name, input shape, weight shape, options, algorithm, queues, workspace limit in bytes or None)
@@ -46,7 +47,11 @@ SWEEP = [
      "single", 3 * 9 * 2 * 4),
     ("im2col_per_group_queues", (2, 4, 5, 6), (6, 2, 3, 3), dict(padding=1, groups=2), "im2col", "per-group",
      None),
+    # split-K of forward and grad-input (a GPU's rule, forced: slices=)
+    ("im2col_split_k_fwd_dgrad", (3, 6, 9, 7), (8, 3, 3, 3), dict(stride=2, padding=(1, 0), groups=2, slices=3),
+     "im2col", "single", None),
     ("fc", (3, 4, 3, 2), (6, 2, 3, 2), dict(groups=2), "fc", "single", None),
+    ("1x1_split_k", (2, 6, 16, 17), (12, 6, 1, 1), dict(slices=3), "1x1", "single", None),
     ("1x1", (2, 6, 3, 5), (4, 3, 1, 1), dict(groups=2), "1x1", "single", None),
     ("direct_depthwise", (2, 3, 7, 6), (6, 1, 3, 3), dict(stride=2, padding=1, groups=3), "direct", "single",
      None),
@@ -170,6 +175,9 @@ def main():
         # Oclgrind calls itself every device type, GPU too: name the GEMM engine
         engine = opts.pop("gemm", "clblast")
         as_cpu = opts.pop("cpu", False)
+        slices = opts.pop("slices", None)   # split-K slices the GEMM rule gives, forced (None: the rule's)
+        for module in (im2col, pointwise):
+            module.k_slices = (lambda *args, n=slices, **kw: n) if slices else k_slices
         if engine != "clblast" and "--host-gemm" not in sys.argv:
             continue
         x = rng.standard_normal(xs).astype(dtype)

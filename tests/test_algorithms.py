@@ -261,7 +261,8 @@ def test_direct_several_filters_per_work_item(case, queue):
     x, w, b, dy = case.data()
     opts = case.options
     g = conv_geometry(x.shape, w.shape, **opts)
-    p = clconv.Plan(g, np.float32, QueueAs(queue, max_compute_units=1), algorithm="direct")
+    p = clconv.Plan(g, np.float32, QueueAs(queue, max_compute_units=1), algorithm="direct",
+                    selfcheck=False)
     algo = p._choice["forward"][0]
     assert algo.kb["forward"] == min(16, g.Kg) and algo.kb["backward_input"] == (g.Cg if g.stride == (1, 1) else 1)
     assert_close(p.forward(x, w, b, queue=queue), reference.conv2d(x, w, b, **opts), np.float32, "forward")
@@ -297,7 +298,8 @@ def _direct_staged(case, dtype, units, queue):
     x, w, b, dy = case.data(dtype)
     opts = case.options
     g = conv_geometry(x.shape, w.shape, **opts)
-    p = clconv.Plan(g, dtype, QueueAs(queue, type=cl.device_type.GPU, max_compute_units=units), algorithm="direct")
+    p = clconv.Plan(g, dtype, QueueAs(queue, type=cl.device_type.GPU, max_compute_units=units), algorithm="direct",
+                    selfcheck=False)
     algo = p._choice["forward"][0]
     assert algo.staged
     assert_close(p.forward(x, w, b, queue=queue), reference.conv2d(x, w, b, **opts), dtype, "forward")
@@ -401,10 +403,63 @@ def test_winograd_transforms_per_cpu_runtime(platform, rows, queue):
     opts = case.options
     g = conv_geometry(x.shape, w.shape, **opts)
     p = clconv.Plan(g, np.float32, QueueAs(queue, type=cl.device_type.CPU, platform=_Platform(platform)),
-                    algorithm="winograd")
+                    algorithm="winograd", selfcheck=False)
     assert ("transforms in rows" in p.explain()) is rows
     assert_close(p.forward(x, w, b, queue=queue), reference.conv2d(x, w, b, **opts), np.float32, "forward")
     assert_close(p.backward_input(w, dy, queue=queue), reference.conv2d_input(x.shape, w, dy, **opts), np.float32,
                  "grad-input")
     assert_close(p.backward_weight(x, dy, queue=queue), reference.conv2d_weight(x, w.shape, dy, **opts), np.float32,
                  "grad-weight")
+
+
+@pytest.mark.parametrize("slices", [2, 3, 5])
+@pytest.mark.parametrize("case", [
+    Case("1x1_c12_k9_5x7", 3, 12, 5, 7, 9, 1, 1),          # forward K=12, grad-input K=9: under one tile
+    Case("1x1_c6_k12_16x17", 5, 6, 16, 17, 12, 1, 1),      # per-image grad-weight: 272 positions
+], ids=repr)
+def test_pointwise_split_k(case, slices, queue, monkeypatch):
+    """1x1's split-K (a GPU's rule, forced here on any device and engine): the slices along K of
+    every pass, rounded down to a divisor of that K (5 divides none of them), against the reference."""
+    from clconv.algorithms import pointwise
+    monkeypatch.setattr(pointwise, "k_slices", lambda device, engine, m, n, k, count, itemsize=4: slices)
+    x, w, b, dy = case.data()
+    opts = case.options
+    p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="1x1")
+    algo = p._choice["forward"][0]
+    for pass_name, k in (("forward", x.shape[1]), ("backward_input", w.shape[0]), ("backward_weight", 272)):
+        want = max(d for d in range(1, slices + 1) if k % d == 0)
+        if pass_name == "backward_weight" and x.shape[2] * x.shape[3] < 256:
+            want = 1    # the im2col layout's grad-weight, not split here
+        assert algo.split[pass_name] == want, pass_name
+        assert ("split-K into" in algo.describe(pass_name)) == (want > 1), pass_name
+    assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float32, "forward")
+    assert_close(p.forward(x, w, relu=True), np.maximum(reference.conv2d(x, w, **opts), 0), np.float32, "fwd + ReLU")
+    assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "grad-input")
+    assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **opts), np.float32,
+                 "grad-weight")
+
+
+@pytest.mark.parametrize("queues", ["single", "per-group"])
+@pytest.mark.parametrize("slices", [2, 3, 5])
+@pytest.mark.parametrize("case", [
+    Case("g2_3x3_s2_batch3", 3, 6, 9, 7, 8, 3, 3, stride=2, padding=(1, 0), groups=2),   # K: 27 forward, 4 grad-input
+    Case("g1_1x7_one_image", 1, 5, 6, 11, 6, 1, 7, padding=(0, 3)),                       # one image: into Y in place
+], ids=repr)
+def test_im2col_split_k(case, slices, queues, queue, monkeypatch):
+    """im2col's forward and grad-input split-K (a GPU's rule, forced here on any device and engine),
+    rounded down to a divisor of each GEMM's K, against the reference."""
+    from clconv.algorithms import im2col
+    monkeypatch.setattr(im2col, "k_slices", lambda device, engine, m, n, k, count, itemsize=4: slices)
+    x, w, b, dy = case.data()
+    opts = case.options
+    p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="im2col", queues=queues)
+    algo = p._choice["forward"][0]
+    g = p.geometry
+    for pass_name, k in (("forward", g.Kd), ("backward_input", g.Kg)):
+        want = max(d for d in range(1, slices + 1) if k % d == 0)
+        assert algo.split[pass_name] == want, pass_name
+        assert ("slices of K=" in algo.describe(pass_name)) == (want > 1), pass_name
+    assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float32, "forward")
+    assert_close(p.forward(x, w, b, relu=True), np.maximum(reference.conv2d(x, w, b, **opts), 0), np.float32,
+                 "forward + ReLU")
+    assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "grad-input")

@@ -56,7 +56,11 @@ class Algorithm:
     def backward_weight(self, queue, x, dy, dw, ws):
         raise NotImplementedError
 
-    def _gemm(self, queue, m, n, k, a, b, c, images=1, **kw):
-        """GEMMs batched over the groups (and ``images``) on this plan's engine and queues."""
+    def _gemm(self, queue, m, n, k, a, b, c, images=1, slices=None, **kw):
+        """GEMMs batched over the groups (and ``images``) on this plan's engine and queues; with
+        ``slices``, over split-K slices instead of the groups (one group only)."""
+        if slices is not None:
+            grid_gemm(queue, self.gemm, self.dtype, slices, images, m, n, k, a, b, c, **kw)
+            return
         grid_gemm(queue, self.gemm, self.dtype, self.g.groups, images, m, n, k, a, b, c, per_group=self.per_group,
                   **kw)

@@ -26,10 +26,10 @@ import pyopencl as cl
 from ..bias import after_gemm, before_gemm, flags
 from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width
-from ..gemm import Im2colB, Operand as Op
+from ..gemm import Im2colB, Operand as Op, k_slices
 from ..programs import INT32_MAX, get_kernel, launch
 from .base import Algorithm
-from .partials import largest_divisor_at_most, max_slices, sum_partials
+from .partials import largest_divisor_at_most, max_slices, partials_size as _partials, sum_partials
 
 TILE = (64, 4)             # work-group shape of the 2-D layout kernels
 GPU_MIN_SLICE, GPU_MAX_SLICES = 64, 256   # grad-weight split-K on GPUs (see Im2col)
@@ -69,8 +69,26 @@ class Im2col(Algorithm):
         self.last_slices = largest_divisor_at_most(last * g.P, self.max_slices) if last else self.slices
         most = max(self.slices, self.last_slices)
         wgrad_extra = most * g.K * g.Kd if most > 1 else 0
-        self.workspace = {"forward": per_image * self.chunk, "backward_input": per_image * self.chunk,
+        # forward and grad-input split-K on GPUs, where a chunk's grid of products leaves compute
+        # units idle (few filters or channels over small images): S partial results after col
+        # and T, as many as the budget holds, summed in order
+        room, ld = workspace_limit // itemsize - per_image * self.chunk, self.chunk * g.P
+        self.split = {p: self._k_slices(device, m, ld, k, room // (outputs * ld), implicit)
+                      for p, m, k, outputs, implicit in (("forward", g.Kg, g.Kd, g.K, self._implicit()),
+                                                         ("backward_input", g.Kd, g.Kg, self.rows, False))}
+        self.workspace = {"forward": per_image * self.chunk + _partials(self.split["forward"], g.K * ld),
+                          "backward_input": per_image * self.chunk + _partials(self.split["backward_input"],
+                                                                               self.rows * ld),
                           "backward_weight": per_image * self.chunk + wgrad_extra}
+
+    def _k_slices(self, device, m, n, k, most, implicit):
+        """Split-K slices of a chunk's forward or grad-input GEMMs (:func:`clconv.gemm.k_slices`),
+        at most ``most`` and dividing ``k``; 1 for the implicit forward (its B is read through
+        im2col, which has no offset along K)."""
+        if implicit:
+            return 1
+        return largest_divisor_at_most(k, max(1, min(k_slices(device, self.gemm, m, n, k, self.g.groups,
+                                                                self.dtype.itemsize), most)))
 
     def _fit_bands(self, workspace_limit, whole, partials):
         """One image's workspace (``whole`` bytes) is above the budget: the passes run image by
@@ -100,6 +118,7 @@ class Im2col(Algorithm):
             shape = (f"{g.OH * per_row} tiles of {self.cols} output columns of one row per image ({per_row} per "
                      f"row: one row's col is above the budget too)")
         self.chunk, self.slices, self.last_slices = 1, 1, 1
+        self.split = {"forward": 1, "backward_input": 1}
         self.tiling = f"{shape} (one image needs {whole} workspace bytes, above the limit of {workspace_limit})"
         col = self.rows * self.band * self.cols
         self.workspace = {"forward": col, "backward_input": col, "backward_weight": col + partials}
@@ -127,6 +146,9 @@ class Im2col(Algorithm):
                 f"per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2]}")
         if pass_name == "backward_weight" and self.slices > 1:
             text += f", split-K into {self.slices} slices summed in order"
+        elif self.split.get(pass_name, 1) > 1:
+            text += (f", split-K into {self.split[pass_name]} slices of K={mnk[2] // self.split[pass_name]} summed in "
+                     "order (the grid alone would leave the GPU's compute units idle)")
         if pass_name != "backward_input" and self._implicit():
             text += ("; im2col read in place by clconv's GPU GEMM kernel (implicit; the forward is one GEMM "
                      f"per group and image, M={g.Kg} N={g.P} K={g.Kd}, into the output)")
@@ -204,8 +226,16 @@ class Im2col(Algorithm):
             # layout kernel, which applies them
             out = Ref(y.buf, y.off + n0 * g.K * g.P) if nb == 1 else Ref(ws, self.rows * ld)
             beta = before_gemm(queue, self.dtype, out, bias, 1, g.K, g.P, relu) if nb == 1 else 0.0
-            self._gemm(queue, Kg, ld, Kd, Op(w.buf, w.off, Kd, Kg * Kd), Op(ws, col, ld, Kd * ld),
-                       Op(out.buf, out.off, ld, Kg * ld), beta=beta, what="forward")
+            S = self.split["forward"]
+            if S > 1:   # slice s: W[g][:, s-th Kd/S rows] @ col[g][those rows], partials after col and T
+                ks, part = Kd // S, (self.rows + g.K) * B * g.P
+                self._gemm(queue, Kg, ld, ks, Op(w.buf, w.off, Kd, Kg * Kd, ks), Op(ws, col, ld, Kd * ld, ks * ld),
+                           Op(ws, part, ld, Kg * ld, g.K * ld), images=S, what="forward (split-K)")
+                sum_partials(queue, self.dtype, idx, Ref(ws, part), S, g.K * ld, out, beta != 0,
+                             "forward (sum of slices)")
+            else:
+                self._gemm(queue, Kg, ld, Kd, Op(w.buf, w.off, Kd, Kg * Kd), Op(ws, col, ld, Kd * ld),
+                           Op(out.buf, out.off, ld, Kg * ld), beta=beta, what="forward")
             if nb == 1:
                 after_gemm(queue, self.dtype, out, bias, 1, g.K, g.P, relu)
             else:
@@ -224,8 +254,17 @@ class Im2col(Algorithm):
             nb = min(B, g.N - n0)
             col, ld = g.K * nb * g.P, nb * g.P
             t_buf, t = self._to_columns(queue, idx, dy, n0, nb, ws, 0)
-            self._gemm(queue, Kd, ld, Kg, Op(w.buf, w.off, Kd, Kg * Kd), Op(t_buf, t, ld, Kg * ld),
-                       Op(ws, col, ld, Kd * ld), a_transp=True, what="grad-input")
+            S = self.split["backward_input"]
+            if S > 1:   # slice s: W[g][s-th Kg/S filters]^T @ T[g][those filters], partials after T and col
+                ks, part = Kg // S, (g.K + self.rows) * B * g.P
+                self._gemm(queue, Kd, ld, ks, Op(w.buf, w.off, Kd, Kg * Kd, ks * Kd), Op(t_buf, t, ld, Kg * ld, ks * ld),
+                           Op(ws, part, ld, Kd * ld, self.rows * ld), images=S, a_transp=True,
+                           what="grad-input (split-K)")
+                sum_partials(queue, self.dtype, idx, Ref(ws, part), S, self.rows * ld, Ref(ws, col), False,
+                             "grad-input (sum of slices)")
+            else:
+                self._gemm(queue, Kd, ld, Kg, Op(w.buf, w.off, Kd, Kg * Kd), Op(t_buf, t, ld, Kg * ld),
+                           Op(ws, col, ld, Kd * ld), a_transp=True, what="grad-input")
             launch(queue, col2im, (g.H * g.W, g.C, nb), (64, 1, 1), ws, col,
                    dx.buf, dx.off + n0 * g.C * g.H * g.W, *self._geometry_args(nb), 0, 0, what="col2im")
 

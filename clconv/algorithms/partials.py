@@ -18,6 +18,11 @@ def max_slices(outputs, positions, min_slice=MIN_SLICE, most=MAX_SLICES):
     return max(1, min(most, -(-SPLIT_K_TARGET // outputs), positions // min_slice))
 
 
+def partials_size(slices, outputs):
+    """Elements of ``slices`` partial results of ``outputs`` each (none without a split)."""
+    return slices * outputs if slices > 1 else 0
+
+
 def largest_divisor_at_most(n, limit):
     """Slices of ``n`` positions: the most, up to ``limit``, that divide them exactly."""
     return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)

@@ -12,13 +12,19 @@ in chunks of up to as many images as split-K allows slices, when an image has at
 least MIN_SLICE positions (H200, pointwise workload: 0.50 ms against 0.75 through
 the im2col layout). Otherwise it uses the im2col algorithm, whose im2col for a 1x1
 kernel is the (C, N*H*W) layout that makes it one GEMM per group.
+
+On a GPU, with one group, a grid of products too small to fill the device is also cut along
+its K into slices (:func:`clconv.gemm.k_slices`), the slices taking the grid's group axis:
+forward and grad-input into partial outputs summed in order, grad-weight into S partial sums
+per image (its positions in slices). Such grids come from few filters and channels over large
+images (grad-weight) and from small images with many channels (all passes).
 """
 from ..bias import after_gemm, before_gemm
 from ..buffers import Ref, idx_for
-from ..gemm import Operand as Op
+from ..gemm import Operand as Op, k_slices
 from .base import Algorithm
 from .im2col import Im2col
-from .partials import MIN_SLICE, max_slices, sum_partials
+from .partials import MIN_SLICE, largest_divisor_at_most, max_slices, partials_size as _partials, sum_partials
 
 
 class Pointwise(Algorithm):
@@ -37,31 +43,62 @@ class Pointwise(Algorithm):
         fits = workspace_limit // (g.K * g.Cg * dtype.itemsize)
         self.images = min(g.N, max_slices(g.K * g.Cg, g.N * g.P), fits) if g.P >= MIN_SLICE else 1
         self._weight = None if self.images > 1 else Im2col(g, dtype, device, workspace_limit, per_group, gemm)
-        self.workspace["backward_weight"] = (self.images * g.K * g.Cg if self._weight is None
-                                             else self._weight.workspace["backward_weight"])
+        # split-K slices per pass (one group only: the slices take the grid's group axis), as many
+        # as the workspace holds
+        item = dtype.itemsize
+        split = (lambda m, n, k, count, outputs: 1 if g.groups > 1 else
+                 largest_divisor_at_most(k, max(1, min(k_slices(device, gemm, m, n, k, count, item),
+                                                       workspace_limit // (outputs * item)))))
+        self.split = {"forward": split(g.K, g.P, g.C, g.N, g.N * g.K * g.P),
+                      "backward_input": split(g.C, g.P, g.K, g.N, g.N * g.C * g.P),
+                      "backward_weight": 1 if self._weight is not None else
+                      split(g.K, g.C, g.P, self.images, self.images * g.K * g.C)}
+        self.workspace["forward"] = _partials(self.split["forward"], g.N * g.K * g.P)
+        self.workspace["backward_input"] = _partials(self.split["backward_input"], g.N * g.C * g.P)
+        self.workspace["backward_weight"] = (self.images * self.split["backward_weight"] * g.K * g.Cg
+                                             if self._weight is None else self._weight.workspace["backward_weight"])
 
     def describe(self, pass_name):
-        g = self.g
+        g, S = self.g, self.split[pass_name]
+        split = (f", split-K into {S} slices of K={{}} summed in order (the grid alone would leave the GPU's compute "
+                 "units idle)") if S > 1 else ""
         if pass_name == "backward_weight":
             if self._weight is not None:
                 return "1x1: " + self._weight.describe(pass_name)
             return (f"1x1 GEMM per (group, image) on the input and grad_output, M={g.Kg} N={g.Cg} K={g.P}, "
-                    f"partial sums of {self.images} image(s) per launch summed in order, no layout copies")
+                    f"partial sums of {self.images} image(s) per launch summed in order, no layout copies"
+                    + split.format(g.P // S))
         m, k = (g.Kg, g.Cg) if pass_name == "forward" else (g.Cg, g.Kg)
         # grouped, the groups are the batch (an image's groups are packed; a group's images are not)
         return (f"1x1 GEMM on the input, {g.groups} group(s) x {g.N} image(s) in "
-                f"{1 if g.groups == 1 else g.N} batched launch(es), M={m} N={g.P} K={k}, no im2col")
+                f"{1 if g.groups == 1 else g.N} batched launch(es), M={m} N={g.P} K={k}, no im2col"
+                + split.format(k // S))
 
     def forward(self, queue, x, w, bias, y, ws, relu=False):
-        g = self.g
+        g, S = self.g, self.split["forward"]
         beta = before_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
-        self._gemm(queue, g.Kg, g.P, g.Cg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
-                   Op(x.buf, x.off, g.P, g.Cg * g.P, g.C * g.P), Op(y.buf, y.off, g.P, g.Kg * g.P, g.K * g.P),
-                   images=g.N, beta=beta, what="forward (1x1)")
+        if S > 1:   # slice s: W[:, s-th K/S channels] @ X[those channels]; one group
+            ks, n = g.C // S, g.N * g.K * g.P
+            self._gemm(queue, g.K, g.P, ks, Op(w.buf, w.off, g.C, ks), Op(x.buf, x.off, g.P, ks * g.P, g.C * g.P),
+                       Op(ws, 0, g.P, n, g.K * g.P), images=g.N, slices=S, what="forward (1x1, split-K)")
+            sum_partials(queue, self.dtype, idx_for(self.dtype, x, w, y, bias, Ref(ws, 0)), Ref(ws, 0), S, n, y,
+                         beta != 0, "forward (1x1, sum of slices)")
+        else:
+            self._gemm(queue, g.Kg, g.P, g.Cg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
+                       Op(x.buf, x.off, g.P, g.Cg * g.P, g.C * g.P), Op(y.buf, y.off, g.P, g.Kg * g.P, g.K * g.P),
+                       images=g.N, beta=beta, what="forward (1x1)")
         after_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
 
     def backward_input(self, queue, w, dy, dx, ws):
-        g = self.g
+        g, S = self.g, self.split["backward_input"]
+        if S > 1:   # slice s: W[s-th K/S filters]^T @ dY[those filters]; one group
+            ks, n = g.K // S, g.N * g.C * g.P
+            self._gemm(queue, g.C, g.P, ks, Op(w.buf, w.off, g.C, ks * g.C),
+                       Op(dy.buf, dy.off, g.P, ks * g.P, g.K * g.P), Op(ws, 0, g.P, n, g.C * g.P), images=g.N,
+                       slices=S, a_transp=True, what="grad-input (1x1, split-K)")
+            sum_partials(queue, self.dtype, idx_for(self.dtype, w, dy, dx, Ref(ws, 0)), Ref(ws, 0), S, n, dx, False,
+                         "grad-input (1x1, sum of slices)")
+            return
         self._gemm(queue, g.Cg, g.P, g.Kg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
                    Op(dy.buf, dy.off, g.P, g.Kg * g.P, g.K * g.P), Op(dx.buf, dx.off, g.P, g.Cg * g.P, g.C * g.P),
                    images=g.N, a_transp=True, what="grad-input (1x1)")
@@ -70,11 +107,19 @@ class Pointwise(Algorithm):
         if self._weight is not None:
             self._weight.backward_weight(queue, x, dy, dw, ws)
             return
-        g, B, n = self.g, self.images, self.g.K * self.g.Cg
+        g, B, n, S = self.g, self.images, self.g.K * self.g.Cg, self.split["backward_weight"]
         idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
-            self._gemm(queue, g.Kg, g.Cg, g.P, Op(dy.buf, dy.off + n0 * g.K * g.P, g.P, g.Kg * g.P, g.K * g.P),
-                       Op(x.buf, x.off + n0 * g.C * g.P, g.P, g.Cg * g.P, g.C * g.P), Op(ws, 0, g.Cg, g.Kg * g.Cg, n),
-                       images=nb, b_transp=True, what="grad-weight (1x1)")
-            sum_partials(queue, self.dtype, idx, Ref(ws, 0), nb, n, dw, n0 > 0, "grad-weight (1x1, sum of images)")
+            dy0, x0 = dy.off + n0 * g.K * g.P, x.off + n0 * g.C * g.P
+            if S > 1:   # partial sum (slice s of the positions, image b) at (s * nb + b) * n; one group
+                ps = g.P // S
+                self._gemm(queue, g.K, g.C, ps, Op(dy.buf, dy0, g.P, ps, g.K * g.P), Op(x.buf, x0, g.P, ps, g.C * g.P),
+                           Op(ws, 0, g.C, nb * n, n), images=nb, slices=S, b_transp=True,
+                           what="grad-weight (1x1, split-K)")
+            else:
+                self._gemm(queue, g.Kg, g.Cg, g.P, Op(dy.buf, dy0, g.P, g.Kg * g.P, g.K * g.P),
+                           Op(x.buf, x0, g.P, g.Cg * g.P, g.C * g.P), Op(ws, 0, g.Cg, g.Kg * g.Cg, n),
+                           images=nb, b_transp=True, what="grad-weight (1x1)")
+            sum_partials(queue, self.dtype, idx, Ref(ws, 0), S * nb, n, dw, n0 > 0, "grad-weight (1x1, sum of images)")
+

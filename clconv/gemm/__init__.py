@@ -20,7 +20,7 @@ from ..programs import ClconvError, not_capturable
 from . import clblast, gemm_cpu, gemm_gpu
 from .gemm_gpu import Im2colB
 
-__all__ = ["CHOICES", "ENGINES", "Im2colB", "Operand", "choose", "grid_gemm", "group_queues"]
+__all__ = ["CHOICES", "ENGINES", "Im2colB", "Operand", "choose", "grid_gemm", "group_queues", "k_slices"]
 
 ENGINES = ("cpu", "gpu", "clblast")
 CHOICES = ("auto", "clconv") + ENGINES
@@ -64,6 +64,31 @@ def choose(device, requested="auto"):
            "clconv's CPU kernel measured 3-14x faster than CLBlast's on this project's GEMM shapes (PoCL and "
            "Intel's CPU runtime, bench/gemm.py)")
     return own, why if requested == "auto" else f"{source} asks for clconv's kernel for this device: {why}"
+
+
+# Split-K on GPUs: a grid of few, long products leaves most compute units idle, each work-group
+# waiting on one slice's loads at a time (H200, 1x1 forward C2048 5x5 -> K192 at batch 32: 96
+# work-groups of 256 K-steps each, 2.5 TFLOP/s). Cut K until the grid has FILL_WAVES work-groups
+# per compute unit, every slice at least MIN_K_SLICE deep.
+FILL_WAVES = 2
+MIN_K_SLICE = 64
+
+
+def k_slices(device, engine, m, n, k, count, itemsize=4, min_slice=MIN_K_SLICE):
+    """Split-K slices for ``count`` M x N x K products on ``engine``: the fewest that divide K
+    exactly (so every slice is one product of the grid) and fill the device as above; 1 where
+    the grid fills it already, K is too short, or the engine is not clconv's GPU kernel (CPU
+    kernels spread a product's blocks over the cores themselves; CLBlast is not split)."""
+    if engine != "gpu":
+        return 1
+    want = -(-FILL_WAVES * device.max_compute_units // gemm_gpu.work_groups(device, m, n, count, itemsize))
+    best = 1
+    for d in range(2, k // min_slice + 1):
+        if best >= want:
+            break
+        if k % d == 0:
+            best = d
+    return best
 
 
 @context_dependent_memoize

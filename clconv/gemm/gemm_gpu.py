@@ -67,6 +67,12 @@ def tile(device, m, n, count, itemsize=4):
     return min(fitting, key=cost)[0] if fitting else None
 
 
+def work_groups(device, m, n, count, itemsize=4):
+    """Work-groups of one launch over ``count`` M x N products (at the tile :func:`tile` picks)."""
+    tm, tn = tile(device, m, n, count, itemsize) or TILES[-1][0]
+    return -(-m // tm) * -(-n // tn) * count
+
+
 class Im2colB(NamedTuple):
     """B read in place as the im2col matrix of an NCHW input (kernels/gemm_gpu.cl's IM_* defines):
     input h x w, images xs values apart, p output positions per image in rows of ow, taps
