@@ -137,8 +137,8 @@ def verdict(make_plan, queue, algorithm, engine, dtype):
     if found is None:
         found = store(device, algorithm, engine, dtype, run(make_plan, queue, algorithm, engine, dtype))
     if not found[0]:
-        warnings.warn(f"clconv: {algorithm} (GEMMs on {engine}, {np.dtype(dtype).name}) gives wrong results on "
-                      f"{device.name.strip()} ({device.platform.name.strip()}, driver {device.driver_version}): "
+        warnings.warn(f"clconv: {algorithm} (GEMMs on {engine}, {np.dtype(dtype).name}) failed its known-answer check "
+                      f"on {device.name.strip()} ({device.platform.name.strip()}, driver {device.driver_version}): "
                       f"{found[1]}; algorithm='auto' leaves it out", RuntimeWarning, stacklevel=2)
     return found
 

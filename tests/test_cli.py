@@ -96,6 +96,7 @@ def test_tuning_cache_round_trip_across_processes(tmp_path):
     out = run(["-m", "clconv", "tune", "--workload", "depthwise_s2"], env=env)
     assert "depthwise_s2" in out and str(tmp_path) in out
     entries = json.loads((tmp_path / "tuning.json").read_text())["entries"]
+    entries = {k: v for k, v in entries.items() if not k.startswith("selfcheck|")}   # (known-answer verdicts)
     assert len(entries) == 3 and all(e["algorithm"] in ("direct", "im2col") for e in entries.values())
     explain = run(["-c", "import clconv; from clconv.cli import _workload_geometries; q = clconv.default_queue(); "
                          "name, g = next(_workload_geometries(['depthwise_s2'], q.device)); "
@@ -132,7 +133,7 @@ def test_autotune_times_on_first_use_and_stores(tmp_path, monkeypatch, queue):
     monkeypatch.setenv("CLCONV_AUTOTUNE", "1")
     p = clconv.plan((2, 4, 9, 8), (8, 2, 3, 3), padding=1, groups=2, queue=queue)
     assert p.explain().count("tuning cache") == 3
-    assert len(tuning.load()) == 3
+    assert len([k for k in tuning.load() if not k.startswith("selfcheck|")]) == 3
     x = np.ones((2, 4, 9, 8), np.float32)
     w = np.ones((8, 2, 3, 3), np.float32)
     np.testing.assert_allclose(p.forward(x, w), clconv.reference.conv2d(x, w, padding=1, groups=2), rtol=1e-5)
