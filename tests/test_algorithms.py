@@ -457,6 +457,8 @@ def test_im2col_split_k(case, slices, queues, queue, monkeypatch):
     g = p.geometry
     for pass_name, k in (("forward", g.Kd), ("backward_input", g.Kg)):
         want = max(d for d in range(1, slices + 1) if k % d == 0)
+        if pass_name == "forward" and algo._implicit():
+            want = 1   # few channels on clconv's GPU GEMM: one GEMM reading im2col in place, not split
         assert algo.split[pass_name] == want, pass_name
         assert ("slices of K=" in algo.describe(pass_name)) == (want > 1), pass_name
     assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float32, "forward")
