@@ -37,6 +37,7 @@ import re
 import statistics
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,7 @@ from tqdm import tqdm
 
 import clconv
 from clconv.geometry import PASSES, conv_geometry
+from clconv.programs import recording
 from clconv.reference import TOLERANCE, normalised_error
 
 from . import peers
@@ -126,9 +128,23 @@ def torch_result(value, pass_name):
     return value.detach().cpu().numpy()
 
 
-def run_layer(layer, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS):
+def profiled(fn, queue):
+    """(device ms, launches, {kernel: device ms}) of one call of ``fn(queue)`` on ``queue``, a
+    profiling queue: what the pass's kernels and GEMMs took on the device, apart from the host."""
+    fn(queue)
+    queue.finish()
+    with recording() as events:
+        fn(queue)
+        queue.finish()
+    parts = defaultdict(float)
+    for kernel, event in events:
+        parts[kernel] += (event.profile.end - event.profile.start) * 1e-6
+    return sum(parts.values()), len(events), dict(parts)
+
+
+def run_layer(layer, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, profile_queue=None):
     """({pass: measurements}, the peer's label) of one layer: first calls and the correctness
-    check, then timing in rounds."""
+    check, then timing in rounds; with ``profile_queue``, each pass's device time by kernel."""
     g = geometry(layer, batch)
     opts = options(layer)
     rng = np.random.default_rng(0)
@@ -150,6 +166,9 @@ def run_layer(layer, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS):
             "backward_weight": lambda: clconv.conv2d_weight(dev["x"], g.weight_shape, dev["dy"], **opts)}
     on_cpu = not queue.device.type & cl.device_type.GPU
     per_side_s = budget_s / (2 * rounds)
+    on = {"forward": lambda q: clconv.conv2d(dev["x"], dev["w"], **opts, queue=q),
+          "backward_input": lambda q: clconv.conv2d_input(g.input_shape, dev["w"], dev["dy"], **opts, queue=q),
+          "backward_weight": lambda q: clconv.conv2d_weight(dev["x"], g.weight_shape, dev["dy"], **opts, queue=q)}
     passes = {}
     for p in PASSES:
         first_ms, mine = first_call(ours[p], queue.finish)
@@ -171,6 +190,9 @@ def run_layer(layer, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS):
                      "torch_ms": torch_ms, "torch_min_ms": min(t[0] for t in torch_times) * 1e3,
                      "ratio": ms / torch_ms, "error": error, "torch_error": torch_error, "ok": bool(error <= TOL),
                      "first_call_ms": first_ms, "torch_first_call_ms": torch_first_ms}
+        if profile_queue is not None:
+            device_ms, launches, kernels = profiled(on[p], profile_queue)
+            passes[p].update(device_ms=device_ms, launches=launches, kernels=kernels)
     # the plan the calls used comes from the functional API's cache; one made with the same
     # arguments chooses the same algorithms (no kernels built: those are cached per context)
     chosen = clconv.plan(g.input_shape, g.weight_shape, queue=queue, **opts).algorithms
@@ -179,13 +201,15 @@ def run_layer(layer, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS):
     return passes, label
 
 
-def run_layers(layers, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, progress=True):
+def run_layers(layers, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, progress=True, profile=False):
     """[{"id", "kind", "shape", "layer", "count", "peer", "passes"}] for ``layers``."""
+    profile_queue = (cl.CommandQueue(queue.context, queue.device,
+                                     properties=cl.command_queue_properties.PROFILING_ENABLE) if profile else None)
     results = []
     with tqdm(layers, desc="layers", unit="layer", file=sys.stderr, disable=not progress) as bar:
         for layer in bar:
             bar.set_postfix_str(layer["id"])
-            passes, peer = run_layer(layer, batch, queue, budget_s, rounds)
+            passes, peer = run_layer(layer, batch, queue, budget_s, rounds, profile_queue)
             results.append({"id": layer["id"], "kind": kind(layer), "shape": describe(layer),
                             "layer": {k: v for k, v in layer.items() if k not in ("id", "count")},
                             "count": layer["count"], "peer": peer, "passes": passes})
@@ -265,8 +289,23 @@ def report(record):
     lines.append("")
     lines.append(f"worst {len(s['worst'])} layer-passes by ratio:")
     for w in s["worst"]:
+        d = next(r for r in record["layers"] if r["id"] == w["id"])["passes"][w["pass"]]
+        device = (f"; device {d['device_ms']:.3f} ms in {d['launches']} launch(es): " +
+                  ", ".join(f"{k} {v:.3f}" for k, v in sorted(d["kernels"].items(), key=lambda kv: -kv[1]))
+                  if "device_ms" in d else "")
         lines.append(f"  {w['ratio']:6.2f}  {w['id'][:44]:44s} {w['shape'][:30]:30s} {SHORT[w['pass']]:5s} "
-                     f"{w['algorithm']:9s} {w['clconv_ms']:9.3f} vs {w['torch_ms']:9.3f} ms")
+                     f"{w['algorithm']:9s} {w['clconv_ms']:9.3f} vs {w['torch_ms']:9.3f} ms{device}")
+    if any("device_ms" in d for r in record["layers"] for d in r["passes"].values()):
+        lines.append("")
+        lines.append("host time per pass (wall time of a plain call, least and median over the layer-passes; "
+                     "device time and launches from profiling events):")
+        for p in PASSES:
+            rows = [d for r in record["layers"] for q, d in r["passes"].items() if q == p]
+            lines.append(f"  {SHORT[p]:5s} least {min(d['clconv_min_ms'] for d in rows) * 1e3:7.1f} us, median "
+                         f"{statistics.median(d['clconv_ms'] for d in rows) * 1e3:8.1f} us; device median "
+                         f"{statistics.median(d['device_ms'] for d in rows) * 1e3:8.1f} us; launches "
+                         f"{min(d['launches'] for d in rows)}-{max(d['launches'] for d in rows)} (median "
+                         f"{statistics.median(d['launches'] for d in rows):g})")
     for f in s["failures"]:
         lines.append(f"WRONG RESULT: {f}")
     return "\n".join(lines)
@@ -317,6 +356,8 @@ def main(argv=None):
     ap.add_argument("--json", help="output path (default bench/results/<device>-networks-b<batch>-<date>.json)")
     ap.add_argument("--plot", help="also draw a PNG chart to this path (needs matplotlib)")
     ap.add_argument("--file", default=str(LAYERS), help="the layers file (default: networks.json beside this module)")
+    ap.add_argument("--profile", action="store_true", help="also run each layer-pass once on a profiling queue: "
+                                                           "its device time by kernel and its launches")
     args = ap.parse_args(argv)
 
     try:
@@ -338,7 +379,7 @@ def main(argv=None):
     batch = args.batch or (32 if device.type & cl.device_type.GPU else 8)
     print(f"device: {device.platform.name} / {device.name}; batch {batch}; {len(layers)} layers x 3 passes; "
           f"networks: {', '.join(networks)}", flush=True)
-    results = run_layers(layers, batch, queue, args.budget, args.rounds)
+    results = run_layers(layers, batch, queue, args.budget, args.rounds, profile=args.profile)
     today = datetime.date.today().isoformat()
     record = {"date": today, "device": device.name, "platform": device.platform.name,
               "driver": device.driver_version, "machine": platform.machine(), "python": sys.version.split()[0],
