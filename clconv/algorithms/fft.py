@@ -142,15 +142,27 @@ class FFT(Transform):
                 f"{chunks} chunk(s) of {B} image(s), per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2]}")
 
     def _kernel(self, queue, name, idx):
-        knl = get_kernel(queue.context, "fft.cl", name, self.dtype, IDX=idx, FH=self.fh, FW=self.fw,
-                         NB=self.nb, NBO=self.nbo, **_twiddles(max(self.fh, self.fw), self.dtype))
-        if name != "fft_filter":
-            need = (self.nb if name == "fft_image" else self.nbo) * self.fh // 2
+        """``name`` built for this plan; the image and output transforms with as many images per
+        work-group as the built kernel allows. A device may allow a kernel fewer work-items than
+        its max_work_group_size, which chose them (Mesa's llvmpipe: 32 of 1024 for these): then
+        fewer images per work-group, decided here, where the kernel's limit is first known."""
+        while True:
+            knl = get_kernel(queue.context, "fft.cl", name, self.dtype, IDX=idx, FH=self.fh, FW=self.fw,
+                             NB=self.nb, NBO=self.nbo, **_twiddles(max(self.fh, self.fw), self.dtype))
+            if name == "fft_filter":
+                return knl
+            per_image, images = self.fh // 2, self.nb if name == "fft_image" else self.nbo
             allowed = work_group_limit(knl, queue.device)
-            if allowed < need:
-                raise ClconvError(f"clconv: {name} for {self.fh}x{self.fw} frames needs work-groups of "
-                                  f"{need}, the device allows {allowed}")
-        return knl
+            if images * per_image <= allowed:
+                return knl
+            if per_image > allowed:
+                raise ClconvError(f"clconv: {name} for {self.fh}x{self.fw} frames needs work-groups of at least "
+                                  f"{per_image}, the device allows {allowed}")
+            fewer = 1 << ((allowed // per_image).bit_length() - 1)
+            if name == "fft_image":
+                self.nb = fewer
+            else:
+                self.nbo = fewer
 
     def _images(self, queue, idx, x, n0, nb, C, H, W, pads, Cg, ws, at, rotated, what):
         """Spectra (F, rows, 2 nb) at ``at`` of images n0 ... n0+nb-1 of ``x`` (C channels of
