@@ -126,6 +126,10 @@ def sub_device_queues(count, device=None):
     if count < 1 or units < 1:
         raise ValueError(f"cannot split {device.name.strip()} ({device.max_compute_units} compute units) into "
                          f"{count} sub-devices")
+    # asked first: Mesa's rusticl (22.3) reports 0 here and crashes the process in clCreateSubDevices
+    if device.partition_max_sub_devices < count:
+        raise ValueError(f"{device.name.strip()} on {device.platform.name} cannot be partitioned into {count} "
+                         f"sub-devices (it reports at most {device.partition_max_sub_devices})")
     try:
         subs = device.create_sub_devices([cl.device_partition_property.EQUALLY, units])[:count]
     except cl.Error as exc:

@@ -25,7 +25,7 @@ def queues(request, queue):
     if request.param == "sub-devices":
         try:
             return clconv.sub_device_queues(2, queue.device)
-        except ValueError as exc:   # NVIDIA's driver does not partition
+        except ValueError as exc:   # NVIDIA's driver and Mesa's rusticl do not partition
             pytest.skip(str(exc))
     if request.param == "two-queues":
         return [queue, cl.CommandQueue(queue.context, queue.device)]
