@@ -53,13 +53,14 @@ test: setup
 
 # The whole suite on each device of TEST_DEVICES: the three CPU runtimes, PoCL, Intel's and
 # Mesa's rusticl (llvmpipe, with the compiler path rusticl takes for AMD and Intel GPUs), or the
-# one CLCONV_DEVICE names (a GPU, say). Every device runs; any failure fails the target.
+# one CLCONV_DEVICE names (a GPU, say). Every device runs; any failure fails the target; each
+# run lists its ten slowest tests (where the suite's time goes: it must stay within 30 minutes cold).
 # With PoCL, the spread tests run once more over two root PoCL devices (POCL_DEVICES), which
 # a process only gets if PoCL is told before it loads.
 TEST_DEVICES ?= $(or $(CLCONV_DEVICE),pocl intel rusticl)
 pytest: setup
 	@status=0; for d in $(TEST_DEVICES); do echo "pytest on CLCONV_DEVICE=$$d"; \
-	  CLCONV_DEVICE=$$d $(PY) -m pytest -q tests || status=1; \
+	  CLCONV_DEVICE=$$d $(PY) -m pytest -q --durations=10 tests || status=1; \
 	  if [ $$d = pocl ]; then echo "pytest tests/test_spread.py on two root PoCL devices"; \
 	    POCL_DEVICES="pthread pthread" CLCONV_DEVICE=pocl $(PY) -m pytest -q tests/test_spread.py || status=1; fi; \
 	done; exit $$status
