@@ -64,6 +64,11 @@ SWEEP = [
      "single", None),
     ("direct_small_groups", (1, 4, 6, 7), (4, 2, 2, 3), dict(padding=(1, 0), dilation=(2, 1), groups=2), "direct",
      "single", None),
+    # groups of 8 channels (72 taps), as "auto" runs them on CPUs, and their GPU forms forced
+    ("direct_groups_of_8", (1, 16, 7, 6), (4, 8, 3, 3), dict(stride=2, padding=1, groups=2), "direct", "single",
+     None),
+    ("cpu_direct_groups_of_8", (1, 16, 7, 6), (4, 8, 3, 3), dict(stride=2, padding=1, groups=2, cpu=True), "direct",
+     "single", None),
     ("winograd_dilated_overpad", (2, 4, 7, 9), (4, 2, 3, 3), dict(padding=((5, 1), (0, 3)), dilation=2, groups=2),
      "winograd", "per-group", None),
     ("winograd_5x5_overpad", (2, 2, 9, 8), (3, 2, 5, 5), dict(padding=((5, 0), (1, 4))), "winograd", "single",

@@ -27,6 +27,9 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
     Case("winograd_wide_d1x2", 3, 32, 10, 15, 20, 3, 3, padding=(1, 2), dilation=(1, 2)),
     Case("winograd5_g2_d1x2_overpad", 2, 6, 14, 11, 4, 5, 5, padding=((5, 0), (1, 9)), dilation=(1, 2), groups=2),
     Case("dense_c6_s2", 2, 6, 9, 8, 5, 3, 3, stride=2, padding=1),
+    # groups of 8 and 24 channels (RegNet-like; 72 and 216 taps): direct on CPUs for forward and grad-input
+    Case("grouped_cg8_s2", 2, 16, 11, 9, 6, 3, 3, stride=2, padding=1, groups=2),
+    Case("grouped_cg24_pad_h", 1, 48, 9, 8, 4, 3, 3, padding=(1, 0), groups=2),
     # a few-channel stem: 16 filters, 7x7 taps, stride 2
     Case("stem_7x7_s2", 2, 3, 23, 18, 16, 7, 7, stride=2, padding=3),
     # AlexNet conv2 in small: 5x5 on 27x27 (32x32 FFT frames), 16 channels and filters per group
@@ -465,3 +468,16 @@ def test_im2col_split_k(case, slices, queues, queue, monkeypatch):
     assert_close(p.forward(x, w, b, relu=True), np.maximum(reference.conv2d(x, w, b, **opts), 0), np.float32,
                  "forward + ReLU")
     assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "grad-input")
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])
+def test_auto_direct_for_wider_groups_on_cpus_only(gpu, queue):
+    """Groups of more than 64 taps (here 8 channels x 3x3): "auto" takes direct kernels for the
+    forward and grad-input on CPUs, im2col for grad-weight and for every pass on GPUs."""
+    case = next(c for c in EXTRA if c.name == "grouped_cg8_s2")
+    on = QueueAs(queue, type=cl.device_type.GPU if gpu else cl.device_type.CPU)
+    p = clconv.Plan(conv_geometry(case.input_shape, case.weight_shape, **case.options), np.float32, on,
+                    selfcheck=False)
+    want = "im2col" if gpu else "direct"
+    assert p.algorithms == {"forward": want, "backward_input": want, "backward_weight": "im2col"}
+    assert "72 taps per group, above 64" in p.explain()

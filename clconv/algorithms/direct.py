@@ -17,8 +17,9 @@ from ..device import cpu_vector_width
 from ..programs import get_kernel, launch, reduction_work_group
 from .base import Algorithm, pow2_at_least
 
-MAX_TAPS = 64         # Cg * kh * kw above this (groups > 1): a GEMM pays again, and grad-weight's
-                      # private accumulators (one per tap) grow; forced dense ones may hold 196
+MAX_TAPS = 64         # Cg * kh * kw above this (groups > 1): on GPUs, and for grad-weight everywhere, a
+                      # GEMM pays again, and grad-weight's private accumulators (one per tap) grow
+CPU_MAX_TAPS = 216    # up to this on CPUs, forward and grad-input: the most taps a group may have
 MAX_FILTERS = 64      # Kg above this: a GEMM over the group's filters pays again
 MAX_DENSE_CHANNELS = 4     # a dense convolution (groups == 1) of at most this many input channels,
 MAX_DENSE_TAPS = 4 * 7 * 7   # and taps, applies whatever its filters (stems)
@@ -101,9 +102,9 @@ class Direct(Algorithm):
             if g.C > MAX_DENSE_CHANNELS or taps > MAX_DENSE_TAPS:
                 return False, (f"needs groups > 1, or at most {MAX_DENSE_CHANNELS} input channels and "
                                f"{MAX_DENSE_TAPS} taps (C*kh*kw = {taps}): a dense convolution is a GEMM's job")
-        elif taps > MAX_TAPS or g.Kg > MAX_FILTERS:
-            return False, (f"needs at most {MAX_TAPS} taps (Cg*kh*kw = {taps}) and {MAX_FILTERS} filters per group "
-                           f"(Kg = {g.Kg})")
+        elif taps > CPU_MAX_TAPS or g.Kg > MAX_FILTERS:
+            return False, (f"needs at most {CPU_MAX_TAPS} taps (Cg*kh*kw = {taps}) and {MAX_FILTERS} filters per "
+                           f"group (Kg = {g.Kg})")
         patch = max(ph * pw for ph, pw in _patch_sizes(g))
         if patch > MAX_PATCH:
             return False, f"the input patch of a tile ({patch} elements) does not fit in local memory"
@@ -117,9 +118,17 @@ class Direct(Algorithm):
     @staticmethod
     def preferred(g, pass_name, device):
         """Whether "auto" should pick this algorithm for ``pass_name`` on ``device`` (it applies either way)."""
-        if g.groups == 1 and (pass_name != "forward" or not device.type & cl.device_type.GPU):
+        gpu = bool(device.type & cl.device_type.GPU)
+        if g.groups == 1 and (pass_name != "forward" or not gpu):
             return False, ("a few-channel dense convolution's grad passes and CPU forward: im2col measured "
                            "faster (7x7 stem: H200 grad-input 1.6x, grad-weight 4x; PoCL forward 2.5x)")
+        if g.groups > 1 and g.Cg * g.kh * g.kw > MAX_TAPS:
+            if gpu or pass_name == "backward_weight":
+                return False, (f"{g.Cg * g.kh * g.kw} taps per group, above {MAX_TAPS}: im2col's GEMMs pay again "
+                               "(on GPUs; and for grad-weight on CPUs, 0.6-1.3x direct's time)")
+            # strided grad-input too: RegNet's groups of 8-24 channels, 3x3, on PoCL and Intel's runtime at
+            # batch 4: forward 1.2-4.5x, grad-input 1.8-9x faster than im2col
+            return True, ""
         if pass_name == "backward_input" and g.Cg > 1 and g.stride != (1, 1):
             return False, ("strided grad-input of groups of several channels: im2col measured about 2x "
                            "faster (ResNeXt-like groups on an H200 and on PoCL)")
