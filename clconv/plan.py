@@ -84,13 +84,6 @@ class Plan:
 
     def _choose(self, pass_name, algorithm, tuned=None):
         g = self.geometry
-        if algorithm != "auto":
-            ok, why = self._trusted(algorithm)
-            if not ok:
-                d = self.queue.device
-                raise ClconvError(f"clconv: algorithm {algorithm!r} (GEMMs on {self.gemm}, {self.dtype}) failed its "
-                                  f"known-answer check on {d.name.strip()} ({d.platform.name.strip()}, driver "
-                                  f"{d.driver_version}): {why}")
         if (tuned and tuned.get("algorithm") in ALGORITHMS and ALGORITHMS[tuned["algorithm"]].applies(g)[0]
                 and self._trusted(tuned["algorithm"])[0]):
             others = ", ".join(f"{k} {v} ms" for k, v in sorted(tuned.get("timings", {}).items()))
@@ -108,11 +101,16 @@ class Plan:
                 if not preferred:
                     passed_over += f" (not {name}: {why_not})"
                     continue
-                trusted, why_not = self._trusted(name)
+            if ok:
+                trusted, why_not = self._trusted(name)   # asked only of what applies (and, for "auto", is preferred)
+                if not trusted and algorithm != "auto":
+                    d = self.queue.device
+                    raise ClconvError(f"clconv: algorithm {name!r} (GEMMs on {self.gemm}, {self.dtype}) failed its "
+                                      f"known-answer check on {d.name.strip()} ({d.platform.name.strip()}, driver "
+                                      f"{d.driver_version}): {why_not}")
                 if not trusted:
                     passed_over += f" (not {name}: it failed its known-answer check on this device: {why_not})"
                     continue
-            if ok:
                 try:
                     return self._build(cls, self.queues == "per-group"), why + passed_over
                 except ValueError as exc:   # e.g. the workspace limit: "auto" tries the next one
