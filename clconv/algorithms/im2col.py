@@ -29,7 +29,7 @@ from ..device import cpu_vector_width
 from ..gemm import Im2colB, Operand as Op, k_slices
 from ..programs import INT32_MAX, get_kernel, launch
 from .base import Algorithm
-from .partials import largest_divisor_at_most, max_slices, partials_size as _partials, sum_partials
+from .partials import fit_slices, largest_divisor_at_most, max_slices, partials_size as _partials, sum_partials
 
 TILE = (64, 4)             # work-group shape of the 2-D layout kernels
 GPU_MIN_SLICE, GPU_MAX_SLICES = 64, 256   # grad-weight split-K on GPUs (see Im2col)
@@ -87,8 +87,7 @@ class Im2col(Algorithm):
         im2col, which has no offset along K)."""
         if implicit:
             return 1
-        return largest_divisor_at_most(k, max(1, min(k_slices(device, self.gemm, m, n, k, self.g.groups,
-                                                                self.dtype.itemsize), most)))
+        return fit_slices(k, k_slices(device, self.gemm, m, n, k, self.g.groups, self.dtype.itemsize), most)
 
     def _fit_bands(self, workspace_limit, whole, partials):
         """One image's workspace (``whole`` bytes) is above the budget: the passes run image by

@@ -23,6 +23,12 @@ def partials_size(slices, outputs):
     return slices * outputs if slices > 1 else 0
 
 
+def fit_slices(k, slices, most):
+    """``slices`` of a K of ``k`` (a split-K rule's choice) cut to at most ``most`` (what the
+    workspace holds) and to a divisor of ``k``, so every slice is one product of the grid."""
+    return largest_divisor_at_most(k, max(1, min(slices, most)))
+
+
 def largest_divisor_at_most(n, limit):
     """Slices of ``n`` positions: the most, up to ``limit``, that divide them exactly."""
     return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)

@@ -24,7 +24,7 @@ from ..buffers import Ref, idx_for
 from ..gemm import Operand as Op, k_slices
 from .base import Algorithm
 from .im2col import Im2col
-from .partials import MIN_SLICE, largest_divisor_at_most, max_slices, partials_size as _partials, sum_partials
+from .partials import MIN_SLICE, fit_slices, max_slices, partials_size as _partials, sum_partials
 
 
 class Pointwise(Algorithm):
@@ -47,8 +47,7 @@ class Pointwise(Algorithm):
         # as the workspace holds
         item = dtype.itemsize
         split = (lambda m, n, k, count, outputs: 1 if g.groups > 1 else
-                 largest_divisor_at_most(k, max(1, min(k_slices(device, gemm, m, n, k, count, item),
-                                                       workspace_limit // (outputs * item)))))
+                 fit_slices(k, k_slices(device, gemm, m, n, k, count, item), workspace_limit // (outputs * item)))
         self.split = {"forward": split(g.K, g.P, g.C, g.N, g.N * g.K * g.P),
                       "backward_input": split(g.C, g.P, g.K, g.N, g.N * g.C * g.P),
                       "backward_weight": 1 if self._weight is not None else
