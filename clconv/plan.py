@@ -15,9 +15,9 @@ from .buffers import ref
 from .device import check_dtype_supported
 from .gemm import choose as choose_gemm
 from .geometry import PASSES
-from .programs import ClconvError
+from .programs import ClconvError, relaunch
 from .replay import Replays
-from .validate import check_grad_output_array, finish, prepare, queue_context
+from .validate import check_grad_output_array, finish, on_queue, prepare, queue_context
 
 QUEUES = ("single", "per-group")
 
@@ -67,8 +67,8 @@ class Plan:
         self._runs = {p: (algo, f"{p} of input {list(g.input_shape)} with weight {list(g.weight_shape)} [{algo.name}]",
                           self._workspace_elements(p) * self.compute_dtype.itemsize)
                       for p, (algo, _) in self._choice.items()}
-        # per pass: the expected size of each argument and of the result, checked on every call
-        self._shapes = g.pass_shapes()
+        # per pass: its arguments' names and expected sizes, and the result's size, checked on every call
+        self._shapes = {p: (tuple(sizes), tuple(sizes.values()), out) for p, (sizes, out) in g.pass_shapes().items()}
         self._replays = Replays()
 
     def _build(self, cls, per_group):
@@ -163,7 +163,7 @@ class Plan:
         """Enqueue ``pass_name`` of the chosen algorithm on ``queue`` with its workspace, on
         arrays already checked (:meth:`forward` and the others check, then call this; so does
         :mod:`clconv.transpose`). Replayed when called before on arrays laid out alike
-        (:mod:`clconv.replay`).
+        (:mod:`clconv.replay`); then the replayed launches are returned, else None.
 
         ``refs``: the pass's arrays as :class:`clconv.buffers.Ref` s in argument order, the
         result last (None: no bias); ``relu`` (forward only): the output through max(., 0) in the
@@ -174,8 +174,8 @@ class Plan:
         """
         _, what, nbytes = self._runs[pass_name]
         ws = memory.allocate(queue, nbytes, what, allocator or self.allocator) if nbytes else None
-        self._replays.run((pass_name, relu), queue, refs, ws, nbytes,
-                          lambda: self._enqueue(pass_name, queue, refs, ws, relu))
+        return self._replays.run((pass_name, relu), queue, refs, ws, nbytes,
+                                 lambda: self._enqueue(pass_name, queue, refs, ws, relu))
 
     def _enqueue(self, pass_name, queue, refs, ws, relu):
         algo, what, _ = self._runs[pass_name]
@@ -188,43 +188,54 @@ class Plan:
         else:
             run(queue, *refs, ws)
 
+    def launches(self, pass_name):
+        """What a full run of ``pass_name`` enqueued last, in order (kernel names, and
+        "clblast_gemm" for each CLBlast call), or None before its first call."""
+        found = [names for (p, _), names in self._replays.launched.items() if p == pass_name]
+        return found[-1] if found else None
+
     # -- the passes ---------------------------------------------------------------
 
     def forward(self, input, weight, bias=None, *, out=None, queue=None, allocator=None, relu=False):
         """output (N, K, OH, OW) = conv2d(input (N, C, H, W), weight (K, C/groups, kh, kw)) + bias (K,),
         through max(., 0) with ``relu`` (fused into the pass that writes the output)."""
-        shapes, out_shape = self._shapes["forward"]
-        allocator = allocator or self.allocator
-        queue, dev, numpy_mode = prepare(queue, self, {"input": input, "weight": weight, "bias": bias},
-                                         shapes, out, out_shape, allocator)
-        if self.geometry.N:
-            self.enqueue("forward", queue, ref(dev["input"]), ref(dev["weight"]),
-                         None if bias is None else ref(dev["bias"]), ref(dev["out"]), allocator=allocator, relu=relu)
-        return finish(queue, dev, out, numpy_mode)
+        return self._call("forward", (input, weight, bias), out, queue, allocator, relu)
 
     def backward_input(self, weight, grad_output, *, out=None, queue=None, allocator=None):
         """grad_input (N, C, H, W) from weight (K, C/groups, kh, kw) and grad_output (N, K, OH, OW)."""
-        check_grad_output_array(grad_output, self.geometry)
-        shapes, out_shape = self._shapes["backward_input"]
-        allocator = allocator or self.allocator
-        queue, dev, numpy_mode = prepare(queue, self, {"weight": weight, "grad_output": grad_output},
-                                         shapes, out, out_shape, allocator)
-        if self.geometry.N:
-            self.enqueue("backward_input", queue, ref(dev["weight"]), ref(dev["grad_output"]), ref(dev["out"]),
-                         allocator=allocator)
-        return finish(queue, dev, out, numpy_mode)
+        return self._call("backward_input", (weight, grad_output), out, queue, allocator)
 
     def backward_weight(self, input, grad_output, *, out=None, queue=None, allocator=None):
         """grad_weight (K, C/groups, kh, kw) from input (N, C, H, W) and grad_output (N, K, OH, OW)."""
-        check_grad_output_array(grad_output, self.geometry)
-        shapes, out_shape = self._shapes["backward_weight"]
+        return self._call("backward_weight", (input, grad_output), out, queue, allocator)
+
+    def _call(self, pass_name, arrays, out, queue, allocator, relu=False):
+        """A pass on ``arrays`` (in argument order): checked, uploaded where NumPy, enqueued, and
+        its result in the caller's form. The usual call (device arrays of the plan's dtype and
+        their expected sizes on their own queue, a new result) whose layout was replayed before
+        is enqueued at once (:meth:`clconv.replay.Replays.fast`), nothing else done."""
+        key = (pass_name, relu)
         allocator = allocator or self.allocator
-        queue, dev, numpy_mode = prepare(queue, self, {"input": input, "grad_output": grad_output},
-                                         shapes, out, out_shape, allocator)
+        names, shapes, out_shape = self._shapes[pass_name]
+        home = queue or getattr(arrays[0], "queue", None)
+        if out is None and home is not None and on_queue(home, self.dtype, names, arrays, shapes):
+            launches = self._replays.fast(key, home, arrays)
+            if launches is not None:
+                result = memory.empty(home, self.context, out_shape, self.dtype, allocator)
+                _, what, nbytes = self._runs[pass_name]
+                ws = memory.allocate(home, nbytes, what, allocator) if nbytes else None
+                relaunch(home, launches, [None if a is None else a.base_data for a in arrays] + [result.base_data, ws])
+                return result
+        if pass_name != "forward":
+            check_grad_output_array(arrays[-1], self.geometry)
+        given = dict(zip(names, arrays))
+        queue, dev, numpy_mode = prepare(queue, self, given, dict(zip(names, shapes)), out, out_shape, allocator)
         if self.geometry.N:
-            self.enqueue("backward_weight", queue, ref(dev["input"]), ref(dev["grad_output"]), ref(dev["out"]),
-                         allocator=allocator)
-        else:
+            refs = [None if dev[n] is None else ref(dev[n]) for n in names] + [ref(dev["out"])]
+            replayed = self.enqueue(pass_name, queue, *refs, allocator=allocator, relu=relu)
+            if replayed is not None and out is None and on_queue(queue, self.dtype, names, arrays, shapes):
+                self._replays.arm(key, queue, arrays, replayed)
+        elif pass_name == "backward_weight":
             storage.zero(queue, dev["out"])
         return finish(queue, dev, out, numpy_mode)
 

@@ -161,7 +161,7 @@ def _enqueue(kernel, global_size, what, enqueue):
     except cl.Error as exc:
         raise ClconvError(f"clconv: {what or kernel.function_name}: launching {kernel.function_name} "
                           f"over {global_size} failed: {exc}") from exc
-    if getattr(_recording, "events", None) is not None:   # the name is a driver query: only when recording
+    if _recording.events is not None:   # the name is a driver query: only when recording
         record(kernel.function_name, event)
     return event
 
@@ -171,9 +171,10 @@ def launch(queue, kernel, global_size, local_size, *args, what=""):
     if local_size is not None:
         global_size = tuple(-(-g // l) * l for g, l in zip(global_size, local_size))
     event = _enqueue(kernel, global_size, what, lambda: kernel(queue, global_size, local_size, *args))
-    capture = getattr(_capture, "current", None)
+    capture = _capture.current
     if capture is not None:
         capture.launches.append((kernel, global_size, local_size, args, what))
+        capture.names.append(kernel.function_name)
     return event
 
 
@@ -191,34 +192,53 @@ def bound_kernel(kernel, args, what=""):
     return copy
 
 
-def relaunch(queue, kernel, global_size, local_size, changed, what=""):
-    """Enqueue a :func:`bound_kernel` again after setting ``changed``, ((position, value), ...);
-    ``global_size`` already a multiple of ``local_size``, as :func:`launch` made it."""
-    def enqueue():
-        for pos, value in changed:
-            kernel.set_arg(pos, value)
-        return cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size)
-    event = _enqueue(kernel, global_size, what, enqueue)
-    not_capturable()   # a capture in progress would not see this launch
+def relaunch(queue, launches, bufs):
+    """Enqueue :func:`bound_kernel` copies again, in order, under one hold of the launch lock:
+    ``launches``: ((kernel, global size, local size, slots, what), ...), global sizes already
+    multiples of the local ones, as :func:`launch` made them; each slot (argument position, i)
+    is set to ``bufs[i]`` first. The last launch's event is returned."""
+    event, events = None, []
+    try:
+        with _launch_lock:
+            for kernel, global_size, local_size, slots, what in launches:
+                for pos, i in slots:
+                    kernel.set_arg(pos, bufs[i])
+                event = cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size)
+                events.append(event)
+    except cl.Error as exc:
+        raise ClconvError(f"clconv: {what or kernel.function_name}: launching {kernel.function_name} "
+                          f"over {global_size} failed: {exc}") from exc
+    if _recording.events is not None:   # names are driver queries: only when recording
+        for (kernel, *_), e in zip(launches, events):
+            record(kernel.function_name, e)
+    if _capture.current is not None:   # a capture in progress would not see these
+        for kernel, *_ in launches:
+            not_capturable(kernel.function_name)
     return event
 
 
 class Capture:
     """The launches one thread made while capturing, as ``(kernel, global size, local size,
     args, what)``; ``complete`` is False when it also enqueued something else (a CLBlast GEMM,
-    markers), which a replay of the launches would miss."""
+    markers), which a replay of the launches would miss. ``names``: what each enqueued command
+    was, in order (kernel names, "clblast_gemm", ...): the pass's launches as
+    :meth:`clconv.Plan.explain` counts them."""
 
     def __init__(self):
-        self.launches, self.complete = [], True
+        self.launches, self.names, self.complete = [], [], True
 
 
-_capture = threading.local()
+class _Capturing(threading.local):
+    current = None   # a default found without an AttributeError: this is read on every launch
+
+
+_capture = _Capturing()
 
 
 @contextmanager
 def capturing():
     """A :class:`Capture` of this thread's launches while in the block (see :mod:`clconv.replay`)."""
-    outer = getattr(_capture, "current", None)
+    outer = _capture.current
     _capture.current = capture = Capture()
     try:
         yield capture
@@ -226,16 +246,24 @@ def capturing():
         _capture.current = outer
         if outer is not None:   # the outer capture did not see these launches
             outer.complete = False
+            outer.names += capture.names
 
 
-def not_capturable():
-    """Mark the capture in progress (if any) incomplete: this thread enqueues something not a launch."""
-    capture = getattr(_capture, "current", None)
+def not_capturable(name=None, times=1):
+    """Mark the capture in progress (if any) incomplete: this thread enqueues something a replay
+    of the captured launches would miss: ``times`` launches of ``name`` (a CLBlast GEMM), or
+    with no name, markers and barriers."""
+    capture = _capture.current
     if capture is not None:
         capture.complete = False
+        capture.names += [name] * times if name else []
 
 
-_recording = threading.local()
+class _Recording(threading.local):
+    events = None
+
+
+_recording = _Recording()
 
 
 @contextmanager
@@ -245,10 +273,10 @@ def recording():
     try:
         yield _recording.events
     finally:
-        del _recording.events
+        _recording.events = None
 
 
 def record(name, event):
-    events = getattr(_recording, "events", None)
+    events = _recording.events
     if events is not None:
         events.append((name, event))

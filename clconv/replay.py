@@ -9,6 +9,11 @@ each launch gets a private copy of its kernel with every argument but the buffer
 (not on the first call: a one-off layout would pay for copies it never uses, about 0.1 ms each
 on PoCL), and calls set only the buffers and enqueue. Passes that enqueue anything besides
 clconv's own kernels (CLBlast GEMMs, per-group queues) are not kept and run in full every time.
+
+The usual call (device arrays on their own queue, a new result) goes shorter still: once its
+pass has been replayed, the plan keeps the bound launches under the call's layout
+(:func:`layout`: the arrays' offsets and which share a buffer) and :meth:`Replays.fast` finds
+them from the arrays themselves, before any other work of the call (``clconv.Plan._call``).
 """
 import threading
 from collections import OrderedDict
@@ -23,38 +28,76 @@ KEPT = 8   # signatures kept per plan
 class Replays:
     def __init__(self):
         self._entries = OrderedDict()   # signature -> [queue, steps, their bound launches or None]
+        self._fast = {}                 # (pass key, queue, layout) -> bound launches
         self._lock = threading.Lock()
+        self.launched = {}              # pass key -> names of what its last full run launched
 
-    def run(self, pass_name, queue, refs, ws, ws_size, enqueue):
+    def run(self, pass_key, queue, refs, ws, ws_size, enqueue):
         """Enqueue a pass on ``queue`` with array references ``refs`` (Refs or None) and
         workspace ``ws`` (None, or a buffer of ``ws_size`` bytes): replayed when its signature
-        has been seen, else by ``enqueue()``, whose launches are then kept."""
-        key = _signature(pass_name, queue, refs, ws_size)
+        has been seen, else by ``enqueue()``, whose launches are then kept. Returns the bound
+        launches when replayed (for :meth:`arm`), else None."""
+        key = _signature(pass_key, queue, refs, ws_size)
         entry = self._entries.get(key)
         if entry is not None and entry[0] is queue:
             if entry[2] is None:   # seen a second time: worth its kernel copies
                 entry[2] = [(bound_kernel(kernel, args, what), global_size, local_size, slots, what)
                             for kernel, global_size, local_size, args, slots, what in entry[1]]
-            for kernel, global_size, local_size, slots, what in entry[2]:
-                relaunch(queue, kernel, global_size, local_size,
-                         [(pos, ws if i < 0 else refs[i].buf) for pos, i in slots], what)
-            return
+            relaunch(queue, entry[2], [None if r is None else r.buf for r in refs] + [ws])
+            return entry[2]
         with capturing() as capture:
             enqueue()
+        self.launched[pass_key] = capture.names
         steps = _steps(capture, refs, ws) if capture.complete else None
         if steps is not None:
             with self._lock:
                 self._entries[key] = [queue, steps, None]
                 while len(self._entries) > KEPT:
                     self._entries.popitem(last=False)
+        return None
+
+    def arm(self, pass_key, queue, arrays, launches):
+        """Keep ``launches`` (a replay's, from :meth:`run`) for :meth:`fast` calls of ``pass_key``
+        on ``queue`` with arrays laid out as ``arrays`` (the call's device arrays, their result
+        a new array)."""
+        with self._lock:
+            if len(self._fast) >= KEPT:
+                self._fast.clear()
+            self._fast[pass_key, queue, layout(arrays)] = launches
+
+    def fast(self, pass_key, queue, arrays):
+        """The launches :meth:`arm` kept for a call of ``pass_key`` on ``queue`` with
+        ``arrays`` (plain device arrays on ``queue``) and a new result, or None; to be
+        relaunched (:func:`clconv.programs.relaunch`) with the arrays' buffers, the result's
+        and the workspace."""
+        return self._fast.get((pass_key, queue, layout(arrays)))
 
 
-def _signature(pass_name, queue, refs, ws_size):
+def layout(arrays):
+    """What a replay's arguments depend on in device arrays of known shapes, besides a new
+    result (its own buffer, at offset 0): per array (None stays None) its byte offset and which
+    array before it shares its buffer (the count of arrays before it if none does)."""
+    key, bufs = [], []
+    for a in arrays:   # a plain loop: this runs on every call
+        if a is None:
+            key.append(None)
+            continue
+        buf, first = a.base_data, 0
+        for seen in bufs:
+            if seen is buf:
+                break
+            first += 1
+        bufs.append(buf)
+        key.append((a.offset, first))
+    return tuple(key)
+
+
+def _signature(pass_key, queue, refs, ws_size):
     """What the launches depend on besides the plan: per array its offset, extent and the first
     array sharing its buffer; the queue and the workspace's size."""
     ids = [None if r is None else id(r.buf) for r in refs]   # all buffers are alive during the call
     arrays = tuple(None if r is None else (r.off, r.end, ids.index(i)) for r, i in zip(refs, ids))
-    return pass_name, queue.int_ptr, ws_size, arrays
+    return pass_key, queue.int_ptr, ws_size, arrays
 
 
 def _steps(capture, refs, ws):

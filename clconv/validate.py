@@ -94,17 +94,28 @@ def all_plain(dtype, context, arrays, shapes, out, out_shape):
     and ``out`` overlaps none of the others: the usual call, accepted in one quick test.
     Anything else goes through the checks above, which name what is wrong (or accept it)."""
     for name, a in arrays.items():
-        if not (_plain(a, dtype, shapes[name], context) or a is None and name in OPTIONAL):
+        if not (a is None and name in OPTIONAL or _plain(a, dtype, shapes[name]) and a.context == context):
             return False
     if out is None:
         return True
-    return _plain(out, dtype, out_shape, context) and not any(a is not None and _overlap(a, out)
-                                                             for a in arrays.values())
+    return (_plain(out, dtype, out_shape) and out.context == context
+            and not any(a is not None and _overlap(a, out) for a in arrays.values()))
 
 
-def _plain(a, dtype, shape, context):
-    return (type(a) is cla.Array and a.dtype == dtype and a.shape == shape and a.context == context
-            and a.flags.c_contiguous and not a.offset % dtype.itemsize)
+def on_queue(queue, dtype, names, arrays, shapes):
+    """Whether every array (``names``, ``arrays`` and their expected ``shapes`` in argument
+    order; None where allowed) is a C-contiguous, aligned pyopencl Array of ``dtype`` and its
+    shape on ``queue`` itself: then it is in the queue's context and there is nothing of
+    another queue to wait for. A plan's replayed call needs no other check (:meth:`clconv.Plan.forward`)."""
+    for name, a, shape in zip(names, arrays, shapes):
+        if not (a is None and name in OPTIONAL or _plain(a, dtype, shape) and a.queue is queue):
+            return False
+    return True
+
+
+def _plain(a, dtype, shape):
+    return (type(a) is cla.Array and a.dtype == dtype and a.shape == shape and a.flags.c_contiguous
+            and not a.offset % dtype.itemsize)
 
 
 def pick_queue(queue, *arrays, default=None):

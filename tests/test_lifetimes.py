@@ -77,7 +77,7 @@ def test_kernel_copies_outlive_their_program(queue):
     src = cla.to_device(q, np.arange(n, dtype=np.float32))
     dst = cla.zeros(q, n, np.float32)
     copy = bound_kernel(kernel, (None, 0, None, 0, n))
-    relaunch(q, copy, (n,), None, [(0, src.base_data), (2, dst.base_data)])
+    relaunch(q, [(copy, (n,), None, ((0, 0), (2, 1)), "copy")], [src.base_data, dst.base_data])
     np.testing.assert_array_equal(dst.get(), src.get())
 
 
