@@ -69,6 +69,9 @@ class Plan:
                       for p, (algo, _) in self._choice.items()}
         # per pass: its arguments' names and expected sizes, and the result's size, checked on every call
         self._shapes = {p: (tuple(sizes), tuple(sizes.values()), out) for p, (sizes, out) in g.pass_shapes().items()}
+        # the same for the quick test of a replayed call, the result among the arguments
+        # (optional there: None asks for a new one)
+        self._plain_args = {p: ((*names, "out"), (*shapes, out)) for p, (names, shapes, out) in self._shapes.items()}
         self._replays = Replays()
 
     def _build(self, cls, per_group):
@@ -156,7 +159,8 @@ class Plan:
         for p, (algo, why) in self._choice.items():
             queues = ", per-group queues" if algo.per_group and g.groups > 1 else ""
             lines.append(f"{p} [{algo.name}]: {algo.describe(p)}{queues}; chosen because {why}; "
-                         f"workspace {self._workspace_elements(p) * self.compute_dtype.itemsize} bytes")
+                         f"workspace {self._workspace_elements(p) * self.compute_dtype.itemsize} bytes; "
+                         f"{_launches(self.launches(p))}")
         return "\n".join(lines)
 
     def enqueue(self, pass_name, queue, *refs, allocator=None, relu=False):
@@ -212,32 +216,53 @@ class Plan:
     def _call(self, pass_name, arrays, out, queue, allocator, relu=False):
         """A pass on ``arrays`` (in argument order): checked, uploaded where NumPy, enqueued, and
         its result in the caller's form. The usual call (device arrays of the plan's dtype and
-        their expected sizes on their own queue, a new result) whose layout was replayed before
-        is enqueued at once (:meth:`clconv.replay.Replays.fast`), nothing else done."""
+        their expected sizes on their own queue, ``out`` too if given) whose layout was replayed
+        before is enqueued at once (:meth:`clconv.replay.Replays.fast`), nothing else done."""
         key = (pass_name, relu)
         allocator = allocator or self.allocator
         names, shapes, out_shape = self._shapes[pass_name]
         home = queue or getattr(arrays[0], "queue", None)
-        if out is None and home is not None and on_queue(home, self.dtype, names, arrays, shapes):
-            launches = self._replays.fast(key, home, arrays)
+        if home is not None and self._plain(pass_name, home, arrays, out):
+            launches = self._replays.fast(key, home, arrays, out)
             if launches is not None:
-                result = memory.empty(home, self.context, out_shape, self.dtype, allocator)
+                result = memory.empty(home, self.context, out_shape, self.dtype, allocator) if out is None else out
                 _, what, nbytes = self._runs[pass_name]
                 ws = memory.allocate(home, nbytes, what, allocator) if nbytes else None
                 relaunch(home, launches, [None if a is None else a.base_data for a in arrays] + [result.base_data, ws])
                 return result
         if pass_name != "forward":
             check_grad_output_array(arrays[-1], self.geometry)
-        given = dict(zip(names, arrays))
-        queue, dev, numpy_mode = prepare(queue, self, given, dict(zip(names, shapes)), out, out_shape, allocator)
+        queue, dev, numpy_mode = prepare(queue, self, dict(zip(names, arrays)), dict(zip(names, shapes)), out,
+                                         out_shape, allocator)
         if self.geometry.N:
             refs = [None if dev[n] is None else ref(dev[n]) for n in names] + [ref(dev["out"])]
             replayed = self.enqueue(pass_name, queue, *refs, allocator=allocator, relu=relu)
-            if replayed is not None and out is None and on_queue(queue, self.dtype, names, arrays, shapes):
-                self._replays.arm(key, queue, arrays, replayed)
+            if replayed is not None and self._plain(pass_name, queue, arrays, out):
+                self._replays.arm(key, queue, arrays, out, replayed)
         elif pass_name == "backward_weight":
             storage.zero(queue, dev["out"])
         return finish(queue, dev, out, numpy_mode)
+
+    def _plain(self, pass_name, queue, arrays, out):
+        """Whether a call of ``pass_name``'s arrays and ``out`` (None: a new result) are plain
+        device arrays on ``queue`` (:func:`clconv.validate.on_queue`), as a replayed call needs."""
+        names, shapes = self._plain_args[pass_name]
+        return on_queue(queue, self.dtype, names, (*arrays, out), shapes)
+
+
+def _launches(names):
+    """explain()'s account of what a pass launches: "launches 3 (im2col_rows, gemm_cpu,
+    cnhw_to_nchw)", repeats as "clblast_gemm x13"."""
+    if names is None:
+        return "launches counted when the pass first runs"
+    runs = []
+    for name in names:
+        if runs and runs[-1][0] == name:
+            runs[-1][1] += 1
+        else:
+            runs.append([name, 1])
+    listed = ", ".join(name if n == 1 else f"{name} x{n}" for name, n in runs)
+    return f"launches {len(names)} per call ({listed})"
 
 
 def _check_allocations(g, dtype, device):

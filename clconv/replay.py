@@ -10,8 +10,8 @@ each launch gets a private copy of its kernel with every argument but the buffer
 on PoCL), and calls set only the buffers and enqueue. Passes that enqueue anything besides
 clconv's own kernels (CLBlast GEMMs, per-group queues) are not kept and run in full every time.
 
-The usual call (device arrays on their own queue, a new result) goes shorter still: once its
-pass has been replayed, the plan keeps the bound launches under the call's layout
+The usual call (device arrays on their own queue, a new result or ``out=``) goes shorter still:
+once its pass has been replayed, the plan keeps the bound launches under the call's layout
 (:func:`layout`: the arrays' offsets and which share a buffer) and :meth:`Replays.fast` finds
 them from the arrays themselves, before any other work of the call (``clconv.Plan._call``).
 """
@@ -56,27 +56,26 @@ class Replays:
                     self._entries.popitem(last=False)
         return None
 
-    def arm(self, pass_key, queue, arrays, launches):
+    def arm(self, pass_key, queue, arrays, out, launches):
         """Keep ``launches`` (a replay's, from :meth:`run`) for :meth:`fast` calls of ``pass_key``
-        on ``queue`` with arrays laid out as ``arrays`` (the call's device arrays, their result
-        a new array)."""
+        on ``queue`` with arrays and ``out`` (None: a new result) laid out as these."""
         with self._lock:
             if len(self._fast) >= KEPT:
                 self._fast.clear()
-            self._fast[pass_key, queue, layout(arrays)] = launches
+            self._fast[pass_key, queue, layout((*arrays, out))] = launches
 
-    def fast(self, pass_key, queue, arrays):
+    def fast(self, pass_key, queue, arrays, out):
         """The launches :meth:`arm` kept for a call of ``pass_key`` on ``queue`` with
-        ``arrays`` (plain device arrays on ``queue``) and a new result, or None; to be
-        relaunched (:func:`clconv.programs.relaunch`) with the arrays' buffers, the result's
-        and the workspace."""
-        return self._fast.get((pass_key, queue, layout(arrays)))
+        ``arrays`` and ``out`` (plain device arrays on ``queue``; None: a new result), or None;
+        to be relaunched (:func:`clconv.programs.relaunch`) with the arrays' buffers, the
+        result's and the workspace."""
+        return self._fast.get((pass_key, queue, layout((*arrays, out))))
 
 
 def layout(arrays):
-    """What a replay's arguments depend on in device arrays of known shapes, besides a new
-    result (its own buffer, at offset 0): per array (None stays None) its byte offset and which
-    array before it shares its buffer (the count of arrays before it if none does)."""
+    """What a replay's arguments depend on in device arrays of known shapes: per array (None,
+    no bias or a new result, stays None) its byte offset and which array before it shares its
+    buffer (the count of arrays before it if none does)."""
     key, bufs = [], []
     for a in arrays:   # a plain loop: this runs on every call
         if a is None:

@@ -85,7 +85,7 @@ def _overlap(a, b):
             and a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes)
 
 
-OPTIONAL = ("bias",)   # the only arguments that may be None
+OPTIONAL = ("bias",)   # the only arguments that may be None (and "out", the result, checked on its own)
 
 
 def all_plain(dtype, context, arrays, shapes, out, out_shape):
@@ -104,11 +104,13 @@ def all_plain(dtype, context, arrays, shapes, out, out_shape):
 
 def on_queue(queue, dtype, names, arrays, shapes):
     """Whether every array (``names``, ``arrays`` and their expected ``shapes`` in argument
-    order; None where allowed) is a C-contiguous, aligned pyopencl Array of ``dtype`` and its
-    shape on ``queue`` itself: then it is in the queue's context and there is nothing of
-    another queue to wait for. A plan's replayed call needs no other check (:meth:`clconv.Plan.forward`)."""
+    order; None where allowed, and for "out") is a C-contiguous, aligned pyopencl Array of
+    ``dtype`` and its shape on ``queue`` itself: then it is in the queue's context and there is
+    nothing of another queue to wait for. A replayed call whose arrays are laid out as before
+    (:func:`clconv.replay.layout`: the offsets, and so any overlap, of an earlier call that
+    passed every check) needs no other check (``clconv.Plan._call``)."""
     for name, a, shape in zip(names, arrays, shapes):
-        if not (a is None and name in OPTIONAL or _plain(a, dtype, shape) and a.queue is queue):
+        if not (a is None and (name in OPTIONAL or name == "out") or _plain(a, dtype, shape) and a.queue is queue):
             return False
     return True
 

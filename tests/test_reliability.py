@@ -1,4 +1,5 @@
 """Determinism and threads: same answers every run, on every queue."""
+import sys
 import threading
 
 import numpy as np
@@ -137,3 +138,79 @@ def test_replayed_calls_read_and_write_their_own_arrays(case, algorithm, queue, 
         p.forward(xv, wv, out=yv)
         assert_close(yv.get(), want, np.float32, "forward into a view")
     np.testing.assert_array_equal(views(shared)[2].get(), views(again)[2].get())
+
+
+@pytest.mark.parametrize("case,algorithm", REPLAYED, ids=lambda v: getattr(v, "name", v))
+def test_replayed_and_fast_calls_match_first_calls_bit_for_bit(case, algorithm, queue, monkeypatch):
+    """A plan's first call of a pass runs it in full, its second replays the kept launches, its
+    third and later take the fast path (the bound launches found from the arrays' layout, no
+    other work: here prepare() would raise). Each gives bit for bit what a new plan's first
+    call gives on the same data, with fresh data, a new result or out=."""
+    monkeypatch.setenv("CLCONV_GEMM", "clconv")   # passes with CLBlast GEMMs are not replayed
+    opts = case.options
+    p = clconv.plan(case.input_shape, case.weight_shape, **opts, queue=queue, algorithm=algorithm)
+
+    def passes(plan, x, w, b, dy, outs=None):
+        outs = outs or {}
+        return [plan.forward(x, w, b, out=outs.get("forward")).get(),
+                plan.backward_input(w, dy, out=outs.get("backward_input")).get(),
+                plan.backward_weight(x, dy, out=outs.get("backward_weight")).get()]
+
+    def first_calls(x, w, b, dy):   # a new plan's: nothing kept yet
+        fresh = clconv.plan(case.input_shape, case.weight_shape, **opts, queue=queue, algorithm=algorithm)
+        return passes(fresh, x, w, b, dy)
+
+    data = [tuple(cla.to_device(queue, a) for a in case.data(seed=seed)) for seed in (1, 2, 3)]
+    want = first_calls(*data[0])
+    for _ in range(2):   # the full run, then the replay that arms the fast path
+        for got, expected in zip(passes(p, *data[0]), want):
+            np.testing.assert_array_equal(got, expected)
+    outs = {name: cla.empty(queue, shape, np.float32)
+            for name, shape in (("forward", p.geometry.output_shape), ("backward_input", case.input_shape),
+                                ("backward_weight", case.weight_shape))}
+    passes(p, *data[0], outs)   # the out= layout: replayed once, then fast too
+    expected = {seed: first_calls(*d) for seed, d in zip((2, 3), data[1:])}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a fast-path call went through prepare()")
+    monkeypatch.setattr(sys.modules["clconv.plan"], "prepare", refuse)   # clconv.plan is the function
+    for seed, d in zip((2, 3), data[1:]):   # fresh data, fast path only
+        for got, expected_one in zip(passes(p, *d), expected[seed]):
+            np.testing.assert_array_equal(got, expected_one)
+        for got, expected_one in zip(passes(p, *d, outs), expected[seed]):
+            np.testing.assert_array_equal(got, expected_one)
+
+
+LAUNCHES = [  # per algorithm, what each pass launches on a CPU device with clconv's CPU GEMM kernel
+    (Case("im2col_split_k", 4, 4, 17, 19, 6, 3, 3, padding=1, groups=2), "im2col",
+     (["im2col_rows", "gemm_cpu", "cnhw_to_nchw"], ["nchw_to_cnhw", "gemm_cpu", "col2im"],
+      ["im2col_rows", "nchw_to_cnhw", "gemm_cpu", "sum_partials"])),
+    (Case("depthwise", 3, 6, 40, 33, 12, 3, 3, stride=2, padding=1, groups=6), "direct",
+     (["direct_rows"], ["direct_input_rows"], ["direct_weight_rows", "direct_weight_sum"])),
+    (Case("winograd", 2, 6, 13, 11, 4, 3, 3, padding=1, groups=2), "winograd",
+     (["winograd_filter_rows", "winograd_input_rows", "gemm_cpu", "winograd_output_rows"],
+      ["winograd_filter_rows", "winograd_input_rows", "gemm_cpu", "winograd_output_rows"],
+      ["winograd_input_rows", "winograd_grad_output_rows", "gemm_cpu", "winograd_grad_filter_rows"])),
+    (Case("fft", 2, 4, 9, 7, 6, 3, 3, padding=1, groups=2), "fft",
+     (["fft_filter", "fft_image", "gemm_cpu", "fft_output"], ["fft_filter", "fft_image", "gemm_cpu", "fft_output"],
+      ["fft_image", "fft_image", "gemm_cpu", "fft_output"])),
+    (Case("fc", 5, 8, 3, 2, 12, 3, 2, groups=4), "fc", (["fill_bias", "gemm_cpu"], ["gemm_cpu"], ["gemm_cpu"])),
+    (Case("pointwise", 5, 6, 13, 7, 9, 1, 1, groups=3), "1x1",
+     (["fill_bias", "gemm_cpu"], ["gemm_cpu"], ["im2col_rows", "nchw_to_cnhw", "gemm_cpu"])),
+]
+
+
+@pytest.mark.parametrize("case,algorithm,launches", LAUNCHES, ids=lambda v: getattr(v, "name", None))
+def test_launches_per_pass(case, algorithm, launches, queue):
+    """Every algorithm's launches per pass, counted and named by the plan and shown by explain():
+    a new launch in a pass is a change this table must be told of. The forward has a bias."""
+    if queue.device.type & cl.device_type.GPU:
+        pytest.skip("the table is for CPU devices (GPU kernels and split-K launch differently)")
+    x, w, b, dy = (cla.to_device(queue, a) for a in case.data())
+    p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm=algorithm, gemm="cpu")
+    assert "launches counted when the pass first runs" in p.explain()
+    p.forward(x, w, b), p.backward_input(w, dy), p.backward_weight(x, dy)
+    for pass_name, want in zip(("forward", "backward_input", "backward_weight"), launches):
+        assert p.launches(pass_name) == want, pass_name
+        line = next(line for line in p.explain().splitlines() if line.startswith(pass_name))
+        assert f"launches {len(want)} per call (" in line and all(name in line for name in want), line
