@@ -27,7 +27,7 @@ from numpy.lib.stride_tricks import as_strided
 
 import clconv
 from clconv import reference
-from clconv.algorithms import im2col, pointwise
+from clconv.algorithms import fc, im2col, pointwise
 from clconv.gemm import clblast as blas, k_slices
 from helpers import QueueAs
 
@@ -51,6 +51,7 @@ SWEEP = [
     ("im2col_split_k_fwd_dgrad", (3, 6, 9, 7), (8, 3, 3, 3), dict(stride=2, padding=(1, 0), groups=2, slices=3),
      "im2col", "single", None),
     ("fc", (3, 4, 3, 2), (6, 2, 3, 2), dict(groups=2), "fc", "single", None),
+    ("fc_split_k", (2, 6, 2, 1), (9, 6, 2, 1), dict(slices=3), "fc", "single", None),
     ("1x1_split_k", (2, 6, 16, 17), (12, 6, 1, 1), dict(slices=3), "1x1", "single", None),
     ("1x1", (2, 6, 3, 5), (4, 3, 1, 1), dict(groups=2), "1x1", "single", None),
     ("direct_depthwise", (2, 3, 7, 6), (6, 1, 3, 3), dict(stride=2, padding=1, groups=3), "direct", "single",
@@ -181,7 +182,7 @@ def main():
         engine = opts.pop("gemm", "clblast")
         as_cpu = opts.pop("cpu", False)
         slices = opts.pop("slices", None)   # split-K slices the GEMM rule gives, forced (None: the rule's)
-        for module in (im2col, pointwise):
+        for module in (fc, im2col, pointwise):
             module.k_slices = (lambda *args, n=slices, **kw: n) if slices else k_slices
         if engine != "clblast" and "--host-gemm" not in sys.argv:
             continue

@@ -442,6 +442,33 @@ def test_pointwise_split_k(case, slices, queue, monkeypatch):
                  "grad-weight")
 
 
+@pytest.mark.parametrize("slices", [2, 3, 5])
+@pytest.mark.parametrize("case", [
+    Case("fc_c12_k9_3x2", 3, 12, 3, 2, 9, 3, 2),     # forward K=72, grad-input K=9
+    Case("fc_c8_k30_1x1_one_image", 1, 8, 1, 1, 30, 1, 1),   # a squeeze-excitation layer at batch 1
+], ids=repr)
+def test_fc_split_k(case, slices, queue, monkeypatch):
+    """fc's split-K (a GPU's rule, forced here on any device and engine): forward and grad-input
+    cut along K, rounded down to a divisor of that K, against the reference."""
+    from clconv.algorithms import fc
+    monkeypatch.setattr(fc, "k_slices", lambda device, engine, m, n, k, count, itemsize=4: slices)
+    x, w, b, dy = case.data()
+    opts = case.options
+    p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="fc")
+    algo = p._choice["forward"][0]
+    g = p.geometry
+    for pass_name, k in (("forward", g.Kd), ("backward_input", g.K), ("backward_weight", 1)):
+        want = max(d for d in range(1, slices + 1) if k % d == 0)
+        assert algo.split[pass_name] == want, pass_name
+        assert ("split-K into" in algo.describe(pass_name)) == (want > 1), pass_name
+    assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float32, "forward")
+    assert_close(p.forward(x, w, b, relu=True), np.maximum(reference.conv2d(x, w, b, **opts), 0), np.float32,
+                 "forward + ReLU")
+    assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "grad-input")
+    assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **opts), np.float32,
+                 "grad-weight")
+
+
 @pytest.mark.parametrize("queues", ["single", "per-group"])
 @pytest.mark.parametrize("slices", [2, 3, 5])
 @pytest.mark.parametrize("case", [

@@ -6,10 +6,17 @@ strided-batched GEMM over the groups, over the whole batch, with no workspace:
   forward       Y[:, g]  = X[:, g] @ W[g]^T       M=N   N=Kg  K=Kd
   grad-input    dX[:, g] = dY[:, g] @ W[g]        M=N   N=Kd  K=Kg
   grad-weight   dW[g]    = dY[:, g]^T @ X[:, g]   M=Kg  N=Kd  K=N
+
+With one group, on a GPU, forward and grad-input GEMMs whose grid is too small to fill the
+device (squeeze-excitation layers: a few images times 8-1152 outputs, K up to 1152, one
+work-group looping over all of K) are cut along K into slices (:func:`clconv.gemm.k_slices`,
+the rule 1x1 and im2col use), whose partial results in the workspace are summed in order.
 """
 from ..bias import after_gemm, before_gemm
-from ..gemm import Operand as Op
+from ..buffers import Ref, idx_for
+from ..gemm import Operand as Op, k_slices
 from .base import Algorithm
+from .partials import fit_slices, partials_size, sum_partials
 
 
 class FullyConnected(Algorithm):
@@ -22,22 +29,48 @@ class FullyConnected(Algorithm):
         return False, (f"needs a kernel covering the whole unpadded input (kernel {g.kh}x{g.kw}, "
                        f"input {g.H}x{g.W}, padding {g.pads})")
 
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
+        super().__init__(g, dtype, device, workspace_limit, per_group, gemm)
+        item = dtype.itemsize   # split-K slices per pass: one group only, as many as the workspace holds
+        split = (lambda m, n, k: 1 if g.groups > 1 else
+                 fit_slices(k, k_slices(device, gemm, m, n, k, 1, item), workspace_limit // (m * n * item)))
+        self.split = {"forward": split(g.N, g.K, g.Kd), "backward_input": split(g.N, g.Kd, g.K), "backward_weight": 1}
+        self.workspace["forward"] = partials_size(self.split["forward"], g.N * g.K)
+        self.workspace["backward_input"] = partials_size(self.split["backward_input"], g.N * g.Kd)
+
     def describe(self, pass_name):
-        g = self.g
+        g, S = self.g, self.split[pass_name]
         mnk = {"forward": (g.N, g.Kg, g.Kd), "backward_input": (g.N, g.Kd, g.Kg),
                "backward_weight": (g.Kg, g.Kd, g.N)}[pass_name]
+        split = (f", split-K into {S} slices of K={mnk[2] // S} summed in order (the grid alone would leave the "
+                 "GPU's compute units idle)" if S > 1 else ", no workspace")
         return (f"fully-connected GEMM over the whole batch, {g.groups} group(s) in one batched call, "
-                f"M={mnk[0]} N={mnk[1]} K={mnk[2]}, no im2col, no workspace")
+                f"M={mnk[0]} N={mnk[1]} K={mnk[2]}, no im2col" + split)
 
     def forward(self, queue, x, w, bias, y, ws, relu=False):
-        g = self.g
+        g, S = self.g, self.split["forward"]
         beta = before_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
-        self._gemm(queue, g.N, g.Kg, g.Kd, Op(x.buf, x.off, g.C * g.H * g.W, g.Kd), Op(w.buf, w.off, g.Kd, g.Kg * g.Kd),
-                   Op(y.buf, y.off, g.K, g.Kg), beta=beta, b_transp=True, what="forward (fc)")
+        if S > 1:   # slice s: X[:, s-th Kd/S columns] @ W[:, those columns]^T; one group
+            ks, n = g.Kd // S, g.N * g.K
+            self._gemm(queue, g.N, g.K, ks, Op(x.buf, x.off, g.Kd, ks), Op(w.buf, w.off, g.Kd, ks), Op(ws, 0, g.K, n),
+                       slices=S, b_transp=True, what="forward (fc, split-K)")
+            sum_partials(queue, self.dtype, idx_for(self.dtype, x, w, y, bias, Ref(ws, 0)), Ref(ws, 0), S, n, y,
+                         beta != 0, "forward (fc, sum of slices)")
+        else:
+            self._gemm(queue, g.N, g.Kg, g.Kd, Op(x.buf, x.off, g.C * g.H * g.W, g.Kd),
+                       Op(w.buf, w.off, g.Kd, g.Kg * g.Kd), Op(y.buf, y.off, g.K, g.Kg), beta=beta, b_transp=True,
+                       what="forward (fc)")
         after_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
 
     def backward_input(self, queue, w, dy, dx, ws):
-        g = self.g
+        g, S = self.g, self.split["backward_input"]
+        if S > 1:   # slice s: dY[:, s-th K/S filters] @ W[those filters]; one group
+            ks, n = g.K // S, g.N * g.Kd
+            self._gemm(queue, g.N, g.Kd, ks, Op(dy.buf, dy.off, g.K, ks), Op(w.buf, w.off, g.Kd, ks * g.Kd),
+                       Op(ws, 0, g.Kd, n), slices=S, what="grad-input (fc, split-K)")
+            sum_partials(queue, self.dtype, idx_for(self.dtype, w, dy, dx, Ref(ws, 0)), Ref(ws, 0), S, n, dx, False,
+                         "grad-input (fc, sum of slices)")
+            return
         self._gemm(queue, g.N, g.Kd, g.Kg, Op(dy.buf, dy.off, g.K, g.Kg), Op(w.buf, w.off, g.Kd, g.Kg * g.Kd),
                    Op(dx.buf, dx.off, g.C * g.H * g.W, g.Kd), what="grad-input (fc)")
 
