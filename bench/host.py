@@ -126,6 +126,8 @@ def main(argv=None):
                  "backward_input": lambda q=None, out=None: clconv.conv2d_input(xs, wd, dyd, **opts, queue=q, out=out),
                  "backward_weight": lambda q=None, out=None: clconv.conv2d_weight(xd, ws, dyd, **opts, queue=q,
                                                                                    out=out)}
+        on_plan = {"forward": lambda: p.forward(xd, wd), "backward_input": lambda: p.backward_input(wd, dyd),
+                   "backward_weight": lambda: p.backward_weight(xd, dyd)}   # what the pass launches, by name
         want = {"forward": reference.conv2d(x, w, None, **opts),
                 "backward_input": reference.conv2d_input(xs, w, dy, **opts),
                 "backward_weight": reference.conv2d_weight(x, ws, dy, **opts)}
@@ -134,6 +136,7 @@ def main(argv=None):
             error = float(normalised_error(call().get(), want[pass_name]))
             t = measure({"plain": call, "out": lambda: call(out=outs[pass_name])}, queue.finish, args.rounds)
             device_us, launches = device_time(lambda q: call(q), profiling)
+            on_plan[pass_name]()
             row = {"layer": name, "pass": pass_name, "input": list(xs), "weight": list(ws), "options": opts,
                    "algorithm": p.algorithms[pass_name], "launches": launches, "launched": p.launches(pass_name),
                    "device_us": device_us, "error": error, "ok": error <= TOLERANCE[np.dtype(np.float32)], **t}
