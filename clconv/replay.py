@@ -50,8 +50,10 @@ class Replays:
         self.launched[pass_key] = capture.names
         steps = _steps(capture, refs, ws) if capture.complete else None
         if steps is not None:
-            with self._lock:
-                self._entries[key] = [queue, steps, None]
+            with self._lock:   # another thread's entry for this signature, maybe bound already, stays
+                kept = self._entries.get(key)
+                if kept is None or kept[0] is not queue:
+                    self._entries[key] = [queue, steps, None]
                 while len(self._entries) > KEPT:
                     self._entries.popitem(last=False)
         return None
