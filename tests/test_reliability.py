@@ -183,21 +183,28 @@ def test_replayed_and_fast_calls_match_first_calls_bit_for_bit(case, algorithm, 
 
 LAUNCHES = [  # per algorithm, what each pass launches on a CPU device with clconv's CPU GEMM kernel
     (Case("im2col_split_k", 4, 4, 17, 19, 6, 3, 3, padding=1, groups=2), "im2col",
-     (["im2col_rows", "gemm_cpu", "cnhw_to_nchw"], ["nchw_to_cnhw", "gemm_cpu", "col2im"],
-      ["im2col_rows", "nchw_to_cnhw", "gemm_cpu", "sum_partials"])),
+     (["im2col", "gemm_cpu", "cnhw_to_nchw"], ["nchw_to_cnhw", "gemm_cpu", "col2im"],
+      ["im2col", "nchw_to_cnhw", "gemm_cpu", "sum_partials"])),
     (Case("depthwise", 3, 6, 40, 33, 12, 3, 3, stride=2, padding=1, groups=6), "direct",
-     (["direct_rows"], ["direct_input_rows"], ["direct_weight_rows", "direct_weight_sum"])),
+     (["direct"], ["direct_input"], ["direct_weight", "direct_weight_sum"])),
     (Case("winograd", 2, 6, 13, 11, 4, 3, 3, padding=1, groups=2), "winograd",
-     (["winograd_filter_rows", "winograd_input_rows", "gemm_cpu", "winograd_output_rows"],
-      ["winograd_filter_rows", "winograd_input_rows", "gemm_cpu", "winograd_output_rows"],
-      ["winograd_input_rows", "winograd_grad_output_rows", "gemm_cpu", "winograd_grad_filter_rows"])),
+     (["winograd_filter", "winograd_input", "gemm_cpu", "winograd_output"],
+      ["winograd_filter", "winograd_input", "gemm_cpu", "winograd_output"],
+      ["winograd_input", "winograd_grad_output", "gemm_cpu", "winograd_grad_filter"])),
     (Case("fft", 2, 4, 9, 7, 6, 3, 3, padding=1, groups=2), "fft",
      (["fft_filter", "fft_image", "gemm_cpu", "fft_output"], ["fft_filter", "fft_image", "gemm_cpu", "fft_output"],
       ["fft_image", "fft_image", "gemm_cpu", "fft_output"])),
     (Case("fc", 5, 8, 3, 2, 12, 3, 2, groups=4), "fc", (["fill_bias", "gemm_cpu"], ["gemm_cpu"], ["gemm_cpu"])),
     (Case("pointwise", 5, 6, 13, 7, 9, 1, 1, groups=3), "1x1",
-     (["fill_bias", "gemm_cpu"], ["gemm_cpu"], ["im2col_rows", "nchw_to_cnhw", "gemm_cpu"])),
+     (["fill_bias", "gemm_cpu"], ["gemm_cpu"], ["im2col", "nchw_to_cnhw", "gemm_cpu"])),
 ]
+
+
+def kernel_kind(name):
+    """A launch's kernel without the CPU variant's suffix: whether a runtime gets a transform's
+    row kernel (direct_rows, winograd_input_rows, ...) or its per-tile one depends on what its
+    compiler vectorises (clconv.algorithms.winograd, .direct), not on the pass's launches."""
+    return name.removesuffix("_rows")
 
 
 @pytest.mark.parametrize("case,algorithm,launches", LAUNCHES, ids=lambda v: getattr(v, "name", None))
@@ -211,6 +218,7 @@ def test_launches_per_pass(case, algorithm, launches, queue):
     assert "launches counted when the pass first runs" in p.explain()
     p.forward(x, w, b), p.backward_input(w, dy), p.backward_weight(x, dy)
     for pass_name, want in zip(("forward", "backward_input", "backward_weight"), launches):
-        assert p.launches(pass_name) == want, pass_name
+        launched = p.launches(pass_name)
+        assert [kernel_kind(name) for name in launched] == want, pass_name
         line = next(line for line in p.explain().splitlines() if line.startswith(pass_name))
-        assert f"launches {len(want)} per call (" in line and all(name in line for name in want), line
+        assert f"launches {len(want)} per call (" in line and all(name in line for name in launched), line
