@@ -125,6 +125,10 @@ SWEEP = [
     ("cpu_im2col_strided_dilated", (2, 4, 11, 13), (6, 2, 3, 2), dict(stride=(2, 3), padding=((2, 0), (1, 2)),
                                                                       dilation=(1, 2), groups=2, cpu=True),
      "im2col", "single", None),
+    # col2im_rows over tiles of 2 output rows (their input rows added after the first tile's)
+    ("cpu_im2col_tiles", (2, 4, 9, 7), (4, 2, 3, 3), dict(stride=(2, 1), padding=((2, 1), (1, 0)), dilation=(1, 2),
+                                                          groups=2, cpu=True), "im2col", "single", 4 * 9 * 2 * 4 * 4),
+    ("cpu_im2col_1x1_stride_2", (2, 5, 9, 11), (3, 5, 1, 1), dict(stride=2, cpu=True), "im2col", "single", None),
 ]
 
 

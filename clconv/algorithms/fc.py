@@ -33,7 +33,7 @@ class FullyConnected(Algorithm):
         super().__init__(g, dtype, device, workspace_limit, per_group, gemm)
         item = dtype.itemsize   # split-K slices per pass: one group only, as many as the workspace holds
         split = (lambda m, n, k: 1 if g.groups > 1 else
-                 fit_slices(k, k_slices(device, gemm, m, n, k, 1, item), workspace_limit // (m * n * item)))
+                 fit_slices(k, k_slices(device, gemm, m, n, k, 1, item), workspace_limit // max(1, m * n * item)))
         self.split = {"forward": split(g.N, g.K, g.Kd), "backward_input": split(g.N, g.Kd, g.K), "backward_weight": 1}
         self.workspace["forward"] = partials_size(self.split["forward"], g.N * g.K)
         self.workspace["backward_input"] = partials_size(self.split["backward_input"], g.N * g.Kd)

@@ -191,6 +191,22 @@ class Im2col(Algorithm):
             return
         launch(queue, self._kernel(queue, "im2col", idx), (rows * cols, g.C, B), (64, 1, 1), *args, what="im2col")
 
+    def _col2im(self, queue, idx, ws, col, dx, n0, B, first, last, accumulate, tile=None):
+        """Input rows first ... last-1 of images n0 ... n0+B-1 from col at ``col`` (or of image n0
+        from a ``tile``'s col), added to dx with ``accumulate``: on GPUs a work-item per (input
+        pixel, channel, image); on CPUs col2im_rows, a work-item per (input row, channel) summing
+        VW pixels at a time."""
+        g = self.g
+        args = (ws, col, dx.buf, dx.off + n0 * g.C * g.H * g.W, *self._geometry_args(B, tile), first * g.W,
+                int(accumulate))
+        what = "col2im (tile)" if tile else "col2im"
+        if self.vw:
+            knl = get_kernel(queue.context, "im2col.cl", "col2im_rows", self.dtype, IDX=idx, VW=self.vw)
+            launch(queue, knl, (B * (last - first), g.C), (1, 1), *args, what=what)
+            return
+        launch(queue, self._kernel(queue, "col2im", idx), ((last - first) * g.W, g.C, B), (64, 1, 1), *args,
+               what=what)
+
     def _to_columns(self, queue, idx, dy, n0, B, ws, t):
         """dY of images n0 ... n0+B-1 (B, K, P) as (K, B*P): (buffer, offset) of T, or of dY
         itself for one image of one group (with more groups, dY at an offset CLBlast might
@@ -248,7 +264,6 @@ class Im2col(Algorithm):
             return self._input_tiles(queue, w, dy, dx, ws)
         idx = idx_for(self.dtype, w, dy, dx, Ref(ws, 0))
         Kg, Kd = g.Kg, g.Kd
-        col2im = self._kernel(queue, "col2im", idx)
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
             col, ld = g.K * nb * g.P, nb * g.P
@@ -264,8 +279,7 @@ class Im2col(Algorithm):
             else:
                 self._gemm(queue, Kd, ld, Kg, Op(w.buf, w.off, Kd, Kg * Kd), Op(t_buf, t, ld, Kg * ld),
                            Op(ws, col, ld, Kd * ld), a_transp=True, what="grad-input")
-            launch(queue, col2im, (g.H * g.W, g.C, nb), (64, 1, 1), ws, col,
-                   dx.buf, dx.off + n0 * g.C * g.H * g.W, *self._geometry_args(nb), 0, 0, what="col2im")
+            self._col2im(queue, idx, ws, col, dx, n0, nb, 0, g.H, False)
 
     def backward_weight(self, queue, x, dy, dw, ws):
         g, B = self.g, self.chunk
@@ -323,7 +337,6 @@ class Im2col(Algorithm):
         g, Kg, Kd = self.g, self.g.Kg, self.g.Kd
         (pt, _), (sh, dh) = g.pads[0], (g.stride[0], g.dilation[0])
         idx = idx_for(self.dtype, w, dy, dx, Ref(ws, 0))
-        col2im = self._kernel(queue, "col2im", idx)
         for n in range(g.N):
             for t, tile in enumerate(self._bands()):
                 oy0, rows, ox0, cols = tile
@@ -335,9 +348,7 @@ class Im2col(Algorithm):
                 first = 0 if t == 0 else max(0, oy0 * sh - pt)
                 last = g.H if t == 0 else min(g.H, (oy0 + rows - 1) * sh - pt + (g.kh - 1) * dh + 1)
                 if last > first:
-                    launch(queue, col2im, ((last - first) * g.W, g.C, 1), (64, 1, 1), ws, 0,
-                           dx.buf, dx.off + n * g.C * g.H * g.W, *self._geometry_args(1, tile),
-                           first * g.W, int(t > 0), what="col2im (tile)")
+                    self._col2im(queue, idx, ws, 0, dx, n, 1, first, last, t > 0, tile)
 
     def _weight_tiles(self, queue, x, dy, dw, ws):
         """Per tile: im2col of its rows, then dW[g] (+)= dY[g][:, rows] @ col[g]^T, dY read in
