@@ -358,7 +358,12 @@ def main(argv=None):
     ap.add_argument("--file", default=str(LAYERS), help="the layers file (default: networks.json beside this module)")
     ap.add_argument("--profile", action="store_true", help="also run each layer-pass once on a profiling queue: "
                                                            "its device time by kernel and its launches")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="instead of measuring, combine runs of network subsets "
+                    "on one device and batch (one device call each, say) into one record (--json, --plot)")
     args = ap.parse_args(argv)
+    if args.merge:
+        return write(merge([json.loads(Path(f).read_text()) for f in args.merge], load_layers(args.file)),
+                     Path(args.json or ap.error("--merge needs --json")), args.plot)
 
     try:
         import torch
@@ -386,16 +391,35 @@ def main(argv=None):
               "clconv": clconv.__version__, "torch": torch.__version__, "peer": results[0]["peer"], "batch": batch,
               "budget_s": args.budget, "rounds": args.rounds, "tolerance": TOL, "networks": networks,
               "layers": results, "summary": summarise(results, networks, data["networks"])}
+    return write(record, Path(args.json) if args.json else
+                 HERE / "results" / f"{slug(device.name)}-networks-b{batch}-{today}.json", args.plot)
+
+
+def write(record, path, plot_path=None):
+    """Report ``record``, write it to ``path`` (and a chart to ``plot_path``); the exit status."""
     print(report(record))
-    path = Path(args.json) if args.json else \
-        HERE / "results" / f"{slug(device.name)}-networks-b{batch}-{today}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1))
     print(f"wrote {path}")
-    if args.plot:
-        plot(record, args.plot)
-        print(f"wrote {args.plot}")
+    if plot_path:
+        plot(record, plot_path)
+        print(f"wrote {plot_path}")
     return 1 if record["summary"]["failures"] else 0
+
+
+def merge(records, data):
+    """One record from runs of network subsets on one device and batch: their layers, each once
+    (as its first run measured it), summarised over all their networks."""
+    first = records[0]
+    for r in records[1:]:
+        if (r["device"], r["batch"], r["peer"]) != (first["device"], first["batch"], first["peer"]):
+            raise ValueError(f"cannot merge runs of {r['device']} batch {r['batch']} ({r['peer']}) with runs of "
+                             f"{first['device']} batch {first['batch']} ({first['peer']})")
+    networks = [n for r in records for n in r["networks"]]
+    layers = list({lay["id"]: lay for r in reversed(records) for lay in r["layers"]}.values())
+    return {**first, "networks": networks, "layers": layers, "merged_from": [
+        {k: r[k] for k in ("date", "networks", "budget_s", "rounds")} for r in records],
+            "summary": summarise(layers, networks, data["networks"])}
 
 
 if __name__ == "__main__":

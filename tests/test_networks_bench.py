@@ -46,7 +46,7 @@ def test_layers_file_is_consistent(data):
         assert nb.kind(lay) in nb.KINDS, lay["id"]
 
 
-def test_benchmark_writes_its_json(tiny, tmp_path):
+def test_benchmark_writes_its_json(tiny, data, tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "run.json"
     nets = sorted({n for lay in tiny for n in lay["count"]})
@@ -74,6 +74,17 @@ def test_benchmark_writes_its_json(tiny, tmp_path):
     # each layer's first calls are counted once, with the first network that has it
     assert sum(m["clconv_first_call_s"] for m in s["networks"].values()) == pytest.approx(
         sum(d["first_call_ms"] for r in record["layers"] for d in r["passes"].values()) / 1e3)
+
+    # runs of network subsets (one device call each) merge into one record, each layer once
+    halves = [{**record, "networks": [net], "layers": [r for r in record["layers"] if net in r["count"]]}
+              for net in nets]
+    merged = nb.merge(halves, data)
+    assert merged["networks"] == nets and sorted(r["id"] for r in merged["layers"]) == sorted(lay["id"] for lay in tiny)
+    assert merged["summary"]["overall"] == pytest.approx(s["overall"])
+    for net in nets:
+        assert merged["summary"]["networks"][net] == pytest.approx(s["networks"][net]), net
+    with pytest.raises(ValueError, match="cannot merge"):
+        nb.merge([record, {**record, "batch": 2}], data)
 
 
 def test_a_wrong_result_fails_the_check(tiny, queue, monkeypatch):
