@@ -207,3 +207,30 @@ void col2im_rows(__global const REAL* restrict col, const IDX col_off,
         for (int q = 0; q < n; ++q) dst[x0 + q] = accumulate ? dst[x0 + q] + acc[q] : acc[q];
     }
 }
+
+// The layout kernels for CPU devices: work-item b * K + k, a single-work-item group, moves plane
+// (b, k), whose P values are contiguous on both sides (the GPU forms' work-item per value
+// paid a division each, 3 ms for 3.2 million values on PoCL).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void nchw_to_cnhw_rows(__global const REAL* restrict src, const IDX src_off,
+                       __global REAL* restrict dst, const IDX dst_off,
+                       const int B, const int K, const int P)
+{
+    const int bk = get_global_id(0), b = bk / K, k = bk - b * K;
+    const __global REAL* s = src + src_off + (IDX)bk * P;
+    __global REAL* d = dst + dst_off + (IDX)k * B * P + (IDX)b * P;
+    for (int p = 0; p < P; ++p) d[p] = s[p];
+}
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void cnhw_to_nchw_rows(__global const REAL* restrict src, const IDX src_off,
+                       __global REAL* restrict dst, const IDX dst_off,
+                       __global const REAL* restrict bias, const IDX bias_off, const int flags,
+                       const int B, const int K, const int P)
+{
+    const int bk = get_global_id(0), b = bk / K, k = bk - b * K;
+    const __global REAL* s = src + src_off + (IDX)k * B * P + (IDX)b * P;
+    __global REAL* d = dst + dst_off + (IDX)bk * P;
+    const REAL add = (flags & EPI_BIAS) ? bias[bias_off + k] : (REAL)0;
+    for (int p = 0; p < P; ++p) d[p] = EPILOGUE(flags, s[p] + add);
+}

@@ -214,10 +214,18 @@ class Im2col(Algorithm):
         g = self.g
         if B == 1 and g.groups == 1:
             return dy.buf, dy.off + n0 * g.K * g.P
-        launch(queue, self._kernel(queue, "nchw_to_cnhw", idx), (B * g.P, g.K), TILE,
-               dy.buf, dy.off + n0 * g.K * g.P, ws, t, B, g.K, g.P,
-               what="grad_output layout")
+        self._layout(queue, idx, "nchw_to_cnhw", B, (dy.buf, dy.off + n0 * g.K * g.P, ws, t, B, g.K, g.P),
+                     "grad_output layout")
         return ws, t
+
+    def _layout(self, queue, idx, name, B, args, what):
+        """Layout kernel ``name`` (nchw_to_cnhw, cnhw_to_nchw) over B images: on GPUs a work-item
+        per value; on CPUs its row form, a work-item per (image, channel) plane."""
+        g = self.g
+        if self.vw:
+            launch(queue, self._kernel(queue, name + "_rows", idx), (B * g.K,), (1,), *args, what=what)
+        else:
+            launch(queue, self._kernel(queue, name, idx), (B * g.P, g.K), TILE, *args, what=what)
 
     def forward(self, queue, x, w, bias, y, ws, relu=False):
         g, B = self.g, self.chunk
@@ -254,9 +262,8 @@ class Im2col(Algorithm):
             if nb == 1:
                 after_gemm(queue, self.dtype, out, bias, 1, g.K, g.P, relu)
             else:
-                launch(queue, self._kernel(queue, "cnhw_to_nchw", idx), (ld, g.K), TILE, ws, out.off, y.buf,
-                       y.off + n0 * g.K * g.P, b.buf, b.off, flags(bias, relu), nb, g.K, g.P,
-                       what="output layout")
+                self._layout(queue, idx, "cnhw_to_nchw", nb, (ws, out.off, y.buf, y.off + n0 * g.K * g.P, b.buf, b.off,
+                                                               flags(bias, relu), nb, g.K, g.P), "output layout")
 
     def backward_input(self, queue, w, dy, dx, ws):
         g, B = self.g, self.chunk
