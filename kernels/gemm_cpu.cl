@@ -219,3 +219,23 @@ void gemm_cpu(const int M, const int N, const int K, const REAL alpha, const REA
         }
     }
 }
+
+// A^T packed for gemm_cpu: dst[i, j] (M x K, row-major, ld K) = src[i, j]^T (src stored K x M, ld
+// lda), matrix (i, j) of each at off + i * si + j * sj. Work-item (row block of MR rows, i * GJ + j)
+// reads MR consecutive values of each of src's K rows and writes them down MR rows of dst. The
+// GEMM reading A^T in place walks one of A's rows per k, lda apart (a new page per k for wide
+// weights): 1.5x slower on PoCL and Intel's runtime than on the packed copy.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void pack_a_transposed(const int M, const int K, const int GJ,
+                       __global const REAL* restrict src, const IDX src_off, const int lda, const IDX s_si,
+                       const IDX s_sj, __global REAL* restrict dst, const IDX dst_off, const IDX d_si, const IDX d_sj)
+{
+    const int m0 = get_global_id(0) * MR, z = get_global_id(1);
+    const int i = z / GJ, j = z - i * GJ, rows = min(MR, M - m0);
+    src += src_off + i * s_si + j * s_sj + m0;
+    dst += dst_off + i * d_si + j * d_sj + (IDX)m0 * K;
+    for (int k = 0; k < K; ++k) {
+        const __global REAL* sk = src + (IDX)k * lda;
+        for (int r = 0; r < rows; ++r) dst[(IDX)r * K + k] = sk[r];
+    }
+}

@@ -174,12 +174,12 @@ def test_nan_filled_outputs_are_fully_overwritten(case, queue):
 @pytest.mark.parametrize("case", [c for c in CASES if c.input_shape[0] == 3 and c.name in {
     "g2_k3x3_s2_pad_pair", "depthwise_x2_s2_same", "g3_same_s3"}], ids=repr)
 def test_chunked_batch_matches_reference(case, queue):
-    """A workspace limit of about one image forces one chunk per image."""
+    """A workspace limit of one image's workspace forces one chunk per image."""
     x, w, b, dy = case.data()
     opts = case.options
     p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="im2col")
-    per_image = p.workspace_bytes // x.shape[0]
-    small = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="im2col", workspace_limit=per_image)
+    one = clconv.plan((1, *x.shape[1:]), w.shape, **opts, queue=queue, algorithm="im2col").workspace_bytes
+    small = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="im2col", workspace_limit=one)
     assert small.workspace_bytes < p.workspace_bytes
     assert "3 chunk(s)" in small.explain()
     assert_close(small.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float32, "forward")

@@ -129,6 +129,43 @@ def test_cpu_kernel_grid_of_products_at_offsets(variant, dtype, a_transp, b_tran
     check_grid(queue, run, dtype, "scalar", a_transp, b_transp)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_cpu_kernel_packs_a_transposed(dtype, queue):
+    """op(A) = A^T with a workspace to pack it in (pack_a_transposed, then the GEMM on the copy),
+    on the grid at offsets as above; the workspace around the packed copies stays untouched."""
+    def run(a, b, c, alpha, beta):
+        size = gemm_cpu.packed_size(GI, GJ, 67, 29, a)
+        assert size == GI * GJ * 67 * 29
+        ws = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+                       hostbuf=np.full(size + 10, np.nan, dtype))
+        gemm_cpu.grid_gemm(queue, np.dtype(dtype), GI, GJ, 67, 130, 29, a, b, c, alpha=alpha, beta=beta,
+                           a_transp=True, a_packed=Operand(ws, 5, 0), what="test")
+        around = np.empty(size + 10, dtype)
+        cl.enqueue_copy(queue, around, ws)
+        assert np.isnan(around[:5]).all() and np.isnan(around[-5:]).all() and not np.isnan(around[5:-5]).any()
+    check_grid(queue, run, dtype, "scalar", True, False)
+
+
+def test_cpu_kernel_packs_a_shared_by_the_images_once(queue):
+    """A weight shared by a group's images (per-image stride 0) is packed once per group."""
+    rng = np.random.default_rng(3)
+    m, n, k = 67, 130, 29
+    a = rng.standard_normal((GI, k, m)).astype(np.float32)
+    b = rng.standard_normal((GI, GJ, k, n)).astype(np.float32)
+    mf = cl.mem_flags
+    abuf, bbuf = (cl.Buffer(queue.context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=x) for x in (a, b))
+    cbuf = cl.Buffer(queue.context, mf.READ_WRITE, GI * GJ * m * n * 4)
+    a_op = Operand(abuf, 0, m, k * m, 0)
+    assert gemm_cpu.packed_size(GI, GJ, m, k, a_op) == GI * m * k
+    ws = cl.Buffer(queue.context, mf.READ_WRITE, GI * m * k * 4)
+    gemm_cpu.grid_gemm(queue, np.dtype(np.float32), GI, GJ, m, n, k, a_op, Operand(bbuf, 0, n, GJ * k * n, k * n),
+                       Operand(cbuf, 0, n, GJ * m * n, m * n), a_transp=True, a_packed=Operand(ws, 0, 0), what="test")
+    got = np.empty((GI, GJ, m, n), np.float32)
+    cl.enqueue_copy(queue, got, cbuf)
+    want = np.einsum("gkm,gjkn->gjmn", a.astype(np.float64), b.astype(np.float64))
+    assert_close(got, want, np.float32, "packed A^T shared by the images")
+
+
 @pytest.mark.parametrize("m,n,k", [(1, 1, 1), (5, 3, 1), (3, 17, 40), (13, 2, 8)], ids=str)
 @pytest.mark.parametrize(**LAYOUTS)
 def test_cpu_kernel_small_and_thin_products(m, n, k, a_transp, b_transp, queue):

@@ -39,7 +39,7 @@ def test_small_max_allocation_forces_chunks_with_the_same_result(queue, monkeypa
     case = next(c for c in CASES if c.name == "g3_same_s3")
     x, w, b, dy = case.data()
     full = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="im2col")
-    per_image = full.workspace_bytes // x.shape[0]
+    per_image = clconv.plan((1, *x.shape[1:]), w.shape, **case.options, queue=queue, algorithm="im2col").workspace_bytes
 
     small = clconv.Plan(full.geometry, np.float32, QueueAs(queue, max_mem_alloc_size=4 * per_image),
                         algorithm="im2col", selfcheck=False)   # workspace limit: half of that

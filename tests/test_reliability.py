@@ -183,7 +183,7 @@ def test_replayed_and_fast_calls_match_first_calls_bit_for_bit(case, algorithm, 
 
 LAUNCHES = [  # per algorithm, what each pass launches on a CPU device with clconv's CPU GEMM kernel
     (Case("im2col_split_k", 4, 4, 17, 19, 6, 3, 3, padding=1, groups=2), "im2col",
-     (["im2col", "gemm_cpu", "cnhw_to_nchw"], ["nchw_to_cnhw", "gemm_cpu", "col2im"],
+     (["im2col", "gemm_cpu", "cnhw_to_nchw"], ["nchw_to_cnhw", "pack_a_transposed", "gemm_cpu", "col2im"],
       ["im2col", "nchw_to_cnhw", "gemm_cpu", "sum_partials"])),
     (Case("depthwise", 3, 6, 40, 33, 12, 3, 3, stride=2, padding=1, groups=6), "direct",
      (["direct"], ["direct_input"], ["direct_weight", "direct_weight_sum"])),
@@ -196,7 +196,7 @@ LAUNCHES = [  # per algorithm, what each pass launches on a CPU device with clco
       ["fft_image", "fft_image", "gemm_cpu", "fft_output"])),
     (Case("fc", 5, 8, 3, 2, 12, 3, 2, groups=4), "fc", (["fill_bias", "gemm_cpu"], ["gemm_cpu"], ["gemm_cpu"])),
     (Case("pointwise", 5, 6, 13, 7, 9, 1, 1, groups=3), "1x1",
-     (["fill_bias", "gemm_cpu"], ["gemm_cpu"], ["im2col", "nchw_to_cnhw", "gemm_cpu"])),
+     (["fill_bias", "gemm_cpu"], ["pack_a_transposed", "gemm_cpu"], ["im2col", "nchw_to_cnhw", "gemm_cpu"])),
 ]
 
 
@@ -204,7 +204,7 @@ def kernel_kind(name):
     """A launch's kernel without the CPU variant's suffix: whether a runtime gets a transform's
     row kernel (direct_rows, winograd_input_rows, ...) or its per-tile one depends on what its
     compiler vectorises (clconv.algorithms.winograd, .direct), not on the pass's launches."""
-    return name.removesuffix("_rows")
+    return name.removesuffix("_rows")   # (the layout kernels' row forms too: nchw_to_cnhw_rows, ...)
 
 
 @pytest.mark.parametrize("case,algorithm,launches", LAUNCHES, ids=lambda v: getattr(v, "name", None))

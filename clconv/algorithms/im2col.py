@@ -57,12 +57,16 @@ class Im2col(Algorithm):
         self.max_slices = (max_slices(g.K * g.Kd, g.N * g.P, GPU_MIN_SLICE, GPU_MAX_SLICES) if gpu
                            else max_slices(g.K * g.Kd, g.N * g.P))
         partials = self.max_slices * g.K * g.Kd if self.max_slices > 1 else 0
+        # grad-input on clconv's CPU GEMM kernel packs W^T after the rest (gemm_cpu.packed_size);
+        # grad-weight's partials and it are never needed at once
+        packed = g.K * g.Kd if gemm == "cpu" else 0
+        reserved = max(partials, packed)
         self.band = None   # output rows per tile, when one image does not fit the budget
-        if (per_image + partials) * itemsize > workspace_limit:
+        if (per_image + reserved) * itemsize > workspace_limit:   # (the tiles pack nothing)
             self._fit_bands(workspace_limit, (per_image + partials) * itemsize, partials)
             return
         # images per chunk: as many as the budget allows
-        self.chunk = max(1, min(g.N, (workspace_limit // itemsize - partials) // per_image, INT32_MAX // g.P))
+        self.chunk = max(1, min(g.N, (workspace_limit // itemsize - reserved) // per_image, INT32_MAX // g.P))
         # slices of a full chunk, and of a shorter last one (which can split into more)
         self.slices = largest_divisor_at_most(self.chunk * g.P, self.max_slices)
         last = g.N % self.chunk
@@ -76,9 +80,9 @@ class Im2col(Algorithm):
         self.split = {p: self._k_slices(device, m, ld, k, room // (outputs * ld), implicit)
                       for p, m, k, outputs, implicit in (("forward", g.Kg, g.Kd, g.K, self._implicit()),
                                                          ("backward_input", g.Kd, g.Kg, self.rows, False))}
+        self.packed_at = per_image * self.chunk + _partials(self.split["backward_input"], self.rows * ld)
         self.workspace = {"forward": per_image * self.chunk + _partials(self.split["forward"], g.K * ld),
-                          "backward_input": per_image * self.chunk + _partials(self.split["backward_input"],
-                                                                               self.rows * ld),
+                          "backward_input": self.packed_at + packed,
                           "backward_weight": per_image * self.chunk + wgrad_extra}
 
     def _k_slices(self, device, m, n, k, most, implicit):
@@ -285,7 +289,8 @@ class Im2col(Algorithm):
                              "grad-input (sum of slices)")
             else:
                 self._gemm(queue, Kd, ld, Kg, Op(w.buf, w.off, Kd, Kg * Kd), Op(t_buf, t, ld, Kg * ld),
-                           Op(ws, col, ld, Kd * ld), a_transp=True, what="grad-input")
+                           Op(ws, col, ld, Kd * ld), a_transp=True, a_packed=Op(ws, self.packed_at, 0),
+                           what="grad-input")
             self._col2im(queue, idx, ws, col, dx, n0, nb, 0, g.H, False)
 
     def backward_weight(self, queue, x, dy, dw, ws):

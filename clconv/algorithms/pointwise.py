@@ -53,7 +53,9 @@ class Pointwise(Algorithm):
                       "backward_weight": 1 if self._weight is not None else
                       split(g.K, g.C, g.P, self.images, self.images * g.K * g.C)}
         self.workspace["forward"] = _partials(self.split["forward"], g.N * g.K * g.P)
-        self.workspace["backward_input"] = _partials(self.split["backward_input"], g.N * g.C * g.P)
+        # on clconv's CPU GEMM kernel W^T is packed in the workspace first (gemm_cpu.packed_size)
+        self.workspace["backward_input"] = (_partials(self.split["backward_input"], g.N * g.C * g.P)
+                                            + (g.K * g.Cg if gemm == "cpu" else 0))
         self.workspace["backward_weight"] = (self.images * self.split["backward_weight"] * g.K * g.Cg
                                              if self._weight is None else self._weight.workspace["backward_weight"])
 
@@ -100,7 +102,7 @@ class Pointwise(Algorithm):
             return
         self._gemm(queue, g.Cg, g.P, g.Kg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
                    Op(dy.buf, dy.off, g.P, g.Kg * g.P, g.K * g.P), Op(dx.buf, dx.off, g.P, g.Cg * g.P, g.C * g.P),
-                   images=g.N, a_transp=True, what="grad-input (1x1)")
+                   images=g.N, a_transp=True, a_packed=Op(ws, 0, 0), what="grad-input (1x1)")
 
     def backward_weight(self, queue, x, dy, dw, ws):
         if self._weight is not None:

@@ -57,13 +57,24 @@ def tile(device, m, n, k, count, itemsize, b_transp):
     return Tile(inner, vw, mr, nv, cols, tm, kc)
 
 
+def packed_size(gi, gj, m, k, a):
+    """Elements :func:`grid_gemm` needs for ``a_packed`` (A^T packed) with operand ``a``: one
+    M x K copy per distinct matrix of A (a weight shared by the images is packed once)."""
+    return (gi if a.per_group else 1) * (gj if a.per_image else 1) * m * k
+
+
 def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False, b_transp=False,
-              what=""):
+              a_packed=None, what=""):
     """C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j] for i < gi, j < gj, in one
     launch; ``a``, ``b``, ``c``: :class:`clconv.gemm.Operand` s (matrix (i, j) at ``at(i, j)``),
     C matrices must not overlap. op(A) = A^T with op(B) = B^T runs as C^T = op(B)^T op(A)^T,
-    stored transposed."""
+    stored transposed. With op(A) = A^T alone and ``a_packed`` (an Operand of
+    :func:`packed_size` elements in the caller's workspace), A^T is packed there first
+    (pack_a_transposed, one launch more) and the GEMM reads the copy."""
     assert (gi == 1 or c.per_group) and (gj == 1 or c.per_image), "GEMMs into one C would race"
+    if a_transp and not b_transp and a_packed is not None:
+        a = _pack(queue, dtype, gi, gj, m, k, a, a_packed, what)
+        a_transp = False
     c_transp = a_transp and b_transp
     if c_transp:   # C^T (N x M) = B (stored N x K) @ A (stored K x M): both untransposed
         m, n, a, b, a_transp, b_transp = n, m, b, a, False, False
@@ -78,3 +89,16 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     blocks = -(-m // t.mr)
     return launch(queue, kernel, (-(-blocks // t.tm), -(-n // t.cols), gi * gj), (1, 1, 1), m, n, k, alpha, beta, gj,
                   *(v for x in ops for v in (x.buf, x.off, x.ld, x.per_group, x.per_image)), what=what)
+
+
+def _pack(queue, dtype, gi, gj, m, k, a, packed, what):
+    """A^T (stored K x M) of each distinct matrix of ``a`` packed M x K at ``packed``: the
+    Operand the GEMM then reads."""
+    gi_a, gj_a = (gi if a.per_group else 1), (gj if a.per_image else 1)
+    out = type(a)(packed.buf, packed.off, k, m * k * gj_a if a.per_group else 0, m * k if a.per_image else 0)
+    mr = REGISTERS // 2 - 2
+    idx = index_type(a.at(gi_a - 1, gj_a - 1) + (k - 1) * a.ld + m, out.at(gi_a - 1, gj_a - 1) + m * k)
+    kernel = get_kernel(queue.context, "gemm_cpu.cl", "pack_a_transposed", dtype, IDX=idx, MR=mr)
+    launch(queue, kernel, (-(-m // mr), gi_a * gj_a), (1, 1), m, k, gj_a, a.buf, a.off, a.ld, a.per_group,
+           a.per_image, out.buf, out.off, out.per_group, out.per_image, what=what + " (A^T packed)")
+    return out
