@@ -1,6 +1,7 @@
 """Shared test tools: the one tolerance table, the case list, comparisons."""
 import numpy as np
 
+from clconv import reference
 from clconv.reference import TOLERANCE, normalised_error
 
 
@@ -12,6 +13,18 @@ def assert_close(actual, expected, dtype, what=""):
     assert np.all(np.isfinite(actual)), f"{what}: non-finite values in the result"
     err = normalised_error(actual, expected)
     assert err <= TOLERANCE[np.dtype(dtype)], f"{what}: normalised max error {err:.3g} > {TOLERANCE[np.dtype(dtype)]}"
+
+
+def assert_passes_match(p, x, w, b, dy, options, dtype=np.float32, weight=True):
+    """Plan ``p``'s forward (with bias, and through ReLU), grad-input and (with ``weight``)
+    grad-weight on host arrays, each against the float64 reference."""
+    want = reference.conv2d(x, w, b, **options)
+    assert_close(p.forward(x, w, b), want, dtype, "forward")
+    assert_close(p.forward(x, w, b, relu=True), np.maximum(want, 0), dtype, "forward + ReLU")
+    assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **options), dtype, "grad-input")
+    if weight:
+        assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **options), dtype,
+                     "grad-weight")
 
 
 class QueueAs:

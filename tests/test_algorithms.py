@@ -12,7 +12,7 @@ from clconv.algorithms.direct import Direct
 from clconv.device import has_fp64
 from clconv.geometry import conv_geometry
 from clconv.plan import ALGORITHMS
-from helpers import CASES, Case, QueueAs, assert_close
+from helpers import CASES, Case, QueueAs, assert_close, assert_passes_match
 
 EXTRA = [  # cases that exercise the specialised algorithms harder
     Case("fc_mode_g4_wide", 5, 8, 3, 2, 12, 3, 2, groups=4),
@@ -461,12 +461,7 @@ def test_fc_split_k(case, slices, queue, monkeypatch):
         want = max(d for d in range(1, slices + 1) if k % d == 0)
         assert algo.split[pass_name] == want, pass_name
         assert ("split-K into" in algo.describe(pass_name)) == (want > 1), pass_name
-    assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float32, "forward")
-    assert_close(p.forward(x, w, b, relu=True), np.maximum(reference.conv2d(x, w, b, **opts), 0), np.float32,
-                 "forward + ReLU")
-    assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "grad-input")
-    assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **opts), np.float32,
-                 "grad-weight")
+    assert_passes_match(p, x, w, b, dy, opts)
 
 
 @pytest.mark.parametrize("queues", ["single", "per-group"])
@@ -491,10 +486,7 @@ def test_im2col_split_k(case, slices, queues, queue, monkeypatch):
             want = 1   # few channels on clconv's GPU GEMM: one GEMM reading im2col in place, not split
         assert algo.split[pass_name] == want, pass_name
         assert ("slices of K=" in algo.describe(pass_name)) == (want > 1), pass_name
-    assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float32, "forward")
-    assert_close(p.forward(x, w, b, relu=True), np.maximum(reference.conv2d(x, w, b, **opts), 0), np.float32,
-                 "forward + ReLU")
-    assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "grad-input")
+    assert_passes_match(p, x, w, b, dy, opts, weight=False)
 
 
 @pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])

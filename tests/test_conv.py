@@ -6,7 +6,7 @@ import pytest
 
 import clconv
 from clconv import reference
-from helpers import CASES, assert_close
+from helpers import CASES, assert_close, assert_passes_match
 
 
 def _all_passes(case, dtype, run):
@@ -69,12 +69,7 @@ def test_float16_every_algorithm(algorithm, case, queue):
     opts = case.options
     p = clconv.plan(x.shape, w.shape, **opts, dtype=np.float16, queue=queue, algorithm=algorithm)
     assert "stored as float16, computed in float32" in p.explain()
-    assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float16, "forward")
-    assert_close(p.forward(x, w, b, relu=True), np.maximum(reference.conv2d(x, w, b, **opts), 0), np.float16,
-                 "forward + ReLU")
-    assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), np.float16, "grad-input")
-    assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **opts), np.float16,
-                 "grad-weight")
+    assert_passes_match(p, x, w, b, dy, opts, np.float16)
 
 
 def test_float16_sums_in_float32(queue):
