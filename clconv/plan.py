@@ -193,7 +193,7 @@ class Plan:
             run(queue, *refs, ws)
 
     def launches(self, pass_name):
-        """What a full run of ``pass_name`` enqueued last, in order (kernel names, and
+        """What the latest full run of ``pass_name`` enqueued, in order (kernel names, and
         "clblast_gemm" for each CLBlast call), or None before its first call."""
         found = [names for (p, _), names in self._replays.launched.items() if p == pass_name]
         return found[-1] if found else None
@@ -251,8 +251,8 @@ class Plan:
 
 
 def _launches(names):
-    """explain()'s account of what a pass launches: "launches 3 (im2col_rows, gemm_cpu,
-    cnhw_to_nchw)", repeats as "clblast_gemm x13"."""
+    """explain()'s account of what a pass launches: "launches 3 per call (im2col_rows, gemm_cpu,
+    cnhw_to_nchw_rows)", repeats as "clblast_gemm x13"."""
     if names is None:
         return "launches counted when the pass first runs"
     runs = []

@@ -47,6 +47,7 @@ class Replays:
             return entry[2]
         with capturing() as capture:
             enqueue()
+        self.launched.pop(pass_key, None)   # the newest last
         self.launched[pass_key] = capture.names
         steps = _steps(capture, refs, ws) if capture.complete else None
         if steps is not None:
