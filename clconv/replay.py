@@ -77,8 +77,8 @@ class Replays:
 
 def layout(arrays):
     """What a replay's arguments depend on in device arrays of known shapes: per array (None,
-    no bias or a new result, stays None) its byte offset and which array before it shares its
-    buffer (the count of arrays before it if none does)."""
+    no bias or a new result, stays None) its byte offset and the position, among the arrays
+    before it that are not None, of the first sharing its buffer (their count if none does)."""
     key, bufs = [], []
     for a in arrays:   # a plain loop: this runs on every call
         if a is None:
