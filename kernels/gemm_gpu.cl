@@ -1,28 +1,38 @@
 // GEMM of our own over a 2-D grid of matrices, row-major:
 //   C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j],  i < GI, j < GJ,
 // op(A) M x K, op(B) K x N; matrix (i, j) of an operand starts at off + i * si + j * sj.
+// With KB > 1 each product is a sum of KB such products, the q-th of A and B q * sq values
+// after the first (a sum over images whose positions are not one stride apart).
 // One launch covers the whole grid (e.g. groups x images), with no padded copies: tile
 // loads past an edge read zeros and stores past an edge are skipped. The work-groups form
 // one row (dimension 0 has the largest range on every device).
 //
-// A work-group computes a TM x TN tile of one C; its (TN/8) x (TM/8) work-items each
-// accumulate 8x8 values, as four 4x4 quadrants TM/2 rows and TN/2 columns apart (so the
-// local-memory reads of neighbouring work-items are neighbouring vectors). TK-deep slices
-// of A and B pass through local memory, double buffered: the next slice's global loads
-// are in flight while the current one is multiplied. Where the host finds an operand's
-// offsets and leading dimension multiples of 4 (VA, VB = 4), its global reads are
-// four-wide vectors along its stored rows: on an H200 that took a 4096^3 product from
-// 26-29 to 42-44 TFLOP/s.
+// A work-group computes a TM x TN tile of one C; its (TN/RN) x (TM/RM) work-items each
+// accumulate RM x RN values (RM, RN: 4 or 8), as 4x4 quadrants TM/2 rows and TN/2 columns
+// apart where they are 8 (so the local-memory reads of neighbouring work-items are
+// neighbouring vectors). 8x8 reuses each staged value most; 4x4 gives a small tile four
+// times the work-items, which a device needs to hide its memory latency where a grid has
+// few work-groups. TK-deep slices of A and B pass through local memory, double buffered:
+// the next slice's global loads are in flight while the current one is multiplied. Where
+// the host finds an operand's offsets and leading dimension multiples of 4 (VA, VB = 4),
+// its global reads are four-wide vectors along its stored rows: on an H200 that took a
+// 4096^3 product from 26-29 to 42-44 TFLOP/s.
 //
 // Specialised by the host with prepended #defines; the defaults below are for reading.
-#ifndef TM             // rows of C per work-group: a multiple of 8 dividing TK * 64 / VB
+#ifndef TM             // rows of C per work-group: a multiple of RM (see the checks below)
 #define TM 128
 #endif
-#ifndef TN             // columns of C per work-group: a multiple of 8 dividing TK * 64 / VA
+#ifndef TN             // columns of C per work-group: a multiple of RN
 #define TN 128
 #endif
 #ifndef TK             // depth of the slices staged in local memory
 #define TK 8
+#endif
+#ifndef RM             // rows of C per work-item: 4 or 8
+#define RM 8
+#endif
+#ifndef RN             // columns of C per work-item: 4 or 8
+#define RN 8
 #endif
 #ifndef A_TRANSP       // 1: A is stored K x M (op(A) = A^T)
 #define A_TRANSP 0
@@ -40,8 +50,8 @@
 #define IM2COL 0
 #endif
 
-#define WX (TN / 8)                 // work-items along N
-#define WY (TM / 8)                 // work-items along M
+#define WX (TN / RN)                // work-items along N
+#define WY (TM / RM)                // work-items along M
 #define WG (WX * WY)
 #define A_PER (TM * TK / WG / VA)   // A reads each work-item makes per slice
 #define B_PER (TN * TK / WG / VB)
@@ -58,8 +68,11 @@
 #ifndef PAD                         // keeps the transposing local stores off one bank, rows 16-byte aligned
 #define PAD 4
 #endif
-#if TM % 8 || TN % 8 || (TM * TK) % (WG * VA) || (TN * TK) % (WG * VB) || TK % 4
-#error "each work-item must stage whole reads of a slice: TM, TN multiples of 8, TN dividing TK * 64 / VA, TM TK * 64 / VB"
+#if (RM != 4 && RM != 8) || (RN != 4 && RN != 8) || TM % RM || TN % RN
+#error "RM and RN are 4 or 8, TM and TN multiples of them"
+#endif
+#if (TM * TK) % (WG * VA) || (TN * TK) % (WG * VB) || TK % 4
+#error "each work-item must stage whole reads of a slice: WG * VA dividing TM * TK, WG * VB dividing TN * TK"
 #endif
 #if (VA != 1 && VA != 4) || (VB != 1 && VB != 4) || (IM2COL && VB != 1)
 #error "VA and VB are 1 or 4; an im2col B is read one value at a time"
@@ -118,11 +131,11 @@ inline REAL4 read4(__global const REAL* p, const int rest)   // rest: how many o
 }
 #endif
 #if VA == 1
-#define A_READ(m, k) ((m) < M && (k) < K ? a[A_AT_OFF(m, k)] : (REAL)0)
+#define A_READ(m, k) ((m) < M && (k) < K ? ap[A_AT_OFF(m, k)] : (REAL)0)
 #elif A_TRANSP
-#define A_READ(m, k) read4(a + A_AT_OFF(m, k), (k) < K ? M - (m) : 0)
+#define A_READ(m, k) read4(ap + A_AT_OFF(m, k), (k) < K ? M - (m) : 0)
 #else
-#define A_READ(m, k) read4(a + A_AT_OFF(m, k), (m) < M ? K - (k) : 0)
+#define A_READ(m, k) read4(ap + A_AT_OFF(m, k), (m) < M ? K - (k) : 0)
 #endif
 #if IM2COL
 // Implicit im2col: B's row r = (channel, ky, kx) and column p = (image, oy, ox) of the
@@ -140,22 +153,24 @@ inline REAL im2col_at(__global const REAL* x, const int r, const int p)
         ? x[(IDX)img * IM_XS + ((IDX)c * IM_H + iy) * IM_W + ix] : (REAL)0;
 }
 #if B_TRANSP
-#define B_READ(k, n) ((n) < N && (k) < K ? im2col_at(b, n, j * IM_PJ + (k)) : (REAL)0)
+#define B_READ(k, n) ((n) < N && (k) < K ? im2col_at(bp, n, j * IM_PJ + (k)) : (REAL)0)
 #else
-#define B_READ(k, n) ((n) < N && (k) < K ? im2col_at(b, k, j * IM_PJ + (n)) : (REAL)0)
+#define B_READ(k, n) ((n) < N && (k) < K ? im2col_at(bp, k, j * IM_PJ + (n)) : (REAL)0)
 #endif
 #elif VB == 1
-#define B_READ(k, n) ((n) < N && (k) < K ? b[B_AT_OFF(k, n)] : (REAL)0)
+#define B_READ(k, n) ((n) < N && (k) < K ? bp[B_AT_OFF(k, n)] : (REAL)0)
 #elif B_TRANSP
-#define B_READ(k, n) read4(b + B_AT_OFF(k, n), (n) < N ? K - (k) : 0)
+#define B_READ(k, n) read4(bp + B_AT_OFF(k, n), (n) < N ? K - (k) : 0)
 #else
-#define B_READ(k, n) read4(b + B_AT_OFF(k, n), (k) < K ? N - (n) : 0)
+#define B_READ(k, n) read4(bp + B_AT_OFF(k, n), (k) < K ? N - (n) : 0)
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WX, WY, 1)))
-void gemm_gpu(const int M, const int N, const int K, const REAL alpha, const REAL beta, const int GJ,
+void gemm_gpu(const int M, const int N, const int K, const REAL alpha, const REAL beta, const int GJ, const int KB,
               __global const REAL* restrict a, const IDX a_off, const int lda, const IDX a_si, const IDX a_sj,
+              const IDX a_sq,
               __global const REAL* restrict b, const IDX b_off, const int ldb, const IDX b_si, const IDX b_sj,
+              const IDX b_sq,
               __global REAL* restrict c, const IDX c_off, const int ldc, const IDX c_si, const IDX c_sj)
 {
     // typed as vectors so that the reads in the inner loop are single 16-byte loads
@@ -172,14 +187,24 @@ void gemm_gpu(const int M, const int N, const int K, const REAL alpha, const REA
 
     AV ra[A_PER];
     BV rb[B_PER];
-#define FETCH(k0)                                                                   \
+    // the next slice to fetch: k0 deep into the K block at ap, bp (KB blocks of K-deep products)
+    int k0 = 0;
+    __global const REAL* restrict ap = a;
+    __global const REAL* restrict bp = b;
+#define FETCH()                                                                     \
     for (int q = 0; q < A_PER; ++q) {                                               \
-        const int e = t + q * WG, m = m0 + A_M(e), k = (k0) + A_K(e);              \
+        const int e = t + q * WG, m = m0 + A_M(e), k = k0 + A_K(e);                \
         ra[q] = A_READ(m, k);                                                       \
     }                                                                               \
     for (int q = 0; q < B_PER; ++q) {                                               \
-        const int e = t + q * WG, n = n0 + B_N(e), k = (k0) + B_K(e);              \
+        const int e = t + q * WG, n = n0 + B_N(e), k = k0 + B_K(e);                \
         rb[q] = B_READ(k, n);                                                       \
+    }                                                                               \
+    k0 += TK;                                                                       \
+    if (k0 >= K) {                                                                  \
+        k0 = 0;                                                                     \
+        ap += a_sq;                                                                 \
+        bp += b_sq;                                                                 \
     }
 #define STAGE(s)                                                                    \
     for (int q = 0; q < A_PER; ++q) {                                               \
@@ -191,28 +216,38 @@ void gemm_gpu(const int M, const int N, const int K, const REAL alpha, const REA
         STORE_B((__local REAL*)Bs[s] + B_K(e) * (TN + PAD) + B_N(e), rb[q]);        \
     }
 
-    REAL acc[8][8];
-    for (int r = 0; r < 8; ++r)
-        for (int s = 0; s < 8; ++s)
+    REAL acc[RM][RN];
+    for (int r = 0; r < RM; ++r)
+        for (int s = 0; s < RN; ++s)
             acc[r][s] = 0;
 
-    FETCH(0)
+    const int slices = (K + TK - 1) / TK * KB;
+    FETCH()
     STAGE(0)
     barrier(CLK_LOCAL_MEM_FENCE);
-    const int slices = (K + TK - 1) / TK;
     for (int kt = 0; kt < slices; ++kt) {
         const int cur = kt & 1;
         const bool more = kt + 1 < slices;
         if (more) {
-            FETCH((kt + 1) * TK)
+            FETCH()
         }
         for (int k = 0; k < TK; ++k) {
-            const REAL4 a0 = As[cur][k][ty], a1 = As[cur][k][ty + TM / 8];
-            const REAL4 b0 = Bs[cur][k][tx], b1 = Bs[cur][k][tx + TN / 8];
-            const REAL av[8] = {a0.s0, a0.s1, a0.s2, a0.s3, a1.s0, a1.s1, a1.s2, a1.s3};
-            const REAL bv[8] = {b0.s0, b0.s1, b0.s2, b0.s3, b1.s0, b1.s1, b1.s2, b1.s3};
-            for (int r = 0; r < 8; ++r)
-                for (int s = 0; s < 8; ++s)
+            // quadrant q of a work-item's rows starts q * WY vectors (q * TM / 2 rows) on
+            const REAL4 a0 = As[cur][k][ty], b0 = Bs[cur][k][tx];
+#if RM == 8
+            const REAL4 a1 = As[cur][k][ty + WY];
+            const REAL av[RM] = {a0.s0, a0.s1, a0.s2, a0.s3, a1.s0, a1.s1, a1.s2, a1.s3};
+#else
+            const REAL av[RM] = {a0.s0, a0.s1, a0.s2, a0.s3};
+#endif
+#if RN == 8
+            const REAL4 b1 = Bs[cur][k][tx + WX];
+            const REAL bv[RN] = {b0.s0, b0.s1, b0.s2, b0.s3, b1.s0, b1.s1, b1.s2, b1.s3};
+#else
+            const REAL bv[RN] = {b0.s0, b0.s1, b0.s2, b0.s3};
+#endif
+            for (int r = 0; r < RM; ++r)
+                for (int s = 0; s < RN; ++s)
                     acc[r][s] += av[r] * bv[s];
         }
         if (more) {
@@ -221,10 +256,10 @@ void gemm_gpu(const int M, const int N, const int K, const REAL alpha, const REA
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
-    for (int r = 0; r < 8; ++r) {
+    for (int r = 0; r < RM; ++r) {
         const int m = m0 + ty * 4 + (r & 3) + (r >> 2) * (TM / 2);
         if (m >= M) continue;
-        for (int s = 0; s < 8; ++s) {
+        for (int s = 0; s < RN; ++s) {
             const int n = n0 + tx * 4 + (s & 3) + (s >> 2) * (TN / 2);
             if (n < N) {
                 const IDX o = (IDX)m * ldc + n;

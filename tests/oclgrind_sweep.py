@@ -95,8 +95,11 @@ SWEEP = [
      "single", None),
     ("own_gemm_1x1_groups_x_images", (3, 6, 3, 5), (4, 3, 1, 1), dict(groups=2, gemm="clconv"), "1x1", "single",
      None),
-    ("own_gemm_1x1_per_image_grad_weight", (3, 2, 16, 16), (3, 2, 1, 1), dict(gemm="clconv"), "1x1",
-     "single", 2 * 3 * 2 * 4),   # partial sums of two images per launch: chunks of 2 and 1
+    # grad-weight's sum over the images in K blocks: slices of one image, of 128 positions of one image
+    ("own_gemm_1x1_k_blocks_image_slices", (3, 2, 16, 16), (3, 2, 1, 1), dict(gemm="clconv", slices=3), "1x1",
+     "single", None),
+    ("own_gemm_1x1_k_blocks_position_slices", (1, 4, 16, 16), (6, 2, 1, 1), dict(groups=2, gemm="clconv", slices=2),
+     "1x1", "single", None),
     ("own_gemm_fc_per_group", (3, 4, 3, 2), (6, 2, 3, 2), dict(groups=2, gemm="clconv"), "fc", "per-group", None),
     ("own_gemm_winograd", (1, 4, 5, 6), (4, 2, 3, 3), dict(padding=1, groups=2, gemm="clconv"), "winograd",
      "single", None),

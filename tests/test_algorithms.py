@@ -170,19 +170,45 @@ def test_split_k_grad_weight_with_chunks(images_per_chunk, queue):
 
 @pytest.mark.parametrize("images", [5, 2])
 def test_1x1_grad_weight_per_image_partials_in_chunks(images, queue):
-    """One partial sum per image (no layout copies), as many images per launch as the workspace
-    holds, later chunks added on; images of fewer than 256 positions take the im2col layout."""
+    """Off clconv's GPU kernel: one partial sum per image (no layout copies), as many images per
+    launch as the workspace holds, later chunks added on; images of fewer than 256 positions
+    take the im2col layout."""
     case = next(c for c in EXTRA if c.name == "k1x1_per_image_g2")
     x, w, b, dy = case.data()
     g = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="1x1").geometry
-    p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="1x1",
+    p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="1x1", gemm="clblast",
                     workspace_limit=images * g.K * g.Cg * 4)
     assert p._choice["backward_weight"][0].images == images
     assert f"partial sums of {images} image(s) per launch" in p.explain()
     want = reference.conv2d_weight(x, w.shape, dy, **case.options)
     assert_close(p.backward_weight(x, dy), want, np.float32, "grad-weight")
     small = next(c for c in EXTRA if c.name == "k1x1_g3_batch5")   # 3 x 7 positions per image
-    assert "1x1: im2col" in clconv.plan(small.input_shape, small.weight_shape, **small.options, queue=queue).explain()
+    assert "1x1: im2col" in clconv.plan(small.input_shape, small.weight_shape, **small.options, queue=queue,
+                                        gemm="clblast").explain()
+
+
+@pytest.mark.parametrize("case_name,by_images,by_positions,want", [
+    ("k1x1_per_image_g2", 1, 1, "no layout copies"),                                  # one GEMM per group
+    ("k1x1_per_image_g2", 5, 1, "5 slices of 1 image(s)"),
+    ("split_k_1x1_g1", 3, 1, "3 slices of 2 image(s)"),
+    ("split_k_1x1_g1", 1, 11, "11 slices of 13 positions of every image"),            # few images
+    ("k1x1_g3_batch5", 1, 3, "3 slices of 7 positions of every image"),
+], ids=["whole", "slices_of_images", "slices_of_2_images", "slices_of_positions", "grouped_positions"])
+def test_1x1_grad_weight_sums_images_in_k_blocks(case_name, by_images, by_positions, want, queue, monkeypatch):
+    """On clconv's GPU kernel the sum over the images is the GEMM's own (one K block per image),
+    cut into slices of images or of every image's positions as the split-K rule asks."""
+    from clconv.algorithms import pointwise
+    case = next(c for c in EXTRA if c.name == case_name)
+    x, w, b, dy = case.data()
+    rule = pointwise.k_slices
+    monkeypatch.setattr(pointwise, "k_slices", lambda device, engine, m, n, k, *args, **kw: (
+        by_images if k == x.shape[0] else by_positions if k == x.shape[2] * x.shape[3] else rule(
+            device, engine, m, n, k, *args, **kw)))
+    p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="1x1", gemm="gpu")
+    line = next(line for line in p.explain().splitlines() if line.startswith("backward_weight"))
+    assert "the sum over the images in the GEMM (one K block per image)" in line and want in line
+    want = reference.conv2d_weight(x, w.shape, dy, **case.options)
+    assert_close(p.backward_weight(x, dy), want, np.float32, "grad-weight")
 
 
 def test_winograd_chunks_and_workspace_fallback(queue):

@@ -22,7 +22,7 @@ def fresh_tile_choices():
     gemm_gpu.tile.cache_clear()
 
 
-# every tile in float32; float64 on the smallest (each tile, layout and dtype is a kernel build);
+# every tile in float32; float64 on the last (each tile, layout and dtype is a kernel build);
 # each with scalar reads (offsets and strides not multiples of 4) and four-wide ones (offsets,
 # strides and leading dimensions multiples of 4), and once each with one operand read four-wide
 TILE_DTYPES = [(t[0], np.float32) for t in gemm_gpu.TILES] + [(gemm_gpu.TILES[-1][0], np.float64)]
@@ -87,7 +87,7 @@ def check_grid(queue, run, dtype, reads, a_transp, b_transp, m=67, n=130, k=29, 
 
 @pytest.mark.parametrize(**LAYOUTS)
 @pytest.mark.parametrize("tile,dtype,reads", CASES,
-                         ids=[f"{t[0]}x{t[1]}-{np.dtype(d).name}-{r}" for t, d, r in CASES])
+                         ids=[f"{t.tm}x{t.tn}_by_{t.rm}x{t.rn}-{np.dtype(d).name}-{r}" for t, d, r in CASES])
 def test_gpu_kernel_grid_of_products_at_offsets(tile, dtype, reads, a_transp, b_transp, queue, monkeypatch):
     """The GPU kernel with each tile, its reads four-wide where the layout allows."""
     monkeypatch.setattr(gemm_gpu, "TILES", tuple(t for t in gemm_gpu.TILES if t[0] == tile))
@@ -266,19 +266,23 @@ def test_plan_fixes_its_engine_and_explains_it(queue, monkeypatch):
 
 
 @pytest.mark.parametrize("m,n,count,want", [
-    (512, 256, 64, (128, 128)),     # exact multiples: the largest tile
-    (512, 784, 64, (128, 64)),      # 784 columns: 64-wide tiles waste less
-    (192, 192, 576, (64, 64)),      # 192 = 1.5 x 128
-    (64, 12544, 1, (64, 64)),       # 64 rows
-], ids=["multiples", "ragged_n", "ragged_both", "short_m"])
+    (512, 256, 64, (128, 128, 8)),    # exact multiples, many work-groups: the largest tile
+    (4096, 4096, 1, (128, 128, 8)),
+    (1024, 448, 8, (128, 64, 8)),     # 448 columns: 64-wide tiles waste none
+    (512, 784, 64, (64, 32, 4)),      # 784 columns: 32-wide tiles waste less
+    (256, 49, 1, (32, 64, 4)),        # a 1x1 layer on 7x7 at batch 1: 2 work-groups of 128x128, 8 of 32x64
+    (64, 12544, 1, (32, 64, 4)),      # 64 rows: 98 work-groups of 128x128 would leave it idle
+], ids=["multiples", "one_product", "ragged_n_by_64", "ragged_n_by_32", "few_work_groups", "short_m"])
 def test_tile_choice(m, n, count, want):
-    assert gemm_gpu.tile(_device(), m, n, count) == want
+    t = gemm_gpu.tile(_device(), m, n, count)
+    assert (t.tm, t.tn, t.rm) == want
 
 
 def test_tile_fits_the_work_group_and_local_memory():
-    assert gemm_gpu.tile(_device(max_work_group_size=128), 4096, 4096, 1) == (128, 64)
-    # float64: 128x128 stages 33792 bytes, 128x64 25600, 64x64 17408
-    assert gemm_gpu.tile(_device(local_mem_size=32 * 1024), 4096, 4096, 1, 8) == (128, 64)
+    assert gemm_gpu.tile(_device(max_work_group_size=128), 4096, 4096, 1)[:2] == (128, 64)   # 128 work-items
+    # float64: 128x128 stages 33792 bytes, 128x64 25600, 32x64 and 64x32 (16 deep) 26624
+    assert gemm_gpu.tile(_device(local_mem_size=32 * 1024), 4096, 4096, 1, 8)[:2] == (128, 64)
+    assert gemm_gpu.tile(_device(local_mem_size=26 * 1024), 4096, 4096, 1, 8)[:2] == (128, 64)
     assert gemm_gpu.tile(_device(local_mem_size=16 * 1024), 4096, 4096, 1, 8) is None
 
 

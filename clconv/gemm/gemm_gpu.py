@@ -21,11 +21,33 @@ import pyopencl as cl
 
 from ..programs import ClconvError, get_kernel, index_type, launch
 
-# (rows, columns) of C per work-group, and their relative speed on a 4096^3 SGEMM (H200, mean
-# of the three layouts: 42.7, 40.2, 38.4 TFLOP/s): bigger tiles reuse more but leave more edge waste
-TILES = (((128, 128), 1.0), ((128, 64), 0.94), ((64, 64), 0.90))
-TK = 8                   # depth of the kernel's slices (kernels/gemm_gpu.cl)
-PAD = 4                  # its local-memory row padding
+class Tile(NamedTuple):
+    """One shape of kernels/gemm_gpu.cl: TM x TN of C per work-group, RM x RN per work-item,
+    slices TK deep."""
+    tm: int
+    tn: int
+    rm: int = 8
+    rn: int = 8
+    tk: int = 8
+
+    @property
+    def work_items(self):
+        return self.tm * self.tn // (self.rm * self.rn)
+
+
+# The tiles, each with its relative speed where the device is saturated. On an H200 the 8x8
+# work-items ran a 4096^3 SGEMM at 42.7 (128x128) and 40.2 (128x64) TFLOP/s; a work-group of
+# 4x4 ones has four times the work-items per value of C, for grids of few work-groups, which
+# otherwise leave the device idle waiting on memory. The speeds and SATURATION are fitted to
+# the GEMMs of the networks benchmark's passes (bench/networks.json) on the H200, each timed
+# with each of nine tiles: on 715 shapes at batch 32 and 1 the rule's tile is 3% over the best
+# of these four (geometric mean), 5% over the best of all nine. The earlier rule, with the
+# 8x8 tiles alone, made the passes with GEMMs 1.34x (batch 32) and 1.62x (batch 1) the time
+# of their best tile.
+TILES = ((Tile(128, 128), 1.0), (Tile(128, 64), 0.97), (Tile(32, 64, 4, 4, 16), 0.95),
+         (Tile(64, 32, 4, 4, 16), 0.95))
+SATURATION = 256         # work-items per compute unit a grid needs to run at its tile's speed
+PAD = 4                  # the kernel's local-memory row padding
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,41 +58,44 @@ def _facts(device):
             tuple(device.max_work_item_sizes), device.local_mem_size, device.mem_base_addr_align // 8)
 
 
-def read_width(device, itemsize, offset, si, sj, ld, gi, gj):
-    """Values per global read of one operand: 4 when each of its matrices starts at a multiple
-    of 4 elements and its rows lie a multiple of 4 apart, so that four-wide reads along the
-    rows stay aligned (buffers start aligned to at least that on the device); else 1."""
+def read_width(device, itemsize, offset, si, sj, ld, gi, gj, sq=0):
+    """Values per global read of one operand: 4 when each of its matrices (and K blocks, ``sq``
+    apart) starts at a multiple of 4 elements and its rows lie a multiple of 4 apart, so that
+    four-wide reads along the rows stay aligned (buffers start aligned to at least that on the
+    device); else 1."""
     aligned = (offset % 4 == 0 and ld % 4 == 0 and (gi == 1 or si % 4 == 0) and (gj == 1 or sj % 4 == 0)
-               and _facts(device)[5] >= 4 * itemsize)
+               and sq % 4 == 0 and _facts(device)[5] >= 4 * itemsize)
     return 4 if aligned else 1
 
 
-def fits(device, tm, tn, itemsize=4):
-    """Whether the device can run a TM x TN tile: its work-group and local memory."""
+def fits(device, t, itemsize=4):
+    """Whether the device can run the :class:`Tile` ``t``: its work-group and local memory."""
     _, _, max_group, max_sides, local, _ = _facts(device)
-    return (tm * tn // 64 <= max_group and tn // 8 <= max_sides[0] and tm // 8 <= max_sides[1]
-            and 2 * TK * (tm + tn + 2 * PAD) * itemsize <= local)
+    return (t.work_items <= max_group and t.tn // t.rn <= max_sides[0] and t.tm // t.rm <= max_sides[1]
+            and 2 * t.tk * (t.tm + t.tn + 2 * PAD) * itemsize <= local)
 
 
 @functools.lru_cache(maxsize=4096)
 def tile(device, m, n, count, itemsize=4):
-    """The work-group tile (TM, TN) for ``count`` M x N products: least time in a simple model,
-    work-groups x tile area / speed, with at least one work-group per compute unit; None when
-    no tile fits the device."""
+    """The :class:`Tile` for ``count`` M x N products: least time in a simple model, the tiles'
+    area (work-groups x tile area) over its speed, the speed scaled down where the grid has
+    fewer work-items than SATURATION per compute unit (then the time is one work-item's work:
+    a 4x4 work-item's is a quarter of an 8x8 one's); None when no tile fits the device."""
     compute_units = _facts(device)[1]
 
     def cost(option):
-        (tm, tn), speed = option
-        groups = -(-m // tm) * -(-n // tn) * count
-        return max(groups, compute_units) * tm * tn / speed
-    fitting = [t for t in TILES if fits(device, *t[0], itemsize)]
+        t, speed = option
+        groups = -(-m // t.tm) * -(-n // t.tn) * count
+        busy = min(1.0, groups * t.work_items / (compute_units * SATURATION))
+        return groups * t.tm * t.tn / (speed * busy)
+    fitting = [t for t in TILES if fits(device, t[0], itemsize)]
     return min(fitting, key=cost)[0] if fitting else None
 
 
 def work_groups(device, m, n, count, itemsize=4):
     """Work-groups of one launch over ``count`` M x N products (at the tile :func:`tile` picks)."""
-    tm, tn = tile(device, m, n, count, itemsize) or TILES[-1][0]
-    return -(-m // tm) * -(-n // tn) * count
+    t = tile(device, m, n, count, itemsize) or TILES[-1][0]
+    return -(-m // t.tm) * -(-n // t.tn) * count
 
 
 class Im2colB(NamedTuple):
@@ -98,14 +123,26 @@ class Im2colB(NamedTuple):
         return tuple((f"IM_{name.upper()}", value) for name, value in self._asdict().items() if name != "span")
 
 
+class KBlocks(NamedTuple):
+    """Products whose depth is ``count`` blocks of K: block q of A starts ``a_step`` values after
+    block 0, of B ``b_step`` (images summed over, whose positions are not one stride apart)."""
+    count: int
+    a_step: int
+    b_step: int
+
+
 def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False, b_transp=False,
-              im2col=None, what=""):
+              im2col=None, k_blocks=None, what=""):
     """C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j] for i < gi, j < gj, in one launch.
 
     ``a``, ``b``, ``c``: :class:`clconv.gemm.Operand` s (matrix (i, j) at ``at(i, j)``); C
     matrices must not overlap. ``im2col`` (an :class:`Im2colB`): B is the im2col matrix of the
-    input at B's offsets, read in place (its leading dimension is unused).
+    input at B's offsets, read in place (its leading dimension is unused). ``k_blocks`` (a
+    :class:`KBlocks`): op(A[i, j]) @ op(B[i, j]) is the sum over its blocks, each M x K by K x N.
     """
+    kb = k_blocks or KBlocks(1, 0, 0)
+    if im2col is not None and kb.count > 1:
+        raise ClconvError(f"clconv: {what}: an im2col B is not read in K blocks")
     ops = (a, b, c)
     assert (gi == 1 or c.per_group) and (gj == 1 or c.per_image), "GEMMs into one C would race"
     itemsize = np.dtype(dtype).itemsize
@@ -113,18 +150,23 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     if chosen is None:
         raise ClconvError(f"clconv: {what}: no tile of clconv's GEMM kernel fits {queue.device.name.strip()} "
                           f"(work-group and local-memory limits); use gemm='clblast'")
-    tm, tn = chosen
+    tm, tn = chosen.tm, chosen.tn
     shapes = ((k, m) if a_transp else (m, k), (n, k) if b_transp else (k, n), (m, n))   # as stored, row-major
     spans = [(rows - 1) * x.ld + cols for (rows, cols), x in zip(shapes, ops)]
     if im2col is not None:
         spans[1] = im2col.span
-    idx = index_type(*(x.at(gi - 1, gj - 1) + span for x, span in zip(ops, spans)))
+    steps = (kb.a_step, kb.b_step, 0)
+    idx = index_type(*(x.at(gi - 1, gj - 1) + (kb.count - 1) * step + span for x, step, span in zip(ops, steps, spans)))
     va, vb = (1 if x is b and im2col else read_width(queue.device, itemsize, x.off, x.per_group, x.per_image, x.ld,
-                                                     gi, gj)
-              for x in (a, b))   # an im2col B is gathered one value at a time
-    kernel = get_kernel(queue.context, "gemm_gpu.cl", "gemm_gpu", dtype, TM=tm, TN=tn, TK=TK, PAD=PAD,
+                                                     gi, gj, step)
+              for x, step in zip((a, b), steps))   # an im2col B is gathered one value at a time
+    kernel = get_kernel(queue.context, "gemm_gpu.cl", "gemm_gpu", dtype, TM=tm, TN=tn, RM=chosen.rm, RN=chosen.rn,
+                        TK=chosen.tk, PAD=PAD,
                         A_TRANSP=int(a_transp), B_TRANSP=int(b_transp), VA=va, VB=vb, IDX=idx,
                         IM2COL=int(im2col is not None), **dict(im2col.defines() if im2col else ()))
     groups = -(-m // tm) * -(-n // tn) * gi * gj
-    return launch(queue, kernel, (groups * tn // 8, tm // 8), (tn // 8, tm // 8), m, n, k, alpha, beta, gj,
-                  *(v for x in ops for v in (x.buf, x.off, x.ld, x.per_group, x.per_image)), what=what)
+    wx, wy = tn // chosen.rn, tm // chosen.rm
+    return launch(queue, kernel, (groups * wx, wy), (wx, wy), m, n, k, alpha, beta, gj, kb.count,
+                  a.buf, a.off, a.ld, a.per_group, a.per_image, kb.a_step,
+                  b.buf, b.off, b.ld, b.per_group, b.per_image, kb.b_step,
+                  c.buf, c.off, c.ld, c.per_group, c.per_image, what=what)
