@@ -83,6 +83,22 @@
 #define WVEC 0
 #endif
 
+// A build compiles the one kernel the host names in ONLY (its upper-case name; the kernels
+// share most of their defines, but each pass is specialised apart, and a build of all seven
+// took Intel's CPU compiler 1.7 s), or all of them without ONLY.
+#define DIRECT_FORWARD 1
+#define DIRECT_INPUT 2
+#define DIRECT_WEIGHT_PARTIAL 3
+#define DIRECT_WEIGHT_SUM 4
+#define DIRECT_ROWS 5
+#define DIRECT_WEIGHT_ROWS 6
+#define DIRECT_INPUT_ROWS 7
+#ifdef ONLY
+#define BUILDS(kernel) (ONLY == (kernel))
+#else
+#define BUILDS(kernel) 1
+#endif
+
 // y[n, k, oy, ox] = bias[k] + sum over c < CG, i, j of
 //                   w[k, c, i, j] * x[n, (k / KG) * CG + c, oy*SH - PT + i*DH, ox*SW - PL + j*DW]
 // Work-group: a TX x (TY*RY) output tile of KB planes (n, k0..k0+KB-1) of one group, group
@@ -135,6 +151,7 @@ inline void read_patch(REAL* got, __global const REAL* restrict x, const IDX xb,
         got[s] = e < PH * PW ? patch_value(x, xb, y0, x0, H, W, py, px) : (REAL)0;
     }
 }
+#if BUILDS(DIRECT_FORWARD)
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void direct_forward(__global const REAL* restrict x, const IDX x_off,
                     __global const REAL* restrict w, const IDX w_off,
@@ -233,12 +250,14 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
                 y[y_off + ((IDX)n * K + k0 + b) * OH * OW + oy * OW + ox] = EPILOGUE(flags, acc[b][r]);
         }
 }
+#endif
 
 // dx[n, c, iy, ix] = sum over the KG filters k of c's group and the taps that read
 // (iy, ix) of w[k, c % CG, i, j] * dy[n, k, oy, ox]. Overwrites dx; fixed order.
 // Work-group: a TX x TY tile of plane (n, c) = group id 2. Only a fraction of the
 // taps meets the output grid when strided, so dy is read from global memory
 // directly (staging it measured slower on an H200).
+#if BUILDS(DIRECT_INPUT)
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void direct_input(__global const REAL* restrict w, const IDX w_off,
                   __global const REAL* restrict dy, const IDX dy_off,
@@ -273,11 +292,13 @@ void direct_input(__global const REAL* restrict w, const IDX w_off,
     }
     dx[dx_off + (IDX)nc * H * W + iy * W + ix] = acc;
 }
+#endif
 
 // grad-weight, stage 1 of 2. Work-group (k, s) sums dy[n, k, p] * x[n, c, ...] for
 // every (c, i, j) of filter k over slice s of the N*OH*OW positions, each work-item
 // a fixed strided subset, then a tree in local memory per tap:
 // part[(k * S + s) * TAPS + tap].
+#if BUILDS(DIRECT_WEIGHT_PARTIAL)
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void direct_weight_partial(__global const REAL* restrict x, const IDX x_off,
                            __global const REAL* restrict dy, const IDX dy_off,
@@ -319,8 +340,10 @@ void direct_weight_partial(__global const REAL* restrict x, const IDX x_off,
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 }
+#endif
 
 // grad-weight, stage 2: dw[k, tap] = sum over s of the partials, in order.
+#if BUILDS(DIRECT_WEIGHT_SUM)
 __kernel void direct_weight_sum(__global const REAL* restrict part, const int S,
                                 __global REAL* restrict dw, const IDX dw_off, const int K)
 {
@@ -331,6 +354,7 @@ __kernel void direct_weight_sum(__global const REAL* restrict part, const int S,
     for (int s = 0; s < S; ++s) acc += part[((IDX)k * S + s) * TAPS + t];
     dw[dw_off + kt] = acc;
 }
+#endif
 
 // ---- CPU devices ----------------------------------------------------------------------
 // CPU runtimes run a work-group's work-items as a loop and vectorise one work-item as far
@@ -375,6 +399,7 @@ inline REALV row_values(__global const REAL* restrict xr, const int ix0, const i
 // The same sum as direct_forward (FLIP included), for CPU devices: work-item (band, nk)
 // computes RB output rows from band * RB of the KB planes (n, k0 .. k0 + KB - 1), VW
 // columns at a time, each input row value of a tap loaded once for the KB filters.
+#if BUILDS(DIRECT_ROWS)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void direct_rows(__global const REAL* restrict x, const IDX x_off,
                  __global const REAL* restrict w, const IDX w_off,
@@ -415,11 +440,13 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
         }
     }
 }
+#endif
 
 // grad-weight stage 1 for CPU devices: work-item (k, s) sums dy[n, k, oy, ox] *
 // x[n, c, ...] for every tap of filter k over slice s of the N * OH output rows, VW columns at
 // a time into one vector per tap of a channel (channel by channel, so the accumulators stay
 // in registers), then across the vectors: part[(k * S + s) * TAPS + tap], as stage 1 above.
+#if BUILDS(DIRECT_WEIGHT_ROWS)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void direct_weight_rows(__global const REAL* restrict x, const IDX x_off,
                         __global const REAL* restrict dy, const IDX dy_off,
@@ -456,6 +483,7 @@ void direct_weight_rows(__global const REAL* restrict x, const IDX x_off,
         }
     }
 }
+#endif
 
 // VW consecutive values p[o0 .. o0 + VW - 1], zero outside 0 .. n - 1.
 inline REALV span_values(__global const REAL* restrict p, const int o0, const int n)
@@ -473,6 +501,7 @@ inline REALV span_values(__global const REAL* restrict p, const int o0, const in
 // rows from band * RB of plane (n, c). A row's columns are taken by stride phase px, VW at a
 // time: columns px, px + SW, ... meet the output grid through the same taps j, at consecutive
 // output columns, so each (filter, tap) adds one vector of grad_output.
+#if BUILDS(DIRECT_INPUT_ROWS)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void direct_input_rows(__global const REAL* restrict w, const IDX w_off,
                        __global const REAL* restrict dy, const IDX dy_off,
@@ -506,3 +535,4 @@ void direct_input_rows(__global const REAL* restrict w, const IDX w_off,
         }
     }
 }
+#endif

@@ -227,9 +227,10 @@ class Direct(Algorithm):
         # four filters' staged weights read at once (H200: 7x7 stem forward 0.026 -> 0.021 ms,
         # ResNeXt forward 0.126 -> 0.110 ms)
         wvec = wstage and kb % 4 == 0
-        return (get_kernel(queue.context, "direct.cl", name, self.dtype, IDX=idx, TAPS=self.taps, WG=wg, TX=tx, TY=ty,
-                           PH=ph, PW=pw, RY=ry, KB=kb, RB=rb, VW=self.vw, STAGE=int(self.staged), WSTAGE=int(wstage),
-                           WVEC=int(wvec), FLIP=int(g is self.transposed), **constants), wg)
+        # ONLY: the build compiles this one kernel of direct.cl
+        return (get_kernel(queue.context, "direct.cl", name, self.dtype, ONLY=name.upper(), IDX=idx, TAPS=self.taps,
+                           WG=wg, TX=tx, TY=ty, PH=ph, PW=pw, RY=ry, KB=kb, RB=rb, VW=self.vw, STAGE=int(self.staged),
+                           WSTAGE=int(wstage), WVEC=int(wvec), FLIP=int(g is self.transposed), **constants), wg)
 
     def _forward(self, queue, pass_name, g, x, w, bias, y, what, relu=False):
         """The forward kernel over geometry ``g`` (the transposed one flips the weights): on GPUs
