@@ -40,10 +40,13 @@ class Tile(NamedTuple):
 # 4x4 ones has four times the work-items per value of C, for grids of few work-groups, which
 # otherwise leave the device idle waiting on memory. The speeds and SATURATION are fitted to
 # the GEMMs of the networks benchmark's passes (bench/networks.json) on the H200, each timed
-# with each of nine tiles: on 715 shapes at batch 32 and 1 the rule's tile is 3% over the best
-# of these four (geometric mean), 5% over the best of all nine. The earlier rule, with the
-# 8x8 tiles alone, made the passes with GEMMs 1.34x (batch 32) and 1.62x (batch 1) the time
-# of their best tile.
+# with each of nine tiles (python -m bench.gemm_tiles): on 715 shapes at batch 32 and 1 the
+# rule's tile is 3% over the best of these four, 5% over the best of all nine (geometric
+# means). A later run (bench/results/nvidia-h200-gemm-tiles-b1.json, -b32.json: 409 shapes
+# at batch 1, 171 of the first layers at batch 32) gives 9% and 7.5% over the best of nine,
+# where the 8x8 tiles alone are 44-121% over it. Where a grid is large but ragged, the rule
+# can still take a 4x4 tile 7-15% slower than 128x64 (pointwise workload forward, 512 x 784
+# products).
 TILES = ((Tile(128, 128), 1.0), (Tile(128, 64), 0.97), (Tile(32, 64, 4, 4, 16), 0.95),
          (Tile(64, 32, 4, 4, 16), 0.95))
 SATURATION = 256         # work-items per compute unit a grid needs to run at its tile's speed
