@@ -1,6 +1,6 @@
 """The GPU GEMM kernel's tiles on the networks' GEMMs: what clconv.gemm.gemm_gpu.tile is fitted to.
 
-    python -m bench.gemm_tiles [--batch N] [--budget S] [--json PATH]
+    python -m bench.gemm_tiles [--batch N] [--budget S] [--layers PATTERNS] [--json PATH]
 
 For every layer of bench/networks.json but the depthwise ones (no GEMMs), and each pass, a plan
 is made and run once with clconv's GPU GEMM kernel forced to each candidate tile (gemm_gpu.TILES
@@ -13,6 +13,7 @@ the shape's best candidate, and the same for the tile the rule picks (gemm_gpu.t
 bench/results/<device>-gemm-tiles-b<batch>.json.
 """
 import argparse
+import fnmatch
 import json
 import math
 import time
@@ -75,6 +76,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.gemm_tiles", description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--budget", type=float, default=480, help="stop after this many seconds (default 480)")
+    ap.add_argument("--layers", help="comma-separated glob patterns of layer ids (default: all)")
     ap.add_argument("--json", help="output path")
     args = ap.parse_args(argv)
     context = clconv.default_queue().context
@@ -82,7 +84,9 @@ def main(argv=None):
     if gemm_gpu.tile(queue.device, 128, 128, 1) is None:
         raise SystemExit("no tile of clconv's GPU GEMM kernel fits this device")
     start, times = time.time(), defaultdict(dict)   # shape -> {tile: ms}
-    layers = [lay for lay in load_layers()["layers"] if lay["groups"] != lay["C"]]
+    patterns = args.layers.split(",") if args.layers else ["*"]
+    layers = [lay for lay in load_layers()["layers"] if lay["groups"] != lay["C"]
+              and any(fnmatch.fnmatchcase(lay["id"], p) for p in patterns)]
     for i, layer in enumerate(layers):
         if time.time() - start > args.budget:
             print(f"budget spent after {i} of {len(layers)} layers")
@@ -100,9 +104,10 @@ def main(argv=None):
         chosen = gemm_gpu.tile(queue.device, m, n, count)
         rule[shape] = next((name for name, tile in by_tile.items() if tile == chosen), None)
     geo = {name: math.exp(sum(math.log(t[name] / min(t.values())) for t in full.values()) / len(full))
-           for name in usable}
+           for name in usable} if full else {}
     picked = [full[s][rule[s]] / min(full[s].values()) for s in full if rule[s]]
-    geo["rule"] = math.exp(sum(map(math.log, picked)) / len(picked))
+    if picked:
+        geo["rule"] = math.exp(sum(map(math.log, picked)) / len(picked))
     print(f"{len(full)} GEMM shapes timed with all {len(usable)} tiles; time / the shape's best tile (geometric mean):")
     for name, value in sorted(geo.items(), key=lambda kv: kv[1]):
         print(f"  {name:16s} {value:.3f}")

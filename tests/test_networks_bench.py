@@ -94,3 +94,26 @@ def test_a_wrong_result_fails_the_check(tiny, queue, monkeypatch):
     passes, _ = nb.run_layer(tiny[0], 1, queue, budget_s=0.01, rounds=1)
     assert not passes["forward"]["ok"] and passes["forward"]["error"] > nb.TOL
     assert passes["backward_input"]["ok"] and passes["backward_weight"]["ok"]
+
+
+def test_gemm_tiles_times_a_layers_gemms_with_each_tile(data, tmp_path, monkeypatch):
+    """python -m bench.gemm_tiles on one small 1x1 layer with two tiles: every GEMM of its three
+    passes is timed with both, and the rule's pick is one of them."""
+    from clconv.bench import gemm_tiles
+    from clconv.gemm.gemm_gpu import Tile
+    monkeypatch.setattr(gemm_tiles, "CANDIDATES", {"128x64": Tile(128, 64), "32x64_by_4x4": Tile(32, 64, 4, 4, 16)})
+    layer = min((lay for lay in data["layers"] if (lay["kh"], lay["kw"], lay["groups"]) == (1, 1, 1)
+                 and lay["stride"] == [1, 1] and lay["H"] * lay["W"] > 1), key=macs)   # the 1x1 algorithm's
+    out = tmp_path / "tiles.json"
+    gemm_tiles.main(["--batch", "2", "--layers", layer["id"], "--json", str(out)])
+    record = json.loads(out.read_text())
+    assert record["batch"] == 2 and set(record["tiles"]) == {"128x64", "32x64_by_4x4"}
+    shapes = record["shapes"]
+    products = {(s["m"], s["n"]) for s in shapes}
+    K, C = layer["K"], layer["C"]
+    assert {(K, layer["H"] * layer["W"]), (C, layer["H"] * layer["W"]), (K, C)} <= products   # fwd, dgrad, wgrad
+    wgrad = next(s for s in shapes if (s["m"], s["n"]) == (K, C))
+    assert wgrad["b_transp"] and wgrad["k_blocks"] * wgrad["products"] == 2   # both images, as K blocks or slices
+    for s in shapes:
+        assert set(s["ms"]) == {"128x64", "32x64_by_4x4"} and min(s["ms"].values()) > 0
+        assert s["rule"] in (None, "128x64", "32x64_by_4x4")
