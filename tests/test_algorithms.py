@@ -82,6 +82,21 @@ def test_auto_choice(case, expected, queue):
     assert set(p.algorithms.values()) == {expected}
 
 
+@pytest.mark.parametrize("size,on_cpu", [
+    (5, {"forward": "im2col", "backward_input": "im2col", "backward_weight": "im2col"}),   # 2x2 tiles, 39% used
+    (7, {"forward": "winograd", "backward_input": "winograd", "backward_weight": "im2col"}),   # 2x2 tiles, 77%
+    (12, {"forward": "winograd", "backward_input": "winograd", "backward_weight": "winograd"}),   # 3x3 tiles
+], ids=["5x5_map", "7x7_map", "12x12_map"])
+def test_auto_choice_of_winograd_on_small_maps(size, on_cpu, queue):
+    """On CPUs, Winograd's transforms outweigh its smaller GEMMs on small maps: im2col where its
+    tiles leave most outputs unused, and for grad-weight over 4 tiles or fewer; GPUs keep it."""
+    p = clconv.plan((2, 16, size, size), (16, 16, 3, 3), padding=1, queue=queue)
+    gpu = bool(queue.device.type & cl.device_type.GPU)
+    assert p.algorithms == ({name: "winograd" for name in on_cpu} if gpu else on_cpu)
+    if not gpu and "im2col" in on_cpu.values():
+        assert "(not winograd: on CPUs" in p.explain()
+
+
 def test_auto_choice_of_fft(queue):
     """5x5 on 27x27 images: the FFT's GEMMs need 3 multiplications per output against Winograd's 9;
     on GPUs that pays for its transforms, on CPUs it does not."""

@@ -21,6 +21,8 @@ many rows as the budget holds, through the same kernels (each told its first til
 grad-weight adds the ranges' products in order, so its sum is fixed.
 """
 
+import pyopencl as cl
+
 from ..bias import flags
 from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width, vectorizes_work_items
@@ -58,6 +60,22 @@ class Winograd(Transform):
         if min(g.Cg, g.Kg) < MIN_CHANNELS:
             return False, (f"fewer than {MIN_CHANNELS} channels or filters per group (Cg = {g.Cg}, Kg = {g.Kg}): "
                            "its 36 GEMMs would be too thin")
+        if not device.type & cl.device_type.GPU:
+            # CPUs on small maps, where the transforms outweigh the GEMMs they shrink. 2-core Xeon,
+            # batch 4, the networks' Winograd layers against im2col (PoCL / Intel's runtime):
+            # 5x5 maps (4 tiles, 39% of their outputs used) 1.58-2.43 / 1.33-2.23x im2col's time
+            # in every pass; 7x7 maps (4 tiles) grad-weight 1.70 / 1.56x, forward and grad-input
+            # 1.17-1.24 / 0.75-0.98x; 14x14 maps and up 0.34-1.22x
+            m = ALPHA + 1 - g.kh
+            t = g.transposed() if pass_name == "backward_input" else g
+            tiles = _tiles(t.OH, t.dilation[0], m) * _tiles(t.OW, t.dilation[1], m)
+            used = t.OH * t.OW / (tiles * m * m)
+            if pass_name == "backward_weight" and tiles <= 4:
+                return False, (f"on CPUs its grad-weight over {tiles} tiles per image costs more in transforms than "
+                               "it saves (7x7 maps: 1.6-1.7x im2col's time on PoCL and Intel's runtime)")
+            if used < 0.5:
+                return False, (f"on CPUs, tiles of which {used:.0%} of the outputs are used cost more in transforms "
+                               "than they save (5x5 maps: 1.3-2.4x im2col's time on PoCL and Intel's runtime)")
         return True, ""
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
