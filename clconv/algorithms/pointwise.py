@@ -48,7 +48,6 @@ class Pointwise(Algorithm):
         fits = workspace_limit // (g.K * g.Cg * item)   # grad-weight partial sums the workspace holds
         # grad-weight on the GPU kernel: slices of whole images, or (where that fills the device
         # less: few images) of every image's positions, each at least MIN_K_SLICE positions deep
-        self.blocked = gemm == "gpu"
         self.slices, self.by_images = 1, True
         if self.blocked:
             by_images = fit_slices(g.N, k_slices(device, gemm, g.Kg, g.Cg, g.N, g.groups, item,
@@ -76,6 +75,11 @@ class Pointwise(Algorithm):
         self.workspace["backward_weight"] = (_partials(self.slices, g.K * g.Cg) if self.blocked else
                                              self.images * self.split["backward_weight"] * g.K * g.Cg
                                              if self._weight is None else self._weight.workspace["backward_weight"])
+
+    @property
+    def blocked(self):
+        """Whether grad-weight sums the images in K blocks (clconv's GPU kernel has them)."""
+        return self.gemm == "gpu"
 
     def describe(self, pass_name):
         g, S = self.g, self.split[pass_name]

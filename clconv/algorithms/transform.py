@@ -18,6 +18,11 @@ def aligned(n):
     return -(-n // ALIGN) * ALIGN
 
 
+def pass_geometry(g, pass_name):
+    """The convolution a pass of ``g`` runs as a forward pass: grad-input's is the transposed one."""
+    return g.transposed() if pass_name == "backward_input" else g
+
+
 class Transform(Algorithm):
     """A subclass sets ``kind`` (for messages) and defines ``_layout(pass_name, B)``: the
     offsets of its workspace regions after the first (at 0), then their end, for chunks of B
@@ -27,7 +32,7 @@ class Transform(Algorithm):
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
         super().__init__(g, dtype, device, workspace_limit, per_group, gemm)
-        self.geometry = {"forward": g, "backward_input": g.transposed(), "backward_weight": g}
+        self.geometry = {p: pass_geometry(g, p) for p in ("forward", "backward_input", "backward_weight")}
         self.chunk, self.layout = {}, {}
 
     def _fit_chunks(self, workspace_limit, per_image, fixed, widest):

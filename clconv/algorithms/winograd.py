@@ -29,7 +29,7 @@ from ..device import cpu_vector_width, vectorizes_work_items
 from ..gemm import Operand as Op
 from ..programs import INT32_MAX, get_kernel, launch, reduction_work_group, work_group_limit
 from .partials import largest_divisor_at_most, max_slices, sum_partials
-from .transform import Transform, aligned
+from .transform import Transform, aligned, pass_geometry
 
 ALPHA = 6                 # transformed values per tile side: F(4x4, 3x3) and F(2x2, 5x5)
 T2 = ALPHA ** 2           # 36 transformed values per tile
@@ -43,6 +43,16 @@ def _tiles(size, dilation, tile):
     return dilation * -(-(-(-size // dilation)) // tile)
 
 
+def _side(g):
+    """Outputs per tile side: F(4x4, 3x3), F(2x2, 5x5)."""
+    return ALPHA + 1 - g.kh
+
+
+def _grid(t, side):
+    """Tiles (TH, TW) per image along the output rows and columns of geometry ``t``."""
+    return _tiles(t.OH, t.dilation[0], side), _tiles(t.OW, t.dilation[1], side)
+
+
 class Winograd(Transform):
     name, kind = "winograd", "Winograd"
 
@@ -50,7 +60,7 @@ class Winograd(Transform):
     def applies(g):
         if (g.kh, g.kw) not in ((3, 3), (5, 5)) or g.stride != (1, 1):
             return False, f"needs a 3x3 or 5x5 filter at stride 1 (got {g.kh}x{g.kw}, stride {g.stride})"
-        m = ALPHA + 1 - g.kh
+        m = _side(g)
         return True, (f"{g.kh}x{g.kw} at stride 1: Winograd F({m}x{m},{g.kh}x{g.kw}) needs 36 multiplications per "
                       f"{m}x{m} output tile where im2col's GEMM needs {m * m * g.kh * g.kw}")
 
@@ -66,10 +76,9 @@ class Winograd(Transform):
             # 5x5 maps (4 tiles, 39% of their outputs used) 1.58-2.43 / 1.33-2.23x im2col's time
             # in every pass; 7x7 maps (4 tiles) grad-weight 1.70 / 1.56x, forward and grad-input
             # 1.17-1.24 / 0.75-0.98x; 14x14 maps and up 0.34-1.22x
-            m = ALPHA + 1 - g.kh
-            t = g.transposed() if pass_name == "backward_input" else g
-            tiles = _tiles(t.OH, t.dilation[0], m) * _tiles(t.OW, t.dilation[1], m)
-            used = t.OH * t.OW / (tiles * m * m)
+            m, t = _side(g), pass_geometry(g, pass_name)
+            th, tw = _grid(t, m)
+            tiles, used = th * tw, t.OH * t.OW / (th * tw * m * m)
             if pass_name == "backward_weight" and tiles <= 4:
                 return False, (f"on CPUs its grad-weight over {tiles} tiles per image costs more in transforms than "
                                "it saves (7x7 maps: 1.6-1.7x im2col's time on PoCL and Intel's runtime)")
@@ -80,13 +89,12 @@ class Winograd(Transform):
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
         super().__init__(g, dtype, device, workspace_limit, per_group, gemm)
-        self.tile = ALPHA + 1 - g.kh    # outputs per tile side
+        self.tile = _side(g)    # outputs per tile side
         # CPU devices whose compiler keeps per-tile kernels scalar: the transforms' _rows
         # forms, this many tiles (or channels) per vector
         self.rows = 0 if vectorizes_work_items(device) else cpu_vector_width(device, dtype.itemsize)
         # tiles (TH, TW) per image along the pass's output rows and columns
-        self.grid = {p: (_tiles(t.OH, t.dilation[0], self.tile), _tiles(t.OW, t.dilation[1], self.tile))
-                     for p, t in self.geometry.items()}
+        self.grid = {p: _grid(t, self.tile) for p, t in self.geometry.items()}
         # grad-weight split-K over the tiles: slices of a chunk divide its tiles exactly
         self.max_slices = max_slices(T2 * g.K * g.Cg, g.N * self._tiles_per_image("backward_weight"))
         # tile rows per piece, and why, for the passes whose one image is above the budget
