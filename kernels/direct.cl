@@ -9,6 +9,9 @@
 #ifndef WG             // work-group size of direct_weight_partial, a power of two
 #define WG 256
 #endif
+#ifndef RT             // taps direct_weight_partial reduces at once (RT x WG values of local memory)
+#define RT 8
+#endif
 
 // Every size is an argument; the filter's shape, stride, dilation, padding and channels
 // per group can also be compile-time constants set by the host (KH, ...), so index
@@ -296,7 +299,8 @@ void direct_input(__global const REAL* restrict w, const IDX w_off,
 
 // grad-weight, stage 1 of 2. Work-group (k, s) sums dy[n, k, p] * x[n, c, ...] for
 // every (c, i, j) of filter k over slice s of the N*OH*OW positions, each work-item
-// a fixed strided subset, then a tree in local memory per tap:
+// a fixed strided subset, then a tree in local memory, RT taps per pass of the tree so
+// that a filter's taps take few barriers (a 7x7 filter: 7 passes, not 49):
 // part[(k * S + s) * TAPS + tap].
 #if BUILDS(DIRECT_WEIGHT_PARTIAL)
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
@@ -304,7 +308,7 @@ void direct_weight_partial(__global const REAL* restrict x, const IDX x_off,
                            __global const REAL* restrict dy, const IDX dy_off,
                            __global REAL* restrict part, const int S, GEOMETRY)
 {
-    __local REAL red[WG];
+    __local REAL red[RT][WG];
     const int k = get_group_id(0) / S, s = get_group_id(0) % S, l = get_local_id(0);
     const int c0 = (k / KG) * CG, P = OH * OW;
     const IDX total = (IDX)N * P;
@@ -329,14 +333,18 @@ void direct_weight_partial(__global const REAL* restrict x, const IDX x_off,
             }
         }
     }
-    for (int t = 0; t < TAPS; ++t) {
-        red[l] = acc[t];
+    for (int t0 = 0; t0 < TAPS; t0 += RT) {
+        for (int r = 0; r < RT; ++r)
+            if (t0 + r < TAPS) red[r][l] = acc[t0 + r];
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int h = WG / 2; h > 0; h >>= 1) {
-            if (l < h) red[l] += red[l + h];
+            if (l < h)
+                for (int r = 0; r < RT; ++r)
+                    if (t0 + r < TAPS) red[r][l] += red[r][l + h];
             barrier(CLK_LOCAL_MEM_FENCE);
         }
-        if (l == 0) part[((IDX)k * S + s) * TAPS + t] = red[0];
+        for (int r = l; r < RT && t0 + r < TAPS; r += WG)   // (a work-group can be smaller than RT)
+            part[((IDX)k * S + s) * TAPS + t0 + r] = red[r][0];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 }

@@ -27,6 +27,7 @@ MAX_ACC = 32          # forward accumulators per work-item (filters x rows)
 MAX_PATCH = 3072      # elements of one channel's local-memory patch (12 KiB in float32, 24 KiB in float64)
 MAX_WEIGHTS = 2048    # and of the forward's staged weights (KB filters x taps), at most; else read in place
 LOCAL_SPARE = 8192    # bytes of local memory left unplanned when staging weights beside the patch
+REDUCE_BYTES = 16384  # local memory of grad-weight's reduction (RT taps x work-group values)
 
 
 def _tile(width, height):
@@ -173,6 +174,11 @@ class Direct(Algorithm):
             fill = -(-CPU_ITEMS_PER_UNIT * units // g.K)
             self.slices = max(1, min(64, fill, g.N * g.OH // 4, room))
         self.workspace["backward_weight"] = g.K * self.slices * self.taps
+        # GPU grad-weight: work-groups no larger than a slice's positions (a 7x7 map at batch 1:
+        # 49, where 256 left 207 work-items idle through the reduction), RT taps reduced per pass
+        # of the tree, within REDUCE_BYTES of local memory
+        self.wg_weight = min(pow2_at_least(-(-g.N * g.P // self.slices)), 256)
+        self.rt = max(1, min(16, self.taps, REDUCE_BYTES // (self.wg_weight * dtype.itemsize)))
 
     def describe(self, pass_name):
         g = self.g
@@ -214,7 +220,9 @@ class Direct(Algorithm):
         """``name`` built for geometry ``g`` (the transposed one flips the weights), the filter's
         sizes compiled in (loops unrolled, divisions folded)."""
         g = g or self.g
-        wg = reduction_work_group(queue.device)
+        # grad-weight's reduction shape (only its kernel reads WG and RT: other builds stay shared)
+        wg = reduction_work_group(queue.device, self.wg_weight)
+        reduction = dict(WG=wg, RT=self.rt) if name == "direct_weight_partial" else {}
         tx, ty, ph, pw, ry = tile or self.tiles["forward"]
         constants = self.specs[id(g)][1]
         # the forward's weights staged in local memory where a filter has several channels
@@ -229,8 +237,9 @@ class Direct(Algorithm):
         wvec = wstage and kb % 4 == 0
         # ONLY: the build compiles this one kernel of direct.cl
         return (get_kernel(queue.context, "direct.cl", name, self.dtype, ONLY=name.upper(), IDX=idx, TAPS=self.taps,
-                           WG=wg, TX=tx, TY=ty, PH=ph, PW=pw, RY=ry, KB=kb, RB=rb, VW=self.vw, STAGE=int(self.staged),
-                           WSTAGE=int(wstage), WVEC=int(wvec), FLIP=int(g is self.transposed), **constants), wg)
+                           TX=tx, TY=ty, PH=ph, PW=pw, RY=ry, KB=kb, RB=rb, VW=self.vw, STAGE=int(self.staged),
+                           WSTAGE=int(wstage), WVEC=int(wvec), FLIP=int(g is self.transposed), **reduction,
+                           **constants), wg)
 
     def _forward(self, queue, pass_name, g, x, w, bias, y, what, relu=False):
         """The forward kernel over geometry ``g`` (the transposed one flips the weights): on GPUs
