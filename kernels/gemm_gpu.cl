@@ -49,6 +49,9 @@
 #ifndef IM2COL         // 1: B is the im2col matrix of an NCHW input, read in place (IM_* below)
 #define IM2COL 0
 #endif
+#ifndef C_FOLD         // > 0: C's columns run over several images, C_FOLD positions each: column n is
+#define C_FOLD 0       // position n % C_FOLD of image n / C_FOLD, whose rows start c_sj values apart
+#endif                 // (an NCHW output written in place; the grid has one matrix along j)
 
 #define WX (TN / RN)                // work-items along N
 #define WY (TM / RM)                // work-items along M
@@ -183,7 +186,7 @@ void gemm_gpu(const int M, const int N, const int K, const REAL alpha, const REA
     const int i = z / GJ, j = z - i * GJ;
     a += a_off + i * a_si + j * a_sj;
     b += b_off + i * b_si + j * b_sj;
-    c += c_off + i * c_si + j * c_sj;
+    c += c_off + i * c_si + (C_FOLD ? 0 : j * c_sj);
 
     AV ra[A_PER];
     BV rb[B_PER];
@@ -262,7 +265,11 @@ void gemm_gpu(const int M, const int N, const int K, const REAL alpha, const REA
         for (int s = 0; s < RN; ++s) {
             const int n = n0 + tx * 4 + (s & 3) + (s >> 2) * (TN / 2);
             if (n < N) {
+#if C_FOLD
+                const IDX o = (IDX)(n / C_FOLD) * c_sj + (IDX)m * ldc + n % C_FOLD;
+#else
                 const IDX o = (IDX)m * ldc + n;
+#endif
                 c[o] = beta == (REAL)0 ? alpha * acc[r][s] : alpha * acc[r][s] + beta * c[o];
             }
         }

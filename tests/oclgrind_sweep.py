@@ -93,6 +93,10 @@ SWEEP = [
     ("own_gemm_implicit_im2col_groups", (3, 4, 9, 7), (4, 2, 3, 3), dict(stride=2, padding=1, dilation=(1, 2),
                                                                          groups=2, gemm="clconv"), "im2col",
      "single", None),
+    # taps no wider than the stride: im2col read in place whatever the channels
+    ("own_gemm_implicit_im2col_apart", (2, 6, 7, 9), (5, 6, 2, 2), dict(stride=(2, 3), gemm="clconv"), "im2col",
+     "single", None),
+    # 15 positions per image: forward and grad-input one GEMM per group over every image's positions
     ("own_gemm_1x1_groups_x_images", (3, 6, 3, 5), (4, 3, 1, 1), dict(groups=2, gemm="clconv"), "1x1", "single",
      None),
     # grad-weight's sum over the images in K blocks: slices of one image, of 128 positions of one image

@@ -202,6 +202,30 @@ def test_1x1_grad_weight_per_image_partials_in_chunks(images, queue):
                                         gemm="clblast").explain()
 
 
+@pytest.mark.parametrize("slices", [1, 3])
+@pytest.mark.parametrize("case,fold_below,folded", [
+    (next(c for c in EXTRA if c.name == "k1x1_g3_batch5"), 64, True),   # 3 groups, 7 positions per image
+    (next(c for c in EXTRA if c.name == "split_k_1x1_g1"), 64, False),  # 13 x 11 positions: a GEMM per image
+    (Case("k1x1_fold_split", 3, 6, 5, 7, 9, 1, 1), 64, True),         # 35 positions; C 6 and K 9 split in 3
+], ids=["grouped_folded", "per_image", "folded"])
+def test_1x1_folds_small_maps_into_one_gemm(case, fold_below, folded, slices, queue, monkeypatch):
+    """On clconv's GPU kernel, forward and grad-input over maps of fewer than FOLD_BELOW positions
+    are one GEMM over every image's positions, the output stored image by image; split-K (forced)
+    still cuts their K, one group only."""
+    from clconv.algorithms import pointwise
+    monkeypatch.setattr(pointwise, "FOLD_BELOW", fold_below)
+    monkeypatch.setattr(pointwise, "k_slices", lambda device, engine, m, n, k, count, itemsize=4, *a: slices)
+    x, w, b, dy = case.data()
+    p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="1x1", gemm="gpu")
+    algo, g = p._choice["forward"][0], p.geometry
+    assert algo.fold == folded
+    for pass_name, k in (("forward", g.C), ("backward_input", g.K)):
+        want = max(d for d in range(1, slices + 1) if k % d == 0) if g.groups == 1 else 1
+        assert algo.split[pass_name] == want
+        assert ("over every image's positions" in algo.describe(pass_name)) == folded
+    assert_passes_match(p, x, w, b, dy, case.options)
+
+
 @pytest.mark.parametrize("case_name,by_images,by_positions,want", [
     ("k1x1_per_image_g2", 1, 1, "no layout copies"),                                  # one GEMM per group
     ("k1x1_per_image_g2", 5, 1, "5 slices of 1 image(s)"),
@@ -528,6 +552,35 @@ def test_im2col_split_k(case, slices, queues, queue, monkeypatch):
         assert algo.split[pass_name] == want, pass_name
         assert ("slices of K=" in algo.describe(pass_name)) == (want > 1), pass_name
     assert_passes_match(p, x, w, b, dy, opts, weight=False)
+
+
+@pytest.mark.parametrize("slices", [1, 4])
+@pytest.mark.parametrize("case,implicit", [
+    (Case("1x1_s2_odd", 3, 10, 9, 7, 6, 1, 1, stride=2), True),
+    (Case("2x2_s2_patchify", 2, 6, 8, 11, 5, 2, 2, stride=2), True),
+    (Case("3x2_s3x2_padded", 2, 6, 10, 9, 4, 3, 2, stride=(3, 2), padding=(1, 0)), True),
+    (Case("2x2_s2_g2", 2, 8, 6, 7, 6, 2, 2, stride=2, groups=2), True),
+    (Case("3x3_s2_overlapping", 2, 6, 9, 8, 4, 3, 3, stride=2, padding=1), False),
+], ids=repr)
+def test_implicit_im2col_where_taps_do_not_overlap(case, implicit, slices, queue, monkeypatch):
+    """On clconv's GPU GEMM kernel, im2col is read in place where it would only copy the input:
+    few channels, or taps no wider than the stride. The forward is then one GEMM over the images
+    into Y, or with one group, split-K slices of whole channels (the rule forced here)."""
+    from clconv.algorithms import im2col
+    monkeypatch.setattr(im2col, "k_slices", lambda device, engine, m, n, k, count, itemsize=4: slices)
+    x, w, b, dy = case.data()
+    opts = case.options
+    p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="im2col", gemm="gpu")
+    algo, g = p._choice["forward"][0], p.geometry
+    assert algo._implicit() == implicit
+    forward = algo.describe("forward")
+    assert ("reading im2col in place" in forward) == implicit
+    if implicit:
+        want = max(d for d in range(1, slices + 1) if g.C % d == 0) if g.groups == 1 else 1
+        assert algo.split["forward"] == want
+        assert (f"split-K into {want} slices of {g.C // want} channels" in forward) == (want > 1)
+        assert algo.describe("backward_weight").startswith("GEMM reading im2col in place")
+    assert_passes_match(p, x, w, b, dy, opts)
 
 
 @pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])

@@ -16,10 +16,14 @@ gradients' GEMMs read dY in place.
 
 Inputs of few channels per group (stems) write no col for forward and grad-weight where
 clconv's own GEMM kernel runs the products (GPUs): the kernel reads the input through im2col's
-index arithmetic itself (gemm.Im2colB), and the forward is one GEMM over groups x images
-straight into Y. On an H200 that took the 7x7 stem's grad-weight from 0.048-0.054 to
-0.042-0.046 ms of device time; with more channels the gathers cost more than writing col
-(forward and grad-weight 1.06-1.4x slower on AlexNet conv4, ResNet 3x3 and ResNeXt shapes).
+index arithmetic itself (gemm.Im2colB), and the forward is one GEMM per group over every image's
+positions, stored straight into Y. On an H200 that took the 7x7 stem's grad-weight from
+0.048-0.054 to 0.042-0.046 ms of device time; with more channels the gathers cost more than
+writing col (forward and grad-weight 1.06-1.4x slower on AlexNet conv4, ResNet 3x3 and ResNeXt
+shapes). Kernels no wider than their stride (1x1 stride 2, patchify layers) read in place too,
+whatever their channels: there col is a copy of the input or of part of it. H200, the networks'
+11 such layers, against col: forward 0.59-0.85x at batch 32 where the GEMM is small (RegNet,
+ResNet's first two downsamplings), 1.0-1.2x on the largest; grad-weight 0.71-1.16x.
 """
 import pyopencl as cl
 
@@ -77,21 +81,20 @@ class Im2col(Algorithm):
         # units idle (few filters or channels over small images): S partial results after col
         # and T, as many as the budget holds, summed in order
         room, ld = workspace_limit // itemsize - per_image * self.chunk, self.chunk * g.P
-        self.split = {p: self._k_slices(device, m, ld, k, room // (outputs * ld), implicit)
-                      for p, m, k, outputs, implicit in (("forward", g.Kg, g.Kd, g.K, self._implicit()),
-                                                         ("backward_input", g.Kd, g.Kg, self.rows, False))}
+        self.split = {p: fit_slices(k, k_slices(device, gemm, m, ld, k, g.groups, itemsize), room // (outputs * ld))
+                      for p, m, k, outputs in (("forward", g.Kg, g.Kd, g.K), ("backward_input", g.Kd, g.Kg, self.rows))}
         self.packed_at = per_image * self.chunk + _partials(self.split["backward_input"], self.rows * ld)
         self.workspace = {"forward": per_image * self.chunk + _partials(self.split["forward"], g.K * ld),
                           "backward_input": self.packed_at + packed,
                           "backward_weight": per_image * self.chunk + wgrad_extra}
-
-    def _k_slices(self, device, m, n, k, most, implicit):
-        """Split-K slices of a chunk's forward or grad-input GEMMs (:func:`clconv.gemm.k_slices`),
-        at most ``most`` and dividing ``k``; 1 for the implicit forward (its B is read through
-        im2col, which has no offset along K)."""
-        if implicit:
-            return 1
-        return fit_slices(k, k_slices(device, self.gemm, m, n, k, self.g.groups, self.dtype.itemsize), most)
+        if self._implicit():
+            # the implicit forward is one grid over all images, into Y; with one group, where that
+            # grid leaves compute units idle, cut into slices of whole channels (an offset into the
+            # input, which its im2col B reads), their partial outputs summed in order
+            outputs = g.N * g.K * g.P
+            want = k_slices(device, gemm, g.K, g.N * g.P, g.Kd, 1, itemsize) if g.groups == 1 else 1
+            self.split["forward"] = fit_slices(g.C, want, workspace_limit // (outputs * itemsize))
+            self.workspace["forward"] = _partials(self.split["forward"], outputs)
 
     def _fit_bands(self, workspace_limit, whole, partials):
         """One image's workspace (``whole`` bytes) is above the budget: the passes run image by
@@ -142,25 +145,34 @@ class Im2col(Algorithm):
             return (f"im2col + GEMM batched over {g.groups} group(s), image by image in {self.tiling}; per GEMM "
                     f"M={mnk[0]} N={mnk[1]} K={mnk[2]} (tile = {self.band * self.cols} positions, fewer in the last); "
                     f"{how}")
+        if pass_name == "forward" and self._implicit():
+            S = self.split["forward"]
+            return (f"GEMM reading im2col in place (clconv's GPU GEMM kernel, no col), one per group ({g.groups}), "
+                    f"M={g.Kg} N={g.N * g.P} (every image's positions) K={g.Kd}"
+                    + (f", split-K into {S} slices of {g.C // S} channels (K={g.Kd // S}) summed in order (the grid "
+                       "alone would leave the GPU's compute units idle)" if S > 1 else ", into the output"))
         chunks = -(-g.N // B) if g.N else 0
         mnk = {"forward": (g.Kg, B * g.P, g.Kd), "backward_input": (g.Kd, B * g.P, g.Kg),
                "backward_weight": (g.Kg, g.Kd, B * g.P)}[pass_name]
-        text = (f"im2col + GEMM batched over {g.groups} group(s), {chunks} chunk(s) of {B} image(s), "
+        implicit = pass_name == "backward_weight" and self._implicit()
+        text = (("GEMM reading im2col in place (clconv's GPU GEMM kernel, no col)" if implicit else "im2col + GEMM")
+                + f" batched over {g.groups} group(s), {chunks} chunk(s) of {B} image(s), "
                 f"per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2]}")
         if pass_name == "backward_weight" and self.slices > 1:
             text += f", split-K into {self.slices} slices summed in order"
         elif self.split.get(pass_name, 1) > 1:
             text += (f", split-K into {self.split[pass_name]} slices of K={mnk[2] // self.split[pass_name]} summed in "
                      "order (the grid alone would leave the GPU's compute units idle)")
-        if pass_name != "backward_input" and self._implicit():
-            text += ("; im2col read in place by clconv's GPU GEMM kernel (implicit; the forward is one GEMM "
-                     f"per group and image, M={g.Kg} N={g.P} K={g.Kd}, into the output)")
         return text
 
     def _implicit(self):
-        """Whether forward and grad-weight read im2col in place: few channels, on the GPU GEMM kernel
-        (not in tiles: the kernel's im2col is compiled for whole images)."""
-        return self.g.Cg <= IMPLICIT_MAX_CHANNELS and self.gemm == "gpu" and not self.band
+        """Whether forward and grad-weight read im2col in place, on the GPU GEMM kernel (not in
+        tiles: the kernel's im2col is compiled for whole images): few channels, or taps that do not
+        overlap (a kernel no wider than its stride: 1x1 stride 2, patchify layers), whose col would
+        be a copy of the input or of part of it."""
+        g = self.g
+        apart = all(s >= (k - 1) * d + 1 for s, k, d in zip(g.stride, (g.kh, g.kw), g.dilation))
+        return (g.Cg <= IMPLICIT_MAX_CHANNELS or apart) and self.gemm == "gpu" and not self.band
 
     def _im2col_b(self, pj, images):
         """The input as the GEMM's im2col operand, slices of pj columns, matrices over ``images``."""
@@ -236,11 +248,20 @@ class Im2col(Algorithm):
         Kg, Kd = g.Kg, g.Kd
         if self.band:
             return self._forward_tiles(queue, x, w, bias, y, ws, relu)
-        if self._implicit():   # one GEMM over groups x images into Y
+        if self._implicit():   # one GEMM per group over all images' positions, into Y
             beta = before_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
-            self._gemm(queue, Kg, g.P, Kd, Op(w.buf, w.off, Kd, Kg * Kd),
-                       Op(x.buf, x.off, 0, g.Cg * g.H * g.W, g.C * g.H * g.W), Op(y.buf, y.off, g.P, Kg * g.P, g.K * g.P),
-                       images=g.N, beta=beta, im2col=self._im2col_b(0, 1), what="forward (implicit im2col)")
+            S, plane, cols = self.split["forward"], g.H * g.W, g.N * g.P
+            if S > 1:   # slice s: W[:, s-th Kd/S columns] @ im2col of the s-th C/S channels; one group
+                ks, n = Kd // S, g.N * g.K * g.P
+                self._gemm(queue, g.K, cols, ks, Op(w.buf, w.off, Kd, ks), Op(x.buf, x.off, 0, g.C // S * plane),
+                           Op(ws, 0, g.P, n, g.K * g.P), slices=S, im2col=self._im2col_b(0, g.N), c_fold=g.P,
+                           what="forward (implicit im2col, split-K)")
+                sum_partials(queue, self.dtype, idx_for(self.dtype, x, w, y, bias, Ref(ws, 0)), Ref(ws, 0), S, n, y,
+                             beta != 0, "forward (implicit im2col, sum of slices)")
+            else:
+                self._gemm(queue, Kg, cols, Kd, Op(w.buf, w.off, Kd, Kg * Kd), Op(x.buf, x.off, 0, g.Cg * plane),
+                           Op(y.buf, y.off, g.P, Kg * g.P, g.K * g.P), beta=beta, im2col=self._im2col_b(0, g.N),
+                           c_fold=g.P, what="forward (implicit im2col)")
             after_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
             return
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))

@@ -19,17 +19,26 @@ MIN_SLICE positions (H200 before K blocks, pointwise workload: 0.50 ms against 0
 the im2col layout), and otherwise the im2col algorithm, whose im2col for a 1x1 kernel is the
 (C, N*H*W) layout that makes it one GEMM per group.
 
-On a GPU, with one group, forward and grad-input grids of products too small to fill the
-device are also cut along their K into slices (:func:`clconv.gemm.k_slices`), the slices
+On clconv's GPU kernel, forward and grad-input over small maps (FOLD_BELOW) are one GEMM
+per group over every image's positions. On a GPU, with one group, forward and grad-input grids
+of products too small to fill the device are also cut along their K into slices (:func:`clconv.gemm.k_slices`), the slices
 taking the grid's group axis, into partial outputs summed in order. Such grids come from
 small images with many channels.
 """
 from ..bias import after_gemm, before_gemm
 from ..buffers import Ref, idx_for
-from ..gemm import MIN_K_SLICE, KBlocks, Operand as Op, k_slices
+from ..gemm import MIN_K_SLICE, Im2colB, KBlocks, Operand as Op, k_slices
 from .base import Algorithm
 from .im2col import Im2col
 from .partials import MIN_SLICE, fit_slices, max_slices, partials_size as _partials, sum_partials
+
+
+# Forward and grad-input on the GPU kernel over maps of fewer than FOLD_BELOW positions: one
+# GEMM over every image's positions (B read through a 1x1 im2col, C stored image by image), not
+# a ragged GEMM per image of 25-49 columns. H200, the networks' 1x1 layers, folded / per image
+# (geometric mean): P < 64 forward 0.87, grad-input 0.99 at batch 32 (0.90, 0.86 at batch 1);
+# P < 200 at batch 32 forward 0.95 but grad-input 1.08 (folded B is read a value at a time).
+FOLD_BELOW = 64
 
 
 class Pointwise(Algorithm):
@@ -62,12 +71,17 @@ class Pointwise(Algorithm):
                         else Im2col(g, dtype, device, workspace_limit, per_group, gemm))
         # split-K slices per pass (one group only: the slices take the grid's group axis), as many
         # as the workspace holds
-        split = (lambda m, n, k, count, outputs: 1 if g.groups > 1 else
-                 fit_slices(k, k_slices(device, gemm, m, n, k, count, item), workspace_limit // (outputs * item)))
-        self.split = {"forward": split(g.K, g.P, g.C, g.N, g.N * g.K * g.P),
-                      "backward_input": split(g.C, g.P, g.K, g.N, g.N * g.C * g.P),
+        # forward and grad-input on the GPU kernel: one GEMM over every image's positions (folded)
+        # where a map has fewer than FOLD_BELOW positions, not a GEMM per image
+        self.fold = gemm == "gpu" and g.P < FOLD_BELOW
+        cols, count = (g.N * g.P, 1) if self.fold else (g.P, g.N)
+        split = (lambda m, k, outputs: 1 if g.groups > 1 else
+                 fit_slices(k, k_slices(device, gemm, m, cols, k, count, item), workspace_limit // (outputs * item)))
+        self.split = {"forward": split(g.K, g.C, g.N * g.K * g.P),
+                      "backward_input": split(g.C, g.K, g.N * g.C * g.P),
                       "backward_weight": 1 if self._weight is not None or self.blocked else
-                      split(g.K, g.C, g.P, self.images, self.images * g.K * g.C)}
+                      fit_slices(g.P, k_slices(device, gemm, g.K, g.C, g.P, self.images, item),
+                                 workspace_limit // (self.images * g.K * g.C * item)) if g.groups == 1 else 1}
         self.workspace["forward"] = _partials(self.split["forward"], g.N * g.K * g.P)
         # on clconv's CPU GEMM kernel W^T is packed in the workspace first (gemm_cpu.packed_size)
         self.workspace["backward_input"] = (_partials(self.split["backward_input"], g.N * g.C * g.P)
@@ -100,39 +114,58 @@ class Pointwise(Algorithm):
                     f"partial sums of {self.images} image(s) per launch summed in order, no layout copies"
                     + split.format(g.P // S))
         m, k = (g.Kg, g.Cg) if pass_name == "forward" else (g.Cg, g.Kg)
+        if self.fold:
+            return (f"1x1 GEMM on the input, one per group ({g.groups}) over every image's positions (fewer than "
+                    f"{FOLD_BELOW} per image), M={m} N={g.N * g.P} K={k}, no im2col" + split.format(k // S))
         # grouped, the groups are the batch (an image's groups are packed; a group's images are not)
         return (f"1x1 GEMM on the input, {g.groups} group(s) x {g.N} image(s) in "
                 f"{1 if g.groups == 1 else g.N} batched launch(es), M={m} N={g.P} K={k}, no im2col"
                 + split.format(k // S))
+
+    def _columns(self, channels, per_matrix):
+        """(columns, images, GEMM options) of forward and grad-input, whose B is the input or
+        grad_output (``channels`` per image, ``per_matrix`` per group or slice): folded, one GEMM's
+        columns are every image's positions, B read through a 1x1 im2col and C stored image by
+        image; otherwise a GEMM per image."""
+        g = self.g
+        if not self.fold:
+            return g.P, g.N, {}
+        fold = Im2colB(g.H, g.W, channels * g.P, g.P, g.W, 1, 1, 1, 1, 0, 0, 1, 1, 0,
+                       (g.N - 1) * channels * g.P + per_matrix * g.P)
+        return g.N * g.P, 1, dict(im2col=fold, c_fold=g.P)
 
     def forward(self, queue, x, w, bias, y, ws, relu=False):
         g, S = self.g, self.split["forward"]
         beta = before_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
         if S > 1:   # slice s: W[:, s-th K/S channels] @ X[those channels]; one group
             ks, n = g.C // S, g.N * g.K * g.P
-            self._gemm(queue, g.K, g.P, ks, Op(w.buf, w.off, g.C, ks), Op(x.buf, x.off, g.P, ks * g.P, g.C * g.P),
-                       Op(ws, 0, g.P, n, g.K * g.P), images=g.N, slices=S, what="forward (1x1, split-K)")
+            cols, images, fold = self._columns(g.C, ks)
+            self._gemm(queue, g.K, cols, ks, Op(w.buf, w.off, g.C, ks), Op(x.buf, x.off, g.P, ks * g.P, g.C * g.P),
+                       Op(ws, 0, g.P, n, g.K * g.P), images=images, slices=S, what="forward (1x1, split-K)", **fold)
             sum_partials(queue, self.dtype, idx_for(self.dtype, x, w, y, bias, Ref(ws, 0)), Ref(ws, 0), S, n, y,
                          beta != 0, "forward (1x1, sum of slices)")
         else:
-            self._gemm(queue, g.Kg, g.P, g.Cg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
+            cols, images, fold = self._columns(g.C, g.Cg)
+            self._gemm(queue, g.Kg, cols, g.Cg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
                        Op(x.buf, x.off, g.P, g.Cg * g.P, g.C * g.P), Op(y.buf, y.off, g.P, g.Kg * g.P, g.K * g.P),
-                       images=g.N, beta=beta, what="forward (1x1)")
+                       images=images, beta=beta, what="forward (1x1)", **fold)
         after_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
 
     def backward_input(self, queue, w, dy, dx, ws):
         g, S = self.g, self.split["backward_input"]
         if S > 1:   # slice s: W[s-th K/S filters]^T @ dY[those filters]; one group
             ks, n = g.K // S, g.N * g.C * g.P
-            self._gemm(queue, g.C, g.P, ks, Op(w.buf, w.off, g.C, ks * g.C),
-                       Op(dy.buf, dy.off, g.P, ks * g.P, g.K * g.P), Op(ws, 0, g.P, n, g.C * g.P), images=g.N,
-                       slices=S, a_transp=True, what="grad-input (1x1, split-K)")
+            cols, images, fold = self._columns(g.K, ks)
+            self._gemm(queue, g.C, cols, ks, Op(w.buf, w.off, g.C, ks * g.C),
+                       Op(dy.buf, dy.off, g.P, ks * g.P, g.K * g.P), Op(ws, 0, g.P, n, g.C * g.P), images=images,
+                       slices=S, a_transp=True, what="grad-input (1x1, split-K)", **fold)
             sum_partials(queue, self.dtype, idx_for(self.dtype, w, dy, dx, Ref(ws, 0)), Ref(ws, 0), S, n, dx, False,
                          "grad-input (1x1, sum of slices)")
             return
-        self._gemm(queue, g.Cg, g.P, g.Kg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
+        cols, images, fold = self._columns(g.K, g.Kg)
+        self._gemm(queue, g.Cg, cols, g.Kg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
                    Op(dy.buf, dy.off, g.P, g.Kg * g.P, g.K * g.P), Op(dx.buf, dx.off, g.P, g.Cg * g.P, g.C * g.P),
-                   images=g.N, a_transp=True, a_packed=Op(ws, 0, 0), what="grad-input (1x1)")
+                   images=images, a_transp=True, a_packed=Op(ws, 0, 0), what="grad-input (1x1)", **fold)
 
     def backward_weight(self, queue, x, dy, dw, ws):
         if self._weight is not None:

@@ -135,19 +135,22 @@ class KBlocks(NamedTuple):
 
 
 def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False, b_transp=False,
-              im2col=None, k_blocks=None, what=""):
+              im2col=None, k_blocks=None, c_fold=0, what=""):
     """C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j] for i < gi, j < gj, in one launch.
 
     ``a``, ``b``, ``c``: :class:`clconv.gemm.Operand` s (matrix (i, j) at ``at(i, j)``); C
     matrices must not overlap. ``im2col`` (an :class:`Im2colB`): B is the im2col matrix of the
     input at B's offsets, read in place (its leading dimension is unused). ``k_blocks`` (a
     :class:`KBlocks`): op(A[i, j]) @ op(B[i, j]) is the sum over its blocks, each M x K by K x N.
+    ``c_fold`` (gj == 1): C's N columns are n / c_fold images of c_fold positions, image q's
+    rows starting at ``c.per_image`` * q (an NCHW output, its batch in the GEMM's N).
     """
     kb = k_blocks or KBlocks(1, 0, 0)
     if im2col is not None and kb.count > 1:
         raise ClconvError(f"clconv: {what}: an im2col B is not read in K blocks")
+    assert not c_fold or (gj == 1 and n % c_fold == 0), "a folded C is one matrix of whole images along j"
     ops = (a, b, c)
-    assert (gi == 1 or c.per_group) and (gj == 1 or c.per_image), "GEMMs into one C would race"
+    assert (gi == 1 or c.per_group) and (gj == 1 or c.per_image or c_fold), "GEMMs into one C would race"
     itemsize = np.dtype(dtype).itemsize
     chosen = tile(queue.device, m, n, gi * gj, itemsize)
     if chosen is None:
@@ -158,6 +161,8 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     spans = [(rows - 1) * x.ld + cols for (rows, cols), x in zip(shapes, ops)]
     if im2col is not None:
         spans[1] = im2col.span
+    if c_fold:
+        spans[2] = (n // c_fold - 1) * c.per_image + (m - 1) * c.ld + c_fold
     steps = (kb.a_step, kb.b_step, 0)
     idx = index_type(*(x.at(gi - 1, gj - 1) + (kb.count - 1) * step + span for x, step, span in zip(ops, steps, spans)))
     va, vb = (1 if x is b and im2col else read_width(queue.device, itemsize, x.off, x.per_group, x.per_image, x.ld,
@@ -166,7 +171,7 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     kernel = get_kernel(queue.context, "gemm_gpu.cl", "gemm_gpu", dtype, TM=tm, TN=tn, RM=chosen.rm, RN=chosen.rn,
                         TK=chosen.tk, PAD=PAD,
                         A_TRANSP=int(a_transp), B_TRANSP=int(b_transp), VA=va, VB=vb, IDX=idx,
-                        IM2COL=int(im2col is not None), **dict(im2col.defines() if im2col else ()))
+                        IM2COL=int(im2col is not None), C_FOLD=c_fold, **dict(im2col.defines() if im2col else ()))
     groups = -(-m // tm) * -(-n // tn) * gi * gj
     wx, wy = tn // chosen.rn, tm // chosen.rm
     return launch(queue, kernel, (groups * wx, wy), (wx, wy), m, n, k, alpha, beta, gj, kb.count,
