@@ -2,7 +2,9 @@
 //   C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j],  i < GI, j < GJ,
 // op(A) M x K, op(B) K x N; matrix (i, j) of an operand starts at off + i * si + j * sj.
 // With KB > 1 each product is a sum of KB such products, the q-th of A and B q * sq values
-// after the first (a sum over images whose positions are not one stride apart).
+// after the first (a sum over images whose positions are not one stride apart). With K_FOLD
+// instead, one product's K runs on through such blocks of K_FOLD values each, with no
+// padding at their edges (blocks shorter than the slices: 5x5 and 7x7 maps).
 // One launch covers the whole grid (e.g. groups x images), with no padded copies: tile
 // loads past an edge read zeros and stores past an edge are skipped. The work-groups form
 // one row (dimension 0 has the largest range on every device).
@@ -49,6 +51,9 @@
 #ifndef IM2COL         // 1: B is the im2col matrix of an NCHW input, read in place (IM_* below)
 #define IM2COL 0
 #endif
+#ifndef K_FOLD         // > 0: depth k of A and B is k % K_FOLD into block k / K_FOLD, blocks a_sq and
+#define K_FOLD 0       // b_sq values apart (KB = 1)
+#endif
 #ifndef C_FOLD         // > 0: C's columns run over several images, C_FOLD positions each: column n is
 #define C_FOLD 0       // position n % C_FOLD of image n / C_FOLD, whose rows start c_sj values apart
 #endif                 // (an NCHW output written in place; the grid has one matrix along j)
@@ -80,6 +85,9 @@
 #if (VA != 1 && VA != 4) || (VB != 1 && VB != 4) || (IM2COL && VB != 1)
 #error "VA and VB are 1 or 4; an im2col B is read one value at a time"
 #endif
+#if K_FOLD && (IM2COL || (K_FOLD % 4 && (VA != 1 || VB != 1)))
+#error "a folded K is not read through im2col, and four-wide only where its blocks are whole vectors"
+#endif
 
 // Read e (< TM*TK/VA) of an A slice starts at (A_M(e), A_K(e)), in the order that keeps
 // global reads contiguous: along k when A is stored M x K, along m when stored K x M.
@@ -100,6 +108,14 @@
 #define B_N(e) ((e) * VB % TN)
 #define B_K(e) ((e) * VB / TN)
 #define B_AT_OFF(k, n) ((IDX)(k) * ldb + (n))
+#endif
+
+#if K_FOLD
+#define A_AT(m, k) ((IDX)((k) / K_FOLD) * a_sq + A_AT_OFF(m, (k) % K_FOLD))
+#define B_AT(k, n) ((IDX)((k) / K_FOLD) * b_sq + B_AT_OFF((k) % K_FOLD, n))
+#else
+#define A_AT(m, k) A_AT_OFF(m, k)
+#define B_AT(k, n) B_AT_OFF(k, n)
 #endif
 
 // Local stores of one read: a vector lying along the tile's rows is stored whole;
@@ -134,11 +150,11 @@ inline REAL4 read4(__global const REAL* p, const int rest)   // rest: how many o
 }
 #endif
 #if VA == 1
-#define A_READ(m, k) ((m) < M && (k) < K ? ap[A_AT_OFF(m, k)] : (REAL)0)
+#define A_READ(m, k) ((m) < M && (k) < K ? ap[A_AT(m, k)] : (REAL)0)
 #elif A_TRANSP
-#define A_READ(m, k) read4(ap + A_AT_OFF(m, k), (k) < K ? M - (m) : 0)
+#define A_READ(m, k) read4(ap + A_AT(m, k), (k) < K ? M - (m) : 0)
 #else
-#define A_READ(m, k) read4(ap + A_AT_OFF(m, k), (m) < M ? K - (k) : 0)
+#define A_READ(m, k) read4(ap + A_AT(m, k), (m) < M ? K - (k) : 0)
 #endif
 #if IM2COL
 // Implicit im2col: B's row r = (channel, ky, kx) and column p = (image, oy, ox) of the
@@ -161,11 +177,11 @@ inline REAL im2col_at(__global const REAL* x, const int r, const int p)
 #define B_READ(k, n) ((n) < N && (k) < K ? im2col_at(bp, k, j * IM_PJ + (n)) : (REAL)0)
 #endif
 #elif VB == 1
-#define B_READ(k, n) ((n) < N && (k) < K ? bp[B_AT_OFF(k, n)] : (REAL)0)
+#define B_READ(k, n) ((n) < N && (k) < K ? bp[B_AT(k, n)] : (REAL)0)
 #elif B_TRANSP
-#define B_READ(k, n) read4(bp + B_AT_OFF(k, n), (n) < N ? K - (k) : 0)
+#define B_READ(k, n) read4(bp + B_AT(k, n), (n) < N ? K - (k) : 0)
 #else
-#define B_READ(k, n) read4(bp + B_AT_OFF(k, n), (k) < K ? N - (n) : 0)
+#define B_READ(k, n) read4(bp + B_AT(k, n), (k) < K ? N - (n) : 0)
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WX, WY, 1)))

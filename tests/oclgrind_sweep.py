@@ -96,6 +96,10 @@ SWEEP = [
     # taps no wider than the stride: im2col read in place whatever the channels
     ("own_gemm_implicit_im2col_apart", (2, 6, 7, 9), (5, 6, 2, 2), dict(stride=(2, 3), gemm="clconv"), "im2col",
      "single", None),
+    # grad-weight over small maps: every image's positions one continuous K (25: read a value at a time;
+    # 12: four-wide)
+    ("own_gemm_1x1_continuous_k", (4, 3, 5, 5), (5, 3, 1, 1), dict(gemm="clconv"), "1x1", "single", None),
+    ("own_gemm_1x1_continuous_k_vectors", (3, 4, 4, 3), (8, 4, 1, 1), dict(gemm="clconv"), "1x1", "single", None),
     # 15 positions per image: forward and grad-input one GEMM per group over every image's positions
     ("own_gemm_1x1_groups_x_images", (3, 6, 3, 5), (4, 3, 1, 1), dict(groups=2, gemm="clconv"), "1x1", "single",
      None),

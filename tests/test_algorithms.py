@@ -202,6 +202,37 @@ def test_1x1_grad_weight_per_image_partials_in_chunks(images, queue):
                                         gemm="clblast").explain()
 
 
+@pytest.mark.parametrize("slices", [1, 5])
+@pytest.mark.parametrize("case", [
+    next(c for c in EXTRA if c.name == "k1x1_g3_batch5"),   # 3 groups, 7 positions per image
+    Case("k1x1_continuous_5x5", 10, 7, 5, 5, 6, 1, 1),       # 25 positions: not a multiple of 4
+    Case("k1x1_continuous_4x3", 5, 4, 4, 3, 8, 1, 1),        # 12 positions: four-wide reads
+], ids=repr)
+def test_1x1_grad_weight_reads_small_maps_as_one_depth(case, slices, queue, monkeypatch):
+    """On clconv's GPU kernel, grad-weight over maps of fewer than FOLD_BELOW positions reads every
+    image's positions as one continuous K (no block padded at an image's end), in the slices of
+    whole images that the tile model picks (forced here)."""
+    from clconv.algorithms import pointwise
+    picked = []
+
+    def forced(device, m, n, k, count, options, itemsize=4):
+        picked.append(options)
+        return max(o for o in options if o <= slices)
+    monkeypatch.setattr(pointwise, "best_slices", forced)
+    x, w, b, dy = case.data()
+    p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="1x1", gemm="gpu")
+    algo, g = p._choice["backward_weight"][0], p.geometry
+    divisors = [d for d in range(1, g.N + 1) if g.N % d == 0]
+    assert algo.continuous and divisors in picked   # (the known-answer check plans a smaller case too)
+    want_slices = max(d for d in divisors if d <= slices)
+    assert algo.slices == want_slices
+    line = algo.describe("backward_weight")
+    assert "every image's positions one continuous K" in line
+    assert (f"{want_slices} slices of {g.N // want_slices} image(s)" in line) == (want_slices > 1)
+    assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **case.options), np.float32,
+                 "grad-weight")
+
+
 @pytest.mark.parametrize("slices", [1, 3])
 @pytest.mark.parametrize("case,fold_below,folded", [
     (next(c for c in EXTRA if c.name == "k1x1_g3_batch5"), 64, True),   # 3 groups, 7 positions per image
@@ -231,7 +262,7 @@ def test_1x1_folds_small_maps_into_one_gemm(case, fold_below, folded, slices, qu
     ("k1x1_per_image_g2", 5, 1, "5 slices of 1 image(s)"),
     ("split_k_1x1_g1", 3, 1, "3 slices of 2 image(s)"),
     ("split_k_1x1_g1", 1, 11, "11 slices of 13 positions of every image"),            # few images
-    ("k1x1_g3_batch5", 1, 3, "3 slices of 7 positions of every image"),
+    ("k1x1_per_image_g2", 1, 2, "2 slices of 136 positions of every image"),
 ], ids=["whole", "slices_of_images", "slices_of_2_images", "slices_of_positions", "grouped_positions"])
 def test_1x1_grad_weight_sums_images_in_k_blocks(case_name, by_images, by_positions, want, queue, monkeypatch):
     """On clconv's GPU kernel the sum over the images is the GEMM's own (one K block per image),
@@ -489,15 +520,17 @@ def test_pointwise_split_k(case, slices, queue, monkeypatch):
     """1x1's split-K (a GPU's rule, forced here on any device and engine): the slices along K of
     every pass, rounded down to a divisor of that K (5 divides none of them), against the reference."""
     from clconv.algorithms import pointwise
-    monkeypatch.setattr(pointwise, "k_slices", lambda device, engine, m, n, k, count, itemsize=4: slices)
+    monkeypatch.setattr(pointwise, "k_slices", lambda device, engine, m, n, k, count, *args: slices)
     x, w, b, dy = case.data()
     opts = case.options
     p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="1x1")
     algo = p._choice["forward"][0]
     for pass_name, k in (("forward", x.shape[1]), ("backward_input", w.shape[0]), ("backward_weight", 272)):
         want = max(d for d in range(1, slices + 1) if k % d == 0)
-        if pass_name == "backward_weight" and x.shape[2] * x.shape[3] < 256:
-            want = 1    # the im2col layout's grad-weight, not split here
+        if pass_name == "backward_weight" and (x.shape[2] * x.shape[3] < 256 or algo.blocked):
+            # the im2col layout's grad-weight, not split here; or on the GPU kernel, K blocks (their
+            # slices: test_1x1_grad_weight_sums_images_in_k_blocks)
+            want = 1
         assert algo.split[pass_name] == want, pass_name
         assert ("split-K into" in algo.describe(pass_name)) == (want > 1), pass_name
     assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float32, "forward")

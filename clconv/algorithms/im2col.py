@@ -93,7 +93,7 @@ class Im2col(Algorithm):
             # input, which its im2col B reads), their partial outputs summed in order
             outputs = g.N * g.K * g.P
             want = k_slices(device, gemm, g.K, g.N * g.P, g.Kd, 1, itemsize) if g.groups == 1 else 1
-            self.split["forward"] = fit_slices(g.C, want, workspace_limit // (outputs * itemsize))
+            self.split["forward"] = fit_slices(g.C, want, workspace_limit // (max(1, outputs) * itemsize))
             self.workspace["forward"] = _partials(self.split["forward"], outputs)
 
     def _fit_bands(self, workspace_limit, whole, partials):

@@ -10,7 +10,8 @@ sums over the images:
 On clconv's GPU kernel that sum is the GEMM's own: its depth is one K block per image
 (:class:`clconv.gemm.KBlocks`), cut into slices of images (or, for few images, of every
 image's positions) that fill the device, whose partial sums are summed in order; no layout
-copies. H200, networks benchmark at batch 32: C1024 14x14 -> K256 0.15 ms against 0.27
+copies. Over small maps (FOLD_BELOW) the blocks are read as one continuous depth and the
+slices of images chosen by the GEMM's tile model (:func:`clconv.gemm.best_slices`). H200, networks benchmark at batch 32: C1024 14x14 -> K256 0.15 ms against 0.27
 through the im2col layout, the 1x1 grad-weights of the six networks 6.9 ms against 8.4 (sum
 of device times, each layer once). The other engines take
   part[b, g] = dY[b, g] @ X[b, g]^T,  dW = sum over b of part[b], in order
@@ -20,17 +21,17 @@ the im2col layout), and otherwise the im2col algorithm, whose im2col for a 1x1 k
 (C, N*H*W) layout that makes it one GEMM per group.
 
 On clconv's GPU kernel, forward and grad-input over small maps (FOLD_BELOW) are one GEMM
-per group over every image's positions. On a GPU, with one group, forward and grad-input grids
-of products too small to fill the device are also cut along their K into slices (:func:`clconv.gemm.k_slices`), the slices
-taking the grid's group axis, into partial outputs summed in order. Such grids come from
-small images with many channels.
+per group over every image's positions. On a GPU, with one group, forward and grad-input
+grids of products too small to fill the device are also cut along their K into slices
+(:func:`clconv.gemm.k_slices`), the slices taking the grid's group axis, into partial
+outputs summed in order. Such grids come from small images with many channels.
 """
 from ..bias import after_gemm, before_gemm
 from ..buffers import Ref, idx_for
-from ..gemm import MIN_K_SLICE, Im2colB, KBlocks, Operand as Op, k_slices
+from ..gemm import MIN_K_SLICE, Im2colB, KBlocks, Operand as Op, best_slices, k_slices
 from .base import Algorithm
 from .im2col import Im2col
-from .partials import MIN_SLICE, fit_slices, max_slices, partials_size as _partials, sum_partials
+from .partials import MAX_SLICES, MIN_SLICE, fit_slices, max_slices, partials_size as _partials, sum_partials
 
 
 # Forward and grad-input on the GPU kernel over maps of fewer than FOLD_BELOW positions: one
@@ -38,6 +39,7 @@ from .partials import MIN_SLICE, fit_slices, max_slices, partials_size as _parti
 # a ragged GEMM per image of 25-49 columns. H200, the networks' 1x1 layers, folded / per image
 # (geometric mean): P < 64 forward 0.87, grad-input 0.99 at batch 32 (0.90, 0.86 at batch 1);
 # P < 200 at batch 32 forward 0.95 but grad-input 1.08 (folded B is read a value at a time).
+# Grad-weight over such maps reads its K blocks as one continuous depth.
 FOLD_BELOW = 64
 
 
@@ -58,7 +60,13 @@ class Pointwise(Algorithm):
         # grad-weight on the GPU kernel: slices of whole images, or (where that fills the device
         # less: few images) of every image's positions, each at least MIN_K_SLICE positions deep
         self.slices, self.by_images = 1, True
-        if self.blocked:
+        # small maps: the K blocks read as one continuous depth (no slice padded at each image's
+        # end), in slices of whole images chosen by the tile model (gemm_gpu.best_slices)
+        self.continuous = self.blocked and g.P < FOLD_BELOW and g.N > 1
+        if self.continuous:
+            options = [d for d in range(1, min(g.N, fits, MAX_SLICES) + 1) if g.N % d == 0]
+            self.slices = best_slices(device, g.Kg, g.Cg, g.N * g.P, g.groups, options, item)
+        elif self.blocked:
             by_images = fit_slices(g.N, k_slices(device, gemm, g.Kg, g.Cg, g.N, g.groups, item,
                                                  -(-MIN_K_SLICE // g.P)), fits)
             by_positions = fit_slices(g.P, k_slices(device, gemm, g.Kg, g.Cg, g.P, g.groups, item,
@@ -104,12 +112,14 @@ class Pointwise(Algorithm):
                 return "1x1: " + self._weight.describe(pass_name)
             if self.blocked:
                 S = self.slices
+                blocks, why = (("every image's positions one continuous K", "the GEMM's tile model: a larger tile "
+                                "over more slices, or fewer partial sums") if self.continuous else
+                               ("one K block per image", "the grid alone would leave the GPU's compute units idle"))
                 return (f"1x1 GEMM on the input and grad_output, M={g.Kg} N={g.Cg} K={g.P} per image, "
-                        f"{g.groups} group(s), the sum over the images in the GEMM (one K block per image)"
+                        f"{g.groups} group(s), the sum over the images in the GEMM ({blocks})"
                         + (f", {S} slices of " + (f"{g.N // S} image(s)" if self.by_images else
                                                      f"{g.P // S} positions of every image")
-                           + " summed in order (the grid alone would leave the GPU's compute units idle)"
-                           if S > 1 else "") + ", no layout copies")
+                           + f" summed in order ({why})" if S > 1 else "") + ", no layout copies")
             return (f"1x1 GEMM per (group, image) on the input and grad_output, M={g.Kg} N={g.Cg} K={g.P}, "
                     f"partial sums of {self.images} image(s) per launch summed in order, no layout copies"
                     + split.format(g.P // S))
@@ -179,7 +189,7 @@ class Pointwise(Algorithm):
             c = Op(dw.buf, dw.off, g.Cg, g.Kg * g.Cg) if S == 1 else Op(ws, 0, g.Cg, g.Kg * g.Cg, n)
             self._gemm(queue, g.Kg, g.Cg, ps, Op(dy.buf, dy.off, g.P, g.Kg * g.P, step_y),
                        Op(x.buf, x.off, g.P, g.Cg * g.P, step_x), c, images=S, b_transp=True,
-                       k_blocks=KBlocks(nb, g.K * g.P, g.C * g.P), what="grad-weight (1x1, K blocks)")
+                       k_blocks=KBlocks(nb, g.K * g.P, g.C * g.P, self.continuous), what="grad-weight (1x1, K blocks)")
             if S > 1:
                 sum_partials(queue, self.dtype, idx_for(self.dtype, x, dy, dw, Ref(ws, 0)), Ref(ws, 0), S, n, dw,
                              False, "grad-weight (1x1, sum of slices)")

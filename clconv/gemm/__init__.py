@@ -18,9 +18,10 @@ from pyopencl.tools import context_dependent_memoize
 
 from ..programs import ClconvError, not_capturable
 from . import clblast, gemm_cpu, gemm_gpu
-from .gemm_gpu import Im2colB, KBlocks
+from .gemm_gpu import Im2colB, KBlocks, best_slices
 
-__all__ = ["CHOICES", "ENGINES", "Im2colB", "KBlocks", "Operand", "choose", "grid_gemm", "group_queues", "k_slices"]
+__all__ = ["CHOICES", "ENGINES", "Im2colB", "KBlocks", "Operand", "best_slices", "choose", "grid_gemm", "group_queues",
+           "k_slices"]
 
 ENGINES = ("cpu", "gpu", "clblast")
 CHOICES = ("auto", "clconv") + ENGINES
@@ -82,9 +83,10 @@ def k_slices(device, engine, m, n, k, count, itemsize=4, min_slice=MIN_K_SLICE):
     exactly (so every slice is one product of the grid) and fill the device as above; 1 where
     the grid fills it already, K is too short, or the engine is not clconv's GPU kernel (CPU
     kernels spread a product's blocks over the cores themselves; CLBlast is not split)."""
-    if engine != "gpu":
+    groups = gemm_gpu.work_groups(device, m, n, count, itemsize) if engine == "gpu" else 0
+    if not groups:   # (not clconv's GPU kernel, or an empty grid, of no images)
         return 1
-    want = -(-FILL_WAVES * device.max_compute_units // gemm_gpu.work_groups(device, m, n, count, itemsize))
+    want = -(-FILL_WAVES * device.max_compute_units // groups)
     best = 1
     for d in range(2, k // min_slice + 1):
         if best >= want:

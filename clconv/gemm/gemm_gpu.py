@@ -78,21 +78,48 @@ def fits(device, t, itemsize=4):
             and 2 * t.tk * (t.tm + t.tn + 2 * PAD) * itemsize <= local)
 
 
+def _cost(device, option, m, n, count, k=None):
+    """The model's time for ``count`` M x N products, K deep, with the tile and speed of
+    ``option``: the tiles' area (work-groups x tile area x K rounded up to the tile's slices)
+    over its speed, the speed scaled down where the grid has fewer work-items than SATURATION
+    per compute unit (then the time is one work-item's work: a 4x4 work-item's is a quarter of
+    an 8x8 one's)."""
+    t, speed = option
+    groups = -(-m // t.tm) * -(-n // t.tn) * count
+    busy = min(1.0, groups * t.work_items / (_facts(device)[1] * SATURATION))
+    depth = -(-k // t.tk) * t.tk if k else 1   # (None: K long enough for its rounding not to count)
+    return groups * t.tm * t.tn * depth / (speed * busy) if groups else 0.0   # (empty: any tile)
+
+
 @functools.lru_cache(maxsize=4096)
 def tile(device, m, n, count, itemsize=4):
-    """The :class:`Tile` for ``count`` M x N products: least time in a simple model, the tiles'
-    area (work-groups x tile area) over its speed, the speed scaled down where the grid has
-    fewer work-items than SATURATION per compute unit (then the time is one work-item's work:
-    a 4x4 work-item's is a quarter of an 8x8 one's); None when no tile fits the device."""
-    compute_units = _facts(device)[1]
-
-    def cost(option):
-        t, speed = option
-        groups = -(-m // t.tm) * -(-n // t.tn) * count
-        busy = min(1.0, groups * t.work_items / (compute_units * SATURATION))
-        return groups * t.tm * t.tn / (speed * busy)
+    """The :class:`Tile` for ``count`` M x N products: least time in the model of :func:`_cost`
+    (for any long K); None when no tile fits the device."""
     fitting = [t for t in TILES if fits(device, t[0], itemsize)]
-    return min(fitting, key=cost)[0] if fitting else None
+    return min(fitting, key=lambda option: _cost(device, option, m, n, count))[0] if fitting else None
+
+
+# A split-K partial result's value, written and summed again, in the multiply-adds of the
+# model's time. Fitted on the H200 (the networks' 1x1 grad-weights on 5x5 and 7x7 maps at batch
+# 32, each timed with 5 tiles x 5 slice counts): 5 picks slices 4% faster than 27, the cost
+# the bandwidth alone gives (about 40 TFLOP/s of GEMM against 3 TB/s), and 0 2% faster still;
+# it also stands in for what the tile model misses, the larger tiles' lead over long K.
+PARTIAL_COST = 5
+
+
+def best_slices(device, m, n, k, count, options, itemsize=4):
+    """Of ``options`` (split-K slice counts dividing ``k``), the one of least time in the model
+    for ``count`` M x N products K deep cut into S slices: the rule's tile over count x S
+    products K/S deep, plus S partial results written and summed in order. Where a grid is
+    short of work-items, a larger tile over more slices can beat a smaller one over fewer (H200,
+    the networks' 1x1 grad-weights on 5x5 and 7x7 maps at batch 32: 128x128 over 4 slices of
+    the images, 0.144 ms, against 32x64 unsplit, 0.21 ms)."""
+    def cost(S):
+        t = tile(device, m, n, count * S, itemsize)
+        speed = dict(TILES)[t]
+        return _cost(device, (t, speed), m, n, count * S, k // S) + (PARTIAL_COST * (S + 1) * m * n * count
+                                                                     if S > 1 else 0)
+    return min(options, key=cost) if tile(device, m, n, count, itemsize) else 1
 
 
 def work_groups(device, m, n, count, itemsize=4):
@@ -128,10 +155,14 @@ class Im2colB(NamedTuple):
 
 class KBlocks(NamedTuple):
     """Products whose depth is ``count`` blocks of K: block q of A starts ``a_step`` values after
-    block 0, of B ``b_step`` (images summed over, whose positions are not one stride apart)."""
+    block 0, of B ``b_step`` (images summed over, whose positions are not one stride apart).
+    ``continuous``: the kernel reads them as one depth of count x K values (the K_FOLD define),
+    not block by block, each block's last slice padded with zeros (which wastes most of a
+    slice where K is short: 25 or 49 positions)."""
     count: int
     a_step: int
     b_step: int
+    continuous: bool = False
 
 
 def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False, b_transp=False,
@@ -165,16 +196,20 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
         spans[2] = (n // c_fold - 1) * c.per_image + (m - 1) * c.ld + c_fold
     steps = (kb.a_step, kb.b_step, 0)
     idx = index_type(*(x.at(gi - 1, gj - 1) + (kb.count - 1) * step + span for x, step, span in zip(ops, steps, spans)))
-    va, vb = (1 if x is b and im2col else read_width(queue.device, itemsize, x.off, x.per_group, x.per_image, x.ld,
-                                                     gi, gj, step)
-              for x, step in zip((a, b), steps))   # an im2col B is gathered one value at a time
+    # an im2col B is gathered one value at a time; a continuous depth is read four-wide only where
+    # its blocks are whole vectors (K a multiple of 4)
+    va, vb = (1 if (x is b and im2col) or (kb.continuous and k % 4)
+              else read_width(queue.device, itemsize, x.off, x.per_group, x.per_image, x.ld, gi, gj, step)
+              for x, step in zip((a, b), steps))
+    fold, depth, blocks = (k, k * kb.count, 1) if kb.continuous else (0, k, kb.count)
     kernel = get_kernel(queue.context, "gemm_gpu.cl", "gemm_gpu", dtype, TM=tm, TN=tn, RM=chosen.rm, RN=chosen.rn,
                         TK=chosen.tk, PAD=PAD,
                         A_TRANSP=int(a_transp), B_TRANSP=int(b_transp), VA=va, VB=vb, IDX=idx,
-                        IM2COL=int(im2col is not None), C_FOLD=c_fold, **dict(im2col.defines() if im2col else ()))
+                        IM2COL=int(im2col is not None), K_FOLD=fold, C_FOLD=c_fold,
+                        **dict(im2col.defines() if im2col else ()))
     groups = -(-m // tm) * -(-n // tn) * gi * gj
     wx, wy = tn // chosen.rn, tm // chosen.rm
-    return launch(queue, kernel, (groups * wx, wy), (wx, wy), m, n, k, alpha, beta, gj, kb.count,
+    return launch(queue, kernel, (groups * wx, wy), (wx, wy), m, n, depth, alpha, beta, gj, blocks,
                   a.buf, a.off, a.ld, a.per_group, a.per_image, kb.a_step,
                   b.buf, b.off, b.ld, b.per_group, b.per_image, kb.b_step,
                   c.buf, c.off, c.ld, c.per_group, c.per_image, what=what)
