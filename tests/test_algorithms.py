@@ -233,12 +233,24 @@ def test_1x1_grad_weight_reads_small_maps_as_one_depth(case, slices, queue, monk
                  "grad-weight")
 
 
+def test_1x1_grad_weight_in_one_slice_where_no_partial_sum_fits(queue):
+    """A workspace too small for one partial sum leaves the continuous grad-weight one slice
+    (which needs none), not without options."""
+    case = Case("k1x1_tiny_workspace", 3, 6, 5, 5, 8, 1, 1)
+    x, w, b, dy = case.data()
+    p = clconv.plan(x.shape, w.shape, queue=queue, algorithm="1x1", gemm="gpu", workspace_limit=100)
+    algo = p._choice["backward_weight"][0]
+    assert algo.continuous and algo.slices == 1 and p.workspace_bytes == 0
+    assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy), np.float32, "grad-weight")
+
+
 @pytest.mark.parametrize("slices", [1, 3])
 @pytest.mark.parametrize("case,fold_below,folded", [
     (next(c for c in EXTRA if c.name == "k1x1_g3_batch5"), 64, True),   # 3 groups, 7 positions per image
     (next(c for c in EXTRA if c.name == "split_k_1x1_g1"), 64, False),  # 13 x 11 positions: a GEMM per image
     (Case("k1x1_fold_split", 3, 6, 5, 7, 9, 1, 1), 64, True),         # 35 positions; C 6 and K 9 split in 3
-], ids=["grouped_folded", "per_image", "folded"])
+    (next(c for c in EXTRA if c.name == "split_k_1x1_g1"), 1000, True),   # 143 positions, under a higher bound
+], ids=["grouped_folded", "per_image", "folded", "folded_below_1000"])
 def test_1x1_folds_small_maps_into_one_gemm(case, fold_below, folded, slices, queue, monkeypatch):
     """On clconv's GPU kernel, forward and grad-input over maps of fewer than FOLD_BELOW positions
     are one GEMM over every image's positions, the output stored image by image; split-K (forced)
@@ -593,6 +605,7 @@ def test_im2col_split_k(case, slices, queues, queue, monkeypatch):
     (Case("2x2_s2_patchify", 2, 6, 8, 11, 5, 2, 2, stride=2), True),
     (Case("3x2_s3x2_padded", 2, 6, 10, 9, 4, 3, 2, stride=(3, 2), padding=(1, 0)), True),
     (Case("2x2_s2_g2", 2, 8, 6, 7, 6, 2, 2, stride=2, groups=2), True),
+    (Case("2x2_s2_g2_cg5", 2, 10, 6, 7, 6, 2, 2, stride=2, groups=2), True),   # 5 channels per group
     (Case("3x3_s2_overlapping", 2, 6, 9, 8, 4, 3, 3, stride=2, padding=1), False),
 ], ids=repr)
 def test_implicit_im2col_where_taps_do_not_overlap(case, implicit, slices, queue, monkeypatch):

@@ -27,7 +27,8 @@ MAX_ACC = 32          # forward accumulators per work-item (filters x rows)
 MAX_PATCH = 3072      # elements of one channel's local-memory patch (12 KiB in float32, 24 KiB in float64)
 MAX_WEIGHTS = 2048    # and of the forward's staged weights (KB filters x taps), at most; else read in place
 LOCAL_SPARE = 8192    # bytes of local memory left unplanned when staging weights beside the patch
-REDUCE_BYTES = 16384  # local memory of grad-weight's reduction (RT taps x work-group values)
+REDUCE_BYTES = 16384  # local memory of grad-weight's reduction (RT taps x work-group values), half the
+                      # device's at most
 
 
 def _tile(width, height):
@@ -178,7 +179,8 @@ class Direct(Algorithm):
         # 49, where 256 left 207 work-items idle through the reduction), RT taps reduced per pass
         # of the tree, within REDUCE_BYTES of local memory
         self.wg_weight = min(pow2_at_least(-(-g.N * g.P // self.slices)), 256)
-        self.rt = max(1, min(16, self.taps, REDUCE_BYTES // (self.wg_weight * dtype.itemsize)))
+        reduce_bytes = min(REDUCE_BYTES, self.local_mem // 2)
+        self.rt = max(1, min(16, self.taps, reduce_bytes // (self.wg_weight * dtype.itemsize)))
 
     def describe(self, pass_name):
         g = self.g

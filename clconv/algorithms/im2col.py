@@ -172,7 +172,8 @@ class Im2col(Algorithm):
         be a copy of the input or of part of it."""
         g = self.g
         apart = all(s >= (k - 1) * d + 1 for s, k, d in zip(g.stride, (g.kh, g.kw), g.dilation))
-        return (g.Cg <= IMPLICIT_MAX_CHANNELS or apart) and self.gemm == "gpu" and not self.band
+        return ((g.Cg <= IMPLICIT_MAX_CHANNELS or apart) and self.gemm == "gpu" and not self.band
+                and g.N * g.P <= INT32_MAX)   # (the forward's N, every image's positions, is a 32-bit argument)
 
     def _im2col_b(self, pj, images):
         """The input as the GEMM's im2col operand, slices of pj columns, matrices over ``images``."""

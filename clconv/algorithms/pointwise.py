@@ -29,6 +29,7 @@ outputs summed in order. Such grids come from small images with many channels.
 from ..bias import after_gemm, before_gemm
 from ..buffers import Ref, idx_for
 from ..gemm import MIN_K_SLICE, Im2colB, KBlocks, Operand as Op, best_slices, k_slices
+from ..programs import INT32_MAX
 from .base import Algorithm
 from .im2col import Im2col
 from .partials import MAX_SLICES, MIN_SLICE, fit_slices, max_slices, partials_size as _partials, sum_partials
@@ -63,8 +64,8 @@ class Pointwise(Algorithm):
         # small maps: the K blocks read as one continuous depth (no slice padded at each image's
         # end), in slices of whole images chosen by the tile model (gemm_gpu.best_slices)
         self.continuous = self.blocked and g.P < FOLD_BELOW and g.N > 1
-        if self.continuous:
-            options = [d for d in range(1, min(g.N, fits, MAX_SLICES) + 1) if g.N % d == 0]
+        if self.continuous:   # (one slice needs no workspace)
+            options = [d for d in range(1, max(1, min(g.N, fits, MAX_SLICES)) + 1) if g.N % d == 0]
             self.slices = best_slices(device, g.Kg, g.Cg, g.N * g.P, g.groups, options, item)
         elif self.blocked:
             by_images = fit_slices(g.N, k_slices(device, gemm, g.Kg, g.Cg, g.N, g.groups, item,
@@ -81,7 +82,7 @@ class Pointwise(Algorithm):
         # as the workspace holds
         # forward and grad-input on the GPU kernel: one GEMM over every image's positions (folded)
         # where a map has fewer than FOLD_BELOW positions, not a GEMM per image
-        self.fold = gemm == "gpu" and g.P < FOLD_BELOW
+        self.fold = gemm == "gpu" and g.P < FOLD_BELOW and g.N * g.P <= INT32_MAX   # (N is a 32-bit argument)
         cols, count = (g.N * g.P, 1) if self.fold else (g.P, g.N)
         split = (lambda m, k, outputs: 1 if g.groups > 1 else
                  fit_slices(k, k_slices(device, gemm, m, cols, k, count, item), workspace_limit // (outputs * item)))

@@ -176,9 +176,9 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     ``c_fold`` (gj == 1): C's N columns are n / c_fold images of c_fold positions, image q's
     rows starting at ``c.per_image`` * q (an NCHW output, its batch in the GEMM's N).
     """
-    kb = k_blocks or KBlocks(1, 0, 0)
-    if im2col is not None and kb.count > 1:
+    if im2col is not None and k_blocks is not None:
         raise ClconvError(f"clconv: {what}: an im2col B is not read in K blocks")
+    kb = k_blocks or KBlocks(1, 0, 0)
     assert not c_fold or (gj == 1 and n % c_fold == 0), "a folded C is one matrix of whole images along j"
     ops = (a, b, c)
     assert (gi == 1 or c.per_group) and (gj == 1 or c.per_image or c_fold), "GEMMs into one C would race"
