@@ -22,7 +22,7 @@
 // their stores; in the OUTER form the columns past N of the last column block read zeros.
 //
 // Specialised by the host with prepended #defines; the defaults below are for reading.
-#ifndef VW             // values per vector, 4 or 8: the device's native width, 256 bits at most
+#ifndef VW             // values per vector, 4, 8 or 16: the device's native width, 512 bits at most
 #define VW 8
 #endif
 #ifndef INNER          // 0: outer products (B stored K x N); 1: dot products (A M x K, B N x K)
@@ -58,7 +58,15 @@
 // Vector loads and stores as VW consecutive scalars, which the compiler merges into one
 // unaligned access: PoCL 3.0 calls its vloadn/vstoren builtins (and min, fma) as functions,
 // not inlined (seen in its objects).
-#if VW == 8
+#if VW == 16
+#define VLOAD8(i, p) ((CAT(REAL, 8))((p)[8 * (i)], (p)[8 * (i) + 1], (p)[8 * (i) + 2], (p)[8 * (i) + 3], \
+                                     (p)[8 * (i) + 4], (p)[8 * (i) + 5], (p)[8 * (i) + 6], (p)[8 * (i) + 7]))
+#define VLOAD(i, p) ((REALV)(VLOAD8(2 * (i), p), VLOAD8(2 * (i) + 1, p)))
+#define VSTORE8(v, i, p) ((p)[8 * (i)] = (v).s0, (p)[8 * (i) + 1] = (v).s1, (p)[8 * (i) + 2] = (v).s2, \
+                          (p)[8 * (i) + 3] = (v).s3, (p)[8 * (i) + 4] = (v).s4, (p)[8 * (i) + 5] = (v).s5, \
+                          (p)[8 * (i) + 6] = (v).s6, (p)[8 * (i) + 7] = (v).s7)
+#define VSTORE(v, i, p) (VSTORE8((v).lo, 2 * (i), p), VSTORE8((v).hi, 2 * (i) + 1, p))
+#elif VW == 8
 #define VLOAD(i, p) ((REALV)((p)[8 * (i)], (p)[8 * (i) + 1], (p)[8 * (i) + 2], (p)[8 * (i) + 3], \
                               (p)[8 * (i) + 4], (p)[8 * (i) + 5], (p)[8 * (i) + 6], (p)[8 * (i) + 7]))
 #define VSTORE(v, i, p) ((p)[8 * (i)] = (v).s0, (p)[8 * (i) + 1] = (v).s1, (p)[8 * (i) + 2] = (v).s2, \
@@ -73,7 +81,10 @@
 
 inline REAL vsum(const REALV v)   // the sum of a vector's values
 {
-#if VW == 8
+#if VW == 16
+    const CAT(REAL, 8) h = v.lo + v.hi;
+    const CAT(REAL, 4) q = h.lo + h.hi;
+#elif VW == 8
     const CAT(REAL, 4) q = v.lo + v.hi;
 #else
     const CAT(REAL, 4) q = v;

@@ -106,7 +106,9 @@ CPU_VARIANTS = {   # the CPU kernel's block as its host sizes it, and forced oth
     "default": None,
     "one_block_per_item": lambda t: t._replace(tm=1),
     "five_blocks_per_item": lambda t: t._replace(tm=5),   # the last work-item's blocks run past M
-    "vw4": "vw4",                                         # 4-wide vectors (SSE-sized)
+    "vw4": 4,                                             # 4-wide vectors (SSE-sized)
+    "vw8": 8,                                             # 256-bit vectors (AVX2)
+    "vw16": 16,                                           # 512-bit vectors (AVX-512)
 }
 
 
@@ -117,8 +119,8 @@ def test_cpu_kernel_grid_of_products_at_offsets(variant, dtype, a_transp, b_tran
     """The CPU kernel in both forms (outer products for B stored K x N, dot products for A and B
     stored along K, A^T B^T as (B A)^T), with edge blocks in M and N and a K tail."""
     change = CPU_VARIANTS[variant]
-    if change == "vw4":
-        monkeypatch.setattr(gemm_cpu, "cpu_vector_width", lambda device, itemsize: 4)
+    if isinstance(change, int):
+        monkeypatch.setattr(gemm_cpu, "vector_width", lambda device, itemsize, wide=True: change)
     elif change is not None:
         sized = gemm_cpu.tile
         monkeypatch.setattr(gemm_cpu, "tile", lambda *args: change(sized(*args)))
@@ -188,14 +190,16 @@ def test_clblast_grid_of_products_at_offsets(a_transp, b_transp, queue):
 
 
 def test_cpu_kernel_blocks_from_the_device():
-    """Outer products in 2 vectors of the native width (256 bits at most) by 6 rows (12
+    """Outer products in 2 vectors of the native width (512 bits at most) by 6 rows (12
     accumulators of 16 registers); dot products in 4 x 3; enough work per work-item."""
     cpu = _device(gpu=False, compute_units=2)._replace()
-    facts = dict(native_vector_width_float=16, native_vector_width_double=8)
-    dev = type("D", (), dict(cpu._asdict(), **facts))()
-    t = gemm_cpu.tile(dev, 512, 784, 256, 4, 4, False)
-    assert (t.inner, t.vw, t.mr, t.nv, t.cols) == (False, 8, 6, 2, 16) and t.tm > 1
-    assert gemm_cpu.tile(dev, 512, 784, 256, 4, 8, False).vw == 4   # float64: 4 x 64 bits
+    for native, want in ((16, 16), (8, 8), (32, 16)):
+        facts = dict(native_vector_width_float=native, native_vector_width_double=native // 2)
+        dev = type("D", (), dict(cpu._asdict(), **facts))()
+        t = gemm_cpu.tile(dev, 512, 784, 256, 4, 4, False)
+        assert (t.inner, t.vw, t.mr, t.nv, t.cols) == (False, want, 6, 2, 2 * want) and t.tm > 1
+        assert gemm_cpu.tile(dev, 512, 784, 256, 4, 8, False).vw == want // 2   # float64: half as many
+        assert gemm_cpu.tile(dev, 512, 196, 256, 4, 4, False).vw == min(want, 8)   # narrow: 256 bits at most
     t = gemm_cpu.tile(dev, 64, 1024, 9216, 1, 4, True)
     assert (t.inner, t.mr, t.cols) == (True, 4, 3)
 

@@ -1,8 +1,8 @@
 """Host side of kernels/gemm_cpu.cl: clconv's GEMM for CPU devices.
 
 Each work-item owns a register block of C (6 rows by 2 vectors of the device's native width,
-at most 256 bits, or 4 x 3 dot products when both operands are stored along k: each fills 16
-registers) and loops over K with multiply-adds; no local memory, no barriers, single-work-item
+at most 512 bits over wide products and 256 over narrow ones, or 4 x 3 dot products when both
+operands are stored along k: each fills 16 registers) and loops over K with multiply-adds; no local memory, no barriers, single-work-item
 work-groups (see the kernel). A work-item takes several row blocks of one column block when
 there are many, so each work-group has enough work to hide the runtime's cost per
 work-group, and runs K in slices whose part of B fits half a first-level cache.
@@ -11,7 +11,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..device import cpu_vector_width
 from ..programs import get_kernel, index_type, launch
 
 # Work per work-item (multiply-adds) below which it takes more row blocks, and work-groups per
@@ -38,11 +37,28 @@ class Tile(NamedTuple):
 # float width of 16 on an AVX-512 CPU but compiles for AVX2's 16 registers there: 12 x 2
 # accumulators spilled to the stack in its objects.)
 REGISTERS = 16
+# The widest vectors the kernel takes: the device's native width up to 512 bits, for outer
+# products of at least WIDE_MIN_COLUMNS columns. On the 2-core AVX-512 Xeon, 16 floats against 8
+# (6 x 2 register blocks either way), GFLOP/s on PoCL / Intel's runtime: 256 x 12544 x 576
+# 147 -> 227 / 145 -> 217; the 7x7 stem's 64 x 50176 x 147 66 -> 186 / 59 -> 80. Over narrower
+# products the last column block, read and stored lane by lane, is a larger part (resnet50's 1x1
+# layers on 7x7 maps at batch 4: 1.2-1.4x the time at 16 floats, on 14x14 1.05-1.09x, on 28x28
+# and 56x56 0.65-0.8x); dot products (B stored N x K) gained nothing on the networks' grad-weights.
+MAX_VECTOR_BITS = 512
+WIDE_MIN_COLUMNS = 512
+
+
+def vector_width(device, itemsize, wide=True):
+    """Values per vector of the GEMM kernel: the device's native width for the dtype, from 4
+    values to MAX_VECTOR_BITS' worth (``wide``) or 256 bits' (clconv's other CPU kernels stop
+    there too: :func:`clconv.device.cpu_vector_width`)."""
+    native = device.native_vector_width_double if itemsize == 8 else device.native_vector_width_float
+    return max(4, min((MAX_VECTOR_BITS if wide else 256) // 8 // itemsize, native or 4))
 
 
 def tile(device, m, n, k, count, itemsize, b_transp):
     """The register block and row blocks per work-item for ``count`` M x N x K products."""
-    vw = cpu_vector_width(device, itemsize)
+    vw = vector_width(device, itemsize, wide=not b_transp and n >= WIDE_MIN_COLUMNS)
     if b_transp:   # dot products: 4 x 3 vector sums and 3 vectors of B fill 16 registers with A's
         inner, mr, nv, cols = True, 4, 1, 3   # (PoCL: 4 x 3 ran at 150-170 GFLOP/s, 4 x 4 spilled: 80-110)
     else:          # outer products: 2 vectors of columns, rows to fill the registers (6 x 2 of 16)
