@@ -374,6 +374,9 @@ __kernel void direct_weight_sum(__global const REAL* restrict part, const int S,
 #ifndef RB             // output rows per work-item of direct_rows
 #define RB 1
 #endif
+#ifndef RNV            // > 0: direct_rows' output rows are RNV vectors at most (short rows, see there)
+#define RNV 0
+#endif
 typedef union { REALV v; REAL s[VW]; } lanes;   // a vector and its values
 
 // VW values of input row xr at columns ix0, ix0 + SW, ... (zero outside 0 .. W - 1), as
@@ -407,6 +410,13 @@ inline REALV row_values(__global const REAL* restrict xr, const int ix0, const i
 // The same sum as direct_forward (FLIP included), for CPU devices: work-item (band, nk)
 // computes RB output rows from band * RB of the KB planes (n, k0 .. k0 + KB - 1), VW
 // columns at a time, each input row value of a tap loaded once for the KB filters.
+// Short rows (RNV > 0: a row of outputs is RNV vectors at most) take a row at once instead:
+// the input values it reads under one tap row, RLEN of them zero-padded, are loaded once into
+// private memory, and every tap's vector is taken from there. Over a row of 7 outputs every
+// tap's vector otherwise straddles the padding or the row's end and is loaded lane by lane.
+#if RNV
+#define RLEN ((RNV * VW - 1) * SW + (KW - 1) * DW + 1)
+#endif
 #if BUILDS(DIRECT_ROWS)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void direct_rows(__global const REAL* restrict x, const IDX x_off,
@@ -419,6 +429,45 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
     const int oy_end = min(OH, (int)(get_global_id(0) + 1) * RB);
     REAL bk[KB];
     _Pragma("unroll") for (int b = 0; b < KB; ++b) bk[b] = (flags & EPI_BIAS) ? bias[bias_off + k0 + b] : (REAL)0;
+#if RNV
+    for (int oy = get_global_id(0) * RB; oy < oy_end; ++oy) {
+        REALV acc[KB][RNV];
+        _Pragma("unroll") for (int b = 0; b < KB; ++b)
+            _Pragma("unroll") for (int u = 0; u < RNV; ++u) acc[b][u] = (REALV)bk[b];
+        for (int c = 0; c < CG; ++c) {
+            __global const REAL* xc = x + x_off + ((IDX)n * C + c0 + c) * H * W;
+            _Pragma("unroll") for (int i = 0; i < KH; ++i) {
+                const int iy = oy * SH - PT + i * DH;
+                if (iy < 0 || iy >= H) continue;
+                __global const REAL* xr = xc + iy * W;
+                REAL r[RLEN];   // input columns -PL ... -PL + RLEN - 1, zero outside the row
+                _Pragma("unroll") for (int q = 0; q < RLEN; ++q) {
+                    const int ix = q - PL;
+                    r[q] = ix >= 0 && ix < W ? xr[ix] : (REAL)0;
+                }
+                _Pragma("unroll") for (int j = 0; j < KW; ++j)
+                    _Pragma("unroll") for (int u = 0; u < RNV; ++u) {
+                        lanes v;
+                        _Pragma("unroll") for (int q = 0; q < VW; ++q) v.s[q] = r[(u * VW + q) * SW + j * DW];
+                        _Pragma("unroll") for (int b = 0; b < KB; ++b)
+                            acc[b][u] = (REALV)w[w_off + WBASE(k0 + b, c) + TAP(i, j)] * v.v + acc[b][u];
+                    }
+            }
+        }
+        _Pragma("unroll") for (int b = 0; b < KB; ++b)
+            _Pragma("unroll") for (int u = 0; u < RNV; ++u) {
+                const int ox0 = u * VW;
+                __global REAL* yr = y + y_off + ((IDX)n * K + k0 + b) * OH * OW + oy * OW + ox0;
+                lanes out;
+                out.v = acc[b][u];
+                if (ox0 + VW <= OW) {
+                    _Pragma("unroll") for (int q = 0; q < VW; ++q) yr[q] = EPILOGUE(flags, out.s[q]);
+                } else {
+                    for (int q = 0; q < OW - ox0; ++q) yr[q] = EPILOGUE(flags, out.s[q]);
+                }
+            }
+    }
+#else
     for (int oy = get_global_id(0) * RB; oy < oy_end; ++oy) {
         for (int ox0 = 0; ox0 < OW; ox0 += VW) {
             REALV acc[KB];
@@ -447,6 +496,7 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
             }
         }
     }
+#endif
 }
 #endif
 

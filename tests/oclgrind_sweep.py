@@ -123,6 +123,9 @@ SWEEP = [
     ("cpu_direct_depthwise_s2_overpad", (2, 3, 9, 11), (6, 1, 3, 3), dict(stride=2, padding=((2, 1), (1, 3)),
                                                                            groups=3, cpu=True), "direct",
      "single", None),
+    # rows of 37 outputs: longer than direct_rows' short-row form takes (the entries above are short)
+    ("cpu_direct_depthwise_long_rows", (1, 2, 5, 37), (2, 1, 3, 3), dict(padding=1, groups=2, cpu=True), "direct",
+     "single", None),
     ("cpu_direct_groups_d2", (1, 4, 10, 13), (8, 2, 3, 3), dict(padding=2, dilation=2, groups=2, cpu=True),
      "direct", "single", None),
     ("cpu_winograd_3x3_dilated", (2, 3, 9, 14), (4, 3, 3, 3), dict(padding=(1, 2), dilation=(1, 2), cpu=True),

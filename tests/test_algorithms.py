@@ -432,6 +432,24 @@ def test_direct_staged_matches_reference(case, expect, units, queue):
         assert {k: features[k] for k in expect} == expect
 
 
+@pytest.mark.parametrize("case,short", [
+    (Case("depthwise_7x7_on_6x4", 2, 3, 6, 4, 3, 7, 7, padding=3, groups=3), True),    # rows of 4 outputs
+    (Case("grouped_kb2_on_7x4_s2", 1, 8, 7, 4, 8, 3, 3, stride=2, padding=1, groups=4), True),
+    (Case("depthwise_on_30_wide", 1, 2, 4, 30, 2, 3, 3, padding=1, groups=2), False),
+], ids=repr)
+def test_direct_rows_load_short_rows_once(case, short, queue):
+    """On CPUs, rows of at most one vector of outputs take direct_rows' short-row form (each tap
+    row's input loaded once, zero-padded); longer rows the vector-by-vector one. Both against the
+    reference, forward and grad-input (the forward kernel over the flipped weights)."""
+    x, w, b, dy = case.data()
+    p = clconv.Plan(conv_geometry(x.shape, w.shape, **case.options), np.float32,
+                    QueueAs(queue, type=cl.device_type.CPU), algorithm="direct", selfcheck=False)
+    assert ("each tap row's input loaded once" in p.explain().splitlines()[1]) == short
+    assert_close(p.forward(x, w, b, queue=queue), reference.conv2d(x, w, b, **case.options), np.float32, "forward")
+    assert_close(p.backward_input(w, dy, queue=queue), reference.conv2d_input(x.shape, w, dy, **case.options),
+                 np.float32, "grad-input")
+
+
 @pytest.mark.parametrize("case", [STEM, GROUPED_KG4], ids=repr)
 def test_direct_staged_float64(case, queue):
     if not has_fp64(queue.device):

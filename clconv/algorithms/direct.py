@@ -71,6 +71,13 @@ def _filters_per_item(g, tile, compute_units):
 
 CPU_ITEMS_PER_UNIT = 8   # CPU devices: work-items (one per work-group) per compute unit, at least
 CPU_MAX_FILTERS = 8      # and filters per work-item: 8 vector sums beside an input vector and a weight
+# CPU forward rows of at most SHORT_ROW_VECTORS vectors load each tap row's input once (direct_rows'
+# short-row form), while filters x vectors, the accumulators, stay within SHORT_ROW_ACC. PoCL, 2-core
+# Xeon, batch 4, each against the other form in one process: the networks' depthwise and grouped
+# passes on 7x7 maps 0.45-0.8x the time (geometric mean of all 60 direct passes 0.90); rows of two
+# vectors (14x14 maps) 1.06-1.86x, so they keep the vector-by-vector form.
+SHORT_ROW_VECTORS = 1
+SHORT_ROW_ACC = 8
 
 
 def _rows_per_item(g, compute_units):
@@ -198,12 +205,20 @@ class Direct(Algorithm):
             if not as_forward:
                 return (f"direct row kernel, the taps of each stride phase per input-gradient column, work-items "
                         f"of {rb} row(s) of one plane, {self.vw} columns of a phase per vector, no GEMM, no workspace")
+            vectors = self._short_rows(self.transposed if flipped else self.g, kb)
+            short = f", each tap row's input loaded once (rows of {vectors} vector(s))" if vectors else ""
             return (f"direct row kernel{flipped}, {taps} taps per output, work-items of {rb} output row(s) x {kb} "
-                    f"filter(s), {self.vw} columns per vector, no GEMM, no workspace")
+                    f"filter(s), {self.vw} columns per vector{short}, no GEMM, no workspace")
         staged = (f" of {ry} row(s) x {self.kb[pass_name]} filter(s) per work-item, staging a {ph}x{pw} patch "
                   "in local memory" if as_forward and self.staged else "")
         return (f"direct kernel{flipped}, {taps} taps per output, {tx}x{ty} tiles{staged}, "
                 "no GEMM, no workspace")
+
+    def _short_rows(self, g, kb):
+        """Vectors per output row where direct_rows over geometry ``g`` with ``kb`` filters takes
+        its short-row form (each tap row's input loaded once, zero-padded); 0 where it does not."""
+        vectors = -(-g.OW // self.vw)
+        return vectors if vectors <= SHORT_ROW_VECTORS and kb * vectors <= SHORT_ROW_ACC else 0
 
     @staticmethod
     def _specs(g):
@@ -225,6 +240,7 @@ class Direct(Algorithm):
         # grad-weight's reduction shape (only its kernel reads WG and RT: other builds stay shared)
         wg = reduction_work_group(queue.device, self.wg_weight)
         reduction = dict(WG=wg, RT=self.rt) if name == "direct_weight_partial" else {}
+        short = dict(RNV=self._short_rows(g, kb)) if name == "direct_rows" and self._short_rows(g, kb) else {}
         tx, ty, ph, pw, ry = tile or self.tiles["forward"]
         constants = self.specs[id(g)][1]
         # the forward's weights staged in local memory where a filter has several channels
@@ -241,7 +257,7 @@ class Direct(Algorithm):
         return (get_kernel(queue.context, "direct.cl", name, self.dtype, ONLY=name.upper(), IDX=idx, TAPS=self.taps,
                            TX=tx, TY=ty, PH=ph, PW=pw, RY=ry, KB=kb, RB=rb, VW=self.vw, STAGE=int(self.staged),
                            WSTAGE=int(wstage), WVEC=int(wvec), FLIP=int(g is self.transposed), **reduction,
-                           **constants), wg)
+                           **short, **constants), wg)
 
     def _forward(self, queue, pass_name, g, x, w, bias, y, what, relu=False):
         """The forward kernel over geometry ``g`` (the transposed one flips the weights): on GPUs
