@@ -218,6 +218,45 @@ def test_beta_zero_ignores_what_c_held(queue):
     assert_close(c.reshape(m, n), a.astype(np.float64) @ b, np.float32, "GEMM over NaNs")
 
 
+@pytest.mark.parametrize("positions", [7, 8], ids=["7_positions", "8_positions"])   # scalar, four-wide reads
+def test_gpu_kernel_folded_c_and_continuous_k(positions, queue):
+    """The GPU kernel's batch modes on a buffer of NaN gaps: C stored image by image (c_fold: the
+    columns of 3 images, their rows ``per_image`` apart) and K blocks read as one depth
+    (continuous: 3 blocks of A and B at their own steps), against NumPy; nothing outside the
+    images' rows is written, nothing outside the blocks read."""
+    rng = np.random.default_rng(4)
+    m, p, images, blocks, kb = 5, positions, 3, 3, positions
+    n = images * p
+    aligned = p % 4 == 0   # then every block starts at a multiple of 4: four-wide reads
+    a_step, b_step, c_per_image = m * kb + (4 if aligned else 5), kb * n + (4 if aligned else 7), m * p + 3
+    a_off, b_off = 4, 4 + blocks * a_step + (0 if aligned else 1)
+    c_off = b_off + blocks * b_step + 4
+    widths = [gemm_gpu.read_width(queue.device, 4, off, 0, 0, ld, 1, 1, step)
+              for off, ld, step in ((a_off, kb, a_step), (b_off, n, b_step))]
+    assert widths == [4, 4] if aligned else widths[0] == 1
+    host = np.full(c_off + images * c_per_image + 4, np.nan, np.float32)
+    a = rng.standard_normal((blocks, m, kb)).astype(np.float32)
+    b = rng.standard_normal((blocks, kb, n)).astype(np.float32)
+    for q in range(blocks):
+        host[a_off + q * a_step:][:m * kb] = a[q].ravel()
+        host[b_off + q * b_step:][:kb * n] = b[q].ravel()
+    buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+    dtype = np.dtype(np.float32)
+    # C = sum over the blocks of A_q @ B_q, its columns stored image by image
+    gemm_gpu.grid_gemm(queue, dtype, 1, 1, m, n, kb, Operand(buf, a_off, kb), Operand(buf, b_off, n),
+                       Operand(buf, c_off, p, 0, c_per_image), k_blocks=gemm_gpu.KBlocks(blocks, a_step, b_step, True),
+                       c_fold=p, what="test")
+    got = np.empty_like(host)
+    cl.enqueue_copy(queue, got, buf)
+    want = sum(a[q].astype(np.float64) @ b[q] for q in range(blocks))
+    written = np.zeros(host.size, bool)
+    for i in range(images):
+        rows = got[c_off + i * c_per_image:][:m * p].reshape(m, p)
+        assert_close(rows, want[:, i * p:(i + 1) * p], np.float32, f"image {i}")
+        written[c_off + i * c_per_image:][:m * p] = True
+    assert np.array_equal(got[~written], host[~written], equal_nan=True), "written outside the images' rows"
+
+
 # what clconv.gemm asks of a device
 Device = namedtuple("Device", "name type max_compute_units max_work_group_size max_work_item_sizes local_mem_size "
                                "mem_base_addr_align")
