@@ -11,9 +11,10 @@ On clconv's GPU kernel that sum is the GEMM's own: its depth is one K block per 
 (:class:`clconv.gemm.KBlocks`), cut into slices of images (or, for few images, of every
 image's positions) that fill the device, whose partial sums are summed in order; no layout
 copies. Over small maps (FOLD_BELOW) the blocks are read as one continuous depth and the
-slices of images chosen by the GEMM's tile model (:func:`clconv.gemm.best_slices`). H200, networks benchmark at batch 32: C1024 14x14 -> K256 0.15 ms against 0.27
-through the im2col layout, the 1x1 grad-weights of the six networks 6.9 ms against 8.4 (sum
-of device times, each layer once). The other engines take
+slices of images chosen by the GEMM's tile model (:func:`clconv.gemm.best_slices`). H200,
+networks benchmark at batch 32: C1024 14x14 -> K256 0.15 ms against 0.27 through the im2col
+layout, the 1x1 grad-weights of the six networks 6.9 ms against 8.4 (sum of device times, each
+layer once). The other engines take
   part[b, g] = dY[b, g] @ X[b, g]^T,  dW = sum over b of part[b], in order
 in chunks of up to as many images as split-K allows slices, when an image has at least
 MIN_SLICE positions (H200 before K blocks, pointwise workload: 0.50 ms against 0.75 through
