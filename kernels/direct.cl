@@ -379,6 +379,18 @@ __kernel void direct_weight_sum(__global const REAL* restrict part, const int S,
 #endif
 typedef union { REALV v; REAL s[VW]; } lanes;   // a vector and its values
 
+// The first `count` values of v (all VW of them where count >= VW) at yr, through the epilogue.
+inline void store_outputs(__global REAL* restrict yr, const REALV v, const int count, const int flags)
+{
+    lanes out;
+    out.v = v;
+    if (count >= VW) {
+        _Pragma("unroll") for (int q = 0; q < VW; ++q) yr[q] = EPILOGUE(flags, out.s[q]);
+    } else {
+        for (int q = 0; q < count; ++q) yr[q] = EPILOGUE(flags, out.s[q]);
+    }
+}
+
 // VW values of input row xr at columns ix0, ix0 + SW, ... (zero outside 0 .. W - 1), as
 // consecutive scalars, which the compiler merges into vector loads (PoCL 3.0 calls its
 // vloadn builtins as functions).
@@ -455,17 +467,9 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
             }
         }
         _Pragma("unroll") for (int b = 0; b < KB; ++b)
-            _Pragma("unroll") for (int u = 0; u < RNV; ++u) {
-                const int ox0 = u * VW;
-                __global REAL* yr = y + y_off + ((IDX)n * K + k0 + b) * OH * OW + oy * OW + ox0;
-                lanes out;
-                out.v = acc[b][u];
-                if (ox0 + VW <= OW) {
-                    _Pragma("unroll") for (int q = 0; q < VW; ++q) yr[q] = EPILOGUE(flags, out.s[q]);
-                } else {
-                    for (int q = 0; q < OW - ox0; ++q) yr[q] = EPILOGUE(flags, out.s[q]);
-                }
-            }
+            _Pragma("unroll") for (int u = 0; u < RNV; ++u)
+                store_outputs(y + y_off + ((IDX)n * K + k0 + b) * OH * OW + oy * OW + u * VW, acc[b][u], OW - u * VW,
+                              flags);
     }
 #else
     for (int oy = get_global_id(0) * RB; oy < oy_end; ++oy) {
@@ -484,16 +488,8 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
                     }
                 }
             }
-            _Pragma("unroll") for (int b = 0; b < KB; ++b) {
-                __global REAL* yr = y + y_off + ((IDX)n * K + k0 + b) * OH * OW + oy * OW + ox0;
-                lanes out;
-                out.v = acc[b];
-                if (ox0 + VW <= OW) {
-                    _Pragma("unroll") for (int q = 0; q < VW; ++q) yr[q] = EPILOGUE(flags, out.s[q]);
-                } else {
-                    for (int q = 0; q < OW - ox0; ++q) yr[q] = EPILOGUE(flags, out.s[q]);
-                }
-            }
+            _Pragma("unroll") for (int b = 0; b < KB; ++b)
+                store_outputs(y + y_off + ((IDX)n * K + k0 + b) * OH * OW + oy * OW + ox0, acc[b], OW - ox0, flags);
         }
     }
 #endif

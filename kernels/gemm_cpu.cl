@@ -58,20 +58,17 @@
 // Vector loads and stores as VW consecutive scalars, which the compiler merges into one
 // unaligned access: PoCL 3.0 calls its vloadn/vstoren builtins (and min, fma) as functions,
 // not inlined (seen in its objects).
-#if VW == 16
 #define VLOAD8(i, p) ((CAT(REAL, 8))((p)[8 * (i)], (p)[8 * (i) + 1], (p)[8 * (i) + 2], (p)[8 * (i) + 3], \
                                      (p)[8 * (i) + 4], (p)[8 * (i) + 5], (p)[8 * (i) + 6], (p)[8 * (i) + 7]))
-#define VLOAD(i, p) ((REALV)(VLOAD8(2 * (i), p), VLOAD8(2 * (i) + 1, p)))
 #define VSTORE8(v, i, p) ((p)[8 * (i)] = (v).s0, (p)[8 * (i) + 1] = (v).s1, (p)[8 * (i) + 2] = (v).s2, \
                           (p)[8 * (i) + 3] = (v).s3, (p)[8 * (i) + 4] = (v).s4, (p)[8 * (i) + 5] = (v).s5, \
                           (p)[8 * (i) + 6] = (v).s6, (p)[8 * (i) + 7] = (v).s7)
+#if VW == 16
+#define VLOAD(i, p) ((REALV)(VLOAD8(2 * (i), p), VLOAD8(2 * (i) + 1, p)))
 #define VSTORE(v, i, p) (VSTORE8((v).lo, 2 * (i), p), VSTORE8((v).hi, 2 * (i) + 1, p))
 #elif VW == 8
-#define VLOAD(i, p) ((REALV)((p)[8 * (i)], (p)[8 * (i) + 1], (p)[8 * (i) + 2], (p)[8 * (i) + 3], \
-                              (p)[8 * (i) + 4], (p)[8 * (i) + 5], (p)[8 * (i) + 6], (p)[8 * (i) + 7]))
-#define VSTORE(v, i, p) ((p)[8 * (i)] = (v).s0, (p)[8 * (i) + 1] = (v).s1, (p)[8 * (i) + 2] = (v).s2, \
-                         (p)[8 * (i) + 3] = (v).s3, (p)[8 * (i) + 4] = (v).s4, (p)[8 * (i) + 5] = (v).s5, \
-                         (p)[8 * (i) + 6] = (v).s6, (p)[8 * (i) + 7] = (v).s7)
+#define VLOAD(i, p) VLOAD8(i, p)
+#define VSTORE(v, i, p) VSTORE8(v, i, p)
 #else
 #define VLOAD(i, p) ((REALV)((p)[4 * (i)], (p)[4 * (i) + 1], (p)[4 * (i) + 2], (p)[4 * (i) + 3]))
 #define VSTORE(v, i, p) ((p)[4 * (i)] = (v).s0, (p)[4 * (i) + 1] = (v).s1, (p)[4 * (i) + 2] = (v).s2, \

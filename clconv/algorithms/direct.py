@@ -240,7 +240,8 @@ class Direct(Algorithm):
         # grad-weight's reduction shape (only its kernel reads WG and RT: other builds stay shared)
         wg = reduction_work_group(queue.device, self.wg_weight)
         reduction = dict(WG=wg, RT=self.rt) if name == "direct_weight_partial" else {}
-        short = dict(RNV=self._short_rows(g, kb)) if name == "direct_rows" and self._short_rows(g, kb) else {}
+        vectors = self._short_rows(g, kb) if name == "direct_rows" else 0
+        short = dict(RNV=vectors) if vectors else {}
         tx, ty, ph, pw, ry = tile or self.tiles["forward"]
         constants = self.specs[id(g)][1]
         # the forward's weights staged in local memory where a filter has several channels

@@ -81,12 +81,10 @@ class Im2col(Algorithm):
         # units idle (few filters or channels over small images): S partial results after col
         # and T, as many as the budget holds, summed in order
         room, ld = workspace_limit // itemsize - per_image * self.chunk, self.chunk * g.P
-        self.split = {p: fit_slices(k, k_slices(device, gemm, m, ld, k, g.groups, itemsize), room // (outputs * ld))
-                      for p, m, k, outputs in (("forward", g.Kg, g.Kd, g.K), ("backward_input", g.Kd, g.Kg, self.rows))}
+        split = lambda m, k, outputs: fit_slices(k, k_slices(device, gemm, m, ld, k, g.groups, itemsize),
+                                                 room // (outputs * ld))
+        self.split = {"backward_input": split(g.Kd, g.Kg, self.rows)}
         self.packed_at = per_image * self.chunk + _partials(self.split["backward_input"], self.rows * ld)
-        self.workspace = {"forward": per_image * self.chunk + _partials(self.split["forward"], g.K * ld),
-                          "backward_input": self.packed_at + packed,
-                          "backward_weight": per_image * self.chunk + wgrad_extra}
         if self._implicit():
             # the implicit forward is one grid over all images, into Y; with one group, where that
             # grid leaves compute units idle, cut into slices of whole channels (an offset into the
@@ -94,7 +92,12 @@ class Im2col(Algorithm):
             outputs = g.N * g.K * g.P
             want = k_slices(device, gemm, g.K, g.N * g.P, g.Kd, 1, itemsize) if g.groups == 1 else 1
             self.split["forward"] = fit_slices(g.C, want, workspace_limit // (max(1, outputs) * itemsize))
-            self.workspace["forward"] = _partials(self.split["forward"], outputs)
+            forward = _partials(self.split["forward"], outputs)
+        else:
+            self.split["forward"] = split(g.Kg, g.Kd, g.K)
+            forward = per_image * self.chunk + _partials(self.split["forward"], g.K * ld)
+        self.workspace = {"forward": forward, "backward_input": self.packed_at + packed,
+                          "backward_weight": per_image * self.chunk + wgrad_extra}
 
     def _fit_bands(self, workspace_limit, whole, partials):
         """One image's workspace (``whole`` bytes) is above the budget: the passes run image by

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..device import cpu_vector_width
 from ..programs import get_kernel, index_type, launch
 
 # Work per work-item (multiply-adds) below which it takes more row blocks, and work-groups per
@@ -50,11 +51,9 @@ WIDE_MIN_COLUMNS = 512
 
 
 def vector_width(device, itemsize, wide=True):
-    """Values per vector of the GEMM kernel: the device's native width for the dtype, from 4
-    values to MAX_VECTOR_BITS' worth (``wide``) or 256 bits' (clconv's other CPU kernels stop
-    there too: :func:`clconv.device.cpu_vector_width`)."""
-    native = device.native_vector_width_double if itemsize == 8 else device.native_vector_width_float
-    return max(4, min((MAX_VECTOR_BITS if wide else 256) // 8 // itemsize, native or 4))
+    """Values per vector of the GEMM kernel: the device's native width for the dtype, up to
+    MAX_VECTOR_BITS (``wide``) or the 256 bits of clconv's other CPU kernels."""
+    return cpu_vector_width(device, itemsize, MAX_VECTOR_BITS if wide else 256)
 
 
 def tile(device, m, n, k, count, itemsize, b_transp):
