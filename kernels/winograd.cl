@@ -372,8 +372,28 @@ inline void load_planes(REALV v[36], const __global REAL* restrict src, const ID
     }
 }
 
-// winograd_input's V for the tile row th of image b, work-item (b * TH + th, c): consecutive
-// work-items write neighbouring tiles of each of the 36 planes.
+// The value at row y, column x of an H x W plane, or zero outside it: the load clamped to the
+// plane and always made, so that the compiler selects rather than branches.
+inline REAL value_or_zero(const __global REAL* restrict plane, const int y, const int x, const int H, const int W)
+{
+    const REAL v = plane[(IDX)clamp(y, 0, H - 1) * W + clamp(x, 0, W - 1)];
+    return y >= 0 && y < H && x >= 0 && x < W ? v : (REAL)0;
+}
+
+// Each lane's tile of VW consecutive tiles p0 .. p0 + VW - 1 of the chunk (across tile rows and
+// images; past P: tile P - 1 again): its first output row and column, and where its image starts.
+#define LANE_TILES(TH, TW, P, channels, plane_size)                                              \
+    int ys[VW], xs[VW];                                                                          \
+    IDX img[VW];                                                                                 \
+    _Pragma("unroll") for (int q = 0; q < VW; ++q) {                                             \
+        const int p = p0 + q < P ? p0 + q : P - 1, b = p / ((TH) * (TW)), r = p - b * (TH) * (TW); \
+        const int th = r / (TW);                                                                 \
+        ys[q] = tile_start(TH0 + th, DH);                                                        \
+        xs[q] = tile_start(r - th * (TW), DW);                                                   \
+        img[q] = (IDX)b * (channels) * (plane_size);                                             \
+    }
+
+// winograd_input's V for tiles p0 .. p0 + VW - 1 of the chunk, work-item (p0 / VW, c).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void winograd_input_rows(__global const REAL* restrict x, const IDX x_off,
                          __global REAL* restrict out, const IDX out_off,
@@ -381,45 +401,38 @@ void winograd_input_rows(__global const REAL* restrict x, const IDX x_off,
                          const int TH, const int TW, const int TH0, const int PT, const int PL,
                          const int DH, const int DW, const int L)
 {
-    const int bt = get_global_id(0), c = get_global_id(1), b = bt / TH, th = bt - b * TH;
-    const int y0 = tile_start(TH0 + th, DH) - PT;
-    const __global REAL* src = x + x_off + ((IDX)b * C + c) * H * W;
-    for (int tw0 = 0; tw0 < TW; tw0 += VW) {
-        int xs[VW];   // each lane's first input column (past W: a lane beyond the row's tiles)
-        #pragma unroll
-        for (int q = 0; q < VW; ++q) xs[q] = tw0 + q < TW ? tile_start(tw0 + q, DW) - PL : W;
-        // every lane's patch inside the row (undilated): no bounds to test
-        const bool inside = DW == 1 && tw0 + VW <= TW && xs[0] >= 0 && xs[VW - 1] + 5 < W;
-        REALV v[36];
-        #pragma unroll
-        for (int i = 0; i < 6; ++i) {
-            const int y = y0 + i * DH;
-            const bool row_in = y >= 0 && y < H;
-            #pragma unroll
-            for (int j = 0; j < 6; ++j) {
-                lanes t;
-                if (inside && row_in) {
-                    #pragma unroll
-                    for (int q = 0; q < VW; ++q) t.s[q] = src[y * W + xs[0] + TM * q + j];
-                } else {
-                    #pragma unroll
-                    for (int q = 0; q < VW; ++q) {
-                        const int xx = xs[q] + j * DW;
-                        t.s[q] = row_in && xx >= 0 && xx < W ? src[y * W + xx] : (REAL)0;
-                    }
-                }
-                v[6 * i + j] = t.v;
-            }
-        }
-        #pragma unroll
-        for (int j = 0; j < 6; ++j) input_1d_v(v + j, 6);
-        #pragma unroll
-        for (int i = 0; i < 6; ++i) input_1d_v(v + 6 * i, 1);
-        store_tiles(v, out + out_off, bt * TW + tw0, TW - tw0, C, c, L);
+    const int p0 = get_global_id(0) * VW, c = get_global_id(1), P = B * TH * TW;
+    const __global REAL* src = x + x_off + (IDX)c * H * W;
+    LANE_TILES(TH, TW, P, C, H * W)
+    bool inside = DH == 1 && DW == 1;   // every lane's patch inside the image: no bounds to test
+    #pragma unroll
+    for (int q = 0; q < VW; ++q) {
+        ys[q] -= PT;
+        xs[q] -= PL;
+        inside = inside && ys[q] >= 0 && ys[q] + 5 < H && xs[q] >= 0 && xs[q] + 5 < W;
     }
+#define PATCH(VALUE)                                                                             \
+    _Pragma("unroll") for (int i = 0; i < 6; ++i)                                                \
+        _Pragma("unroll") for (int j = 0; j < 6; ++j) {                                          \
+            lanes t;                                                                             \
+            _Pragma("unroll") for (int q = 0; q < VW; ++q) t.s[q] = VALUE;                        \
+            v[6 * i + j] = t.v;                                                                  \
+        }
+    REALV v[36];
+    if (inside) {
+        PATCH(src[img[q] + (IDX)(ys[q] + i) * W + xs[q] + j])
+    } else {   // zeros outside the image (loads clamped to it)
+        PATCH(value_or_zero(src + img[q], ys[q] + i * DH, xs[q] + j * DW, H, W))
+    }
+#undef PATCH
+    #pragma unroll
+    for (int j = 0; j < 6; ++j) input_1d_v(v + j, 6);
+    #pragma unroll
+    for (int i = 0; i < 6; ++i) input_1d_v(v + 6 * i, 1);
+    store_tiles(v, out + out_off, p0, P - p0, C, c, L);
 }
 
-// winograd_output's tiles of tile row th of image b, work-item (b * TH + th, k).
+// winograd_output's tiles p0 .. p0 + VW - 1 of the chunk, work-item (p0 / VW, k).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void winograd_output_rows(__global const REAL* restrict m, const IDX m_off,
                           __global REAL* restrict y, const IDX y_off,
@@ -427,82 +440,77 @@ void winograd_output_rows(__global const REAL* restrict m, const IDX m_off,
                           const int B, const int K, const int OH, const int OW,
                           const int TH, const int TW, const int TH0, const int DH, const int DW)
 {
-    const int bt = get_global_id(0), k = get_global_id(1), b = bt / TH, th = bt - b * TH;
-    const int P = B * TH * TW, oy0 = tile_start(TH0 + th, DH);
-    const IDX step = (IDX)K * P;
+    const int p0 = get_global_id(0) * VW, k = get_global_id(1), P = B * TH * TW;
     const REAL b0 = (flags & EPI_BIAS) ? bias[bias_off + k] : (REAL)0;
-    __global REAL* dst = y + y_off + ((IDX)b * K + k) * OH * OW;
-    for (int tw0 = 0; tw0 < TW; tw0 += VW) {
-        REALV v[36];
-        load_planes(v, m + m_off + (IDX)k * P + bt * TW + tw0, step, TW - tw0);
+    __global REAL* dst = y + y_off + (IDX)k * OH * OW;
+    LANE_TILES(TH, TW, P, K, OH * OW)
+    REALV v[36];
+    load_planes(v, m + m_off + (IDX)k * P + p0, (IDX)K * P, P - p0);
+    #pragma unroll
+    for (int j = 0; j < 6; ++j) output_1d_v(v + j, 6);
+    #pragma unroll
+    for (int i = 0; i < TM; ++i) output_1d_v(v + 6 * i, 1);
+    // the lanes' tiles side by side in one tile row, inside the output: TM * VW consecutive outputs
+    const bool run = DW == 1 && p0 + VW <= P && img[VW - 1] == img[0] && ys[VW - 1] == ys[0] &&
+                     xs[VW - 1] + TM <= OW;
+    #pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        lanes t[TM];
         #pragma unroll
-        for (int j = 0; j < 6; ++j) output_1d_v(v + j, 6);
-        #pragma unroll
-        for (int i = 0; i < TM; ++i) output_1d_v(v + 6 * i, 1);
-        #pragma unroll
-        for (int i = 0; i < TM; ++i) {
-            const int oy = oy0 + i * DH;
-            if (oy >= OH) break;
-            lanes t[TM];
+        for (int j = 0; j < TM; ++j) t[j].v = v[6 * i + j];
+        if (run) {
+            if (ys[0] + i * DH >= OH) break;
+            __global REAL* row = dst + img[0] + (IDX)(ys[0] + i * DH) * OW + xs[0];
             #pragma unroll
-            for (int j = 0; j < TM; ++j) t[j].v = v[6 * i + j];
-            if (DW == 1 && tw0 + VW <= TW && TM * (tw0 + VW) <= OW) {   // TM * VW consecutive outputs
-                __global REAL* row = dst + oy * OW + TM * tw0;
+            for (int q = 0; q < VW; ++q)
                 #pragma unroll
-                for (int q = 0; q < VW; ++q)
-                    #pragma unroll
-                    for (int j = 0; j < TM; ++j) row[TM * q + j] = EPILOGUE(flags, t[j].s[q] + b0);
-                continue;
-            }
-            #pragma unroll
-            for (int q = 0; q < VW; ++q) {
-                if (tw0 + q >= TW) break;
-                const int ox0 = DW == 1 ? TM * (tw0 + q) : tile_start(tw0 + q, DW);
+                for (int j = 0; j < TM; ++j) row[TM * q + j] = EPILOGUE(flags, t[j].s[q] + b0);
+            continue;
+        }
+        #pragma unroll
+        for (int q = 0; q < VW; ++q) {
+            const int oy = ys[q] + i * DH;
+            if (p0 + q >= P || oy >= OH) continue;
+            __global REAL* row = dst + img[q] + (IDX)oy * OW;
+            if (DW == 1 && xs[q] + TM <= OW) {   // the tile's TM outputs inside the row
+                #pragma unroll
+                for (int j = 0; j < TM; ++j) row[xs[q] + j] = EPILOGUE(flags, t[j].s[q] + b0);
+            } else {
                 #pragma unroll
                 for (int j = 0; j < TM; ++j) {
-                    const int ox = ox0 + j * DW;
-                    if (ox < OW) dst[oy * OW + ox] = EPILOGUE(flags, t[j].s[q] + b0);
+                    const int ox = xs[q] + j * DW;
+                    if (ox < OW) row[ox] = EPILOGUE(flags, t[j].s[q] + b0);
                 }
             }
         }
     }
 }
 
-// winograd_grad_output's Z for tile row th of image b, work-item (b * TH + th, k).
+// winograd_grad_output's Z for tiles p0 .. p0 + VW - 1 of the chunk, work-item (p0 / VW, k).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void winograd_grad_output_rows(__global const REAL* restrict dy, const IDX dy_off,
                                __global REAL* restrict z, const IDX z_off,
                                const int B, const int K, const int OH, const int OW,
                                const int TH, const int TW, const int TH0, const int DH, const int DW, const int L)
 {
-    const int bt = get_global_id(0), k = get_global_id(1), b = bt / TH, th = bt - b * TH;
-    const int oy0 = tile_start(TH0 + th, DH);
-    const __global REAL* src = dy + dy_off + ((IDX)b * K + k) * OH * OW;
-    for (int tw0 = 0; tw0 < TW; tw0 += VW) {
-        int xs[VW];   // each lane's first column (OW: a lane beyond the row's tiles)
+    const int p0 = get_global_id(0) * VW, k = get_global_id(1), P = B * TH * TW;
+    const __global REAL* src = dy + dy_off + (IDX)k * OH * OW;
+    LANE_TILES(TH, TW, P, K, OH * OW)
+    REALV v[36];
+    #pragma unroll
+    for (int i = 0; i < TM; ++i)
         #pragma unroll
-        for (int q = 0; q < VW; ++q) xs[q] = tw0 + q < TW ? tile_start(tw0 + q, DW) : OW;
-        REALV v[36];
-        #pragma unroll
-        for (int i = 0; i < TM; ++i) {
-            const int oy = oy0 + i * DH;
+        for (int j = 0; j < TM; ++j) {
+            lanes t;
             #pragma unroll
-            for (int j = 0; j < TM; ++j) {
-                lanes t;
-                #pragma unroll
-                for (int q = 0; q < VW; ++q) {
-                    const int ox = xs[q] + j * DW;
-                    t.s[q] = oy < OH && ox < OW ? src[oy * OW + ox] : (REAL)0;
-                }
-                v[6 * i + j] = t.v;
-            }
+            for (int q = 0; q < VW; ++q) t.s[q] = value_or_zero(src + img[q], ys[q] + i * DH, xs[q] + j * DW, OH, OW);
+            v[6 * i + j] = t.v;
         }
-        #pragma unroll
-        for (int j = 0; j < TM; ++j) grad_output_1d_v(v + j, 6);
-        #pragma unroll
-        for (int i = 0; i < 6; ++i) grad_output_1d_v(v + 6 * i, 1);
-        store_tiles(v, z + z_off, bt * TW + tw0, TW - tw0, K, k, L);
-    }
+    #pragma unroll
+    for (int j = 0; j < TM; ++j) grad_output_1d_v(v + j, 6);
+    #pragma unroll
+    for (int i = 0; i < 6; ++i) grad_output_1d_v(v + 6 * i, 1);
+    store_tiles(v, z + z_off, p0, P - p0, K, k, L);
 }
 
 // winograd_filter's U for filter k and VW channels at a time, work-item k.
@@ -540,7 +548,12 @@ void winograd_filter_rows(__global const REAL* restrict w, const IDX w_off,
             for (int j = 0; j < 6; ++j) {
                 lanes t;
                 t.v = v[6 * i + j];
-                for (int q = 0; q < VW && ci0 + q < Ci; ++q) dst[(6 * i + j) * step + q] = t.s[q];
+                if (ci0 + VW <= Ci) {
+                    #pragma unroll
+                    for (int q = 0; q < VW; ++q) dst[(6 * i + j) * step + q] = t.s[q];
+                } else {
+                    for (int q = 0; q < Ci - ci0; ++q) dst[(6 * i + j) * step + q] = t.s[q];
+                }
             }
     }
 }

@@ -73,9 +73,10 @@ class Winograd(Transform):
         if not device.type & cl.device_type.GPU:
             # CPUs on small maps, where the transforms outweigh the GEMMs they shrink. 2-core Xeon,
             # batch 4, the networks' Winograd layers against im2col (PoCL / Intel's runtime):
-            # 5x5 maps (4 tiles, 39% of their outputs used) 1.58-2.43 / 1.33-2.23x im2col's time
-            # in every pass; 7x7 maps (4 tiles) grad-weight 1.70 / 1.56x, forward and grad-input
-            # 1.17-1.24 / 0.75-0.98x; 14x14 maps and up 0.34-1.22x
+            # 5x5 maps (4 tiles, 39% of their outputs used) 1.64-2.05 / 1.33-2.23x im2col's time
+            # in every pass; 7x7 maps (4 tiles) grad-weight 1.54 / 1.56x, forward and grad-input
+            # 0.91-0.92 / 0.75-0.98x; 14x14 maps and up 0.44-1.00 / 0.34-1.22x (PoCL with the
+            # row transforms' lanes across tile rows)
             m, t = _side(g), pass_geometry(g, pass_name)
             th, tw = _grid(t, m)
             tiles, used = th * tw, t.OH * t.OW / (th * tw * m * m)
@@ -186,6 +187,10 @@ class Winograd(Transform):
         """Split-K slices of a grad-weight chunk of ``tiles`` tiles."""
         return largest_divisor_at_most(tiles, self.max_slices)
 
+    def _lane_groups(self, tiles):
+        """Work-items of a _rows transform over ``tiles`` tiles: VW (self.rows) tiles each."""
+        return -(-tiles // self.rows) if self.rows else 0
+
     def _transform(self, queue, name, idx, gpu_range, rows_range, *args, what):
         """Launch transform ``name``: on GPUs over ``gpu_range`` (a work-item per tile or
         filter, work-groups of up to LOCAL); on CPUs its _rows form over ``rows_range``
@@ -204,7 +209,7 @@ class Winograd(Transform):
         t, (n0, nb, th0, rows), TW = self.geometry[pass_name], piece, self.grid[pass_name][1]
         (pt, _), (pl, _) = t.pads
         P = nb * rows * TW
-        self._transform(queue, "winograd_input", idx, (P, t.C), (nb * rows, t.C),
+        self._transform(queue, "winograd_input", idx, (P, t.C), (self._lane_groups(P), t.C),
                         x.buf, x.off + n0 * t.C * t.H * t.W, ws, at, nb, t.C, t.H, t.W, rows, TW, th0,
                         pt, pl, *t.dilation, P // slices, what="Winograd input transform")
 
@@ -229,7 +234,7 @@ class Winograd(Transform):
             self._input(queue, idx, pass_name, x, piece, ws, 0)
             self._position_gemm(queue, G, T2, Ko, P, Ci, Op(ws, u, Ci, Ko * Ci, t.K * Ci),
                                 Op(ws, 0, P, Ci * P, t.C * P), Op(ws, m, P, Ko * P, t.K * P), what=what)
-            self._transform(queue, "winograd_output", idx, (P, t.K), (nb * rows, t.K), ws, m,
+            self._transform(queue, "winograd_output", idx, (P, t.K), (self._lane_groups(P), t.K), ws, m,
                             y.buf, y.off + n0 * t.K * t.OH * t.OW, b.buf, b.off, flags(bias, relu),
                             *self._tile_args(pass_name, piece), what=f"{what}: output transform")
 
@@ -245,7 +250,7 @@ class Winograd(Transform):
             S = self._slices(P)
             L = P // S   # tiles per slice; V and Z slice-major: (S, 36, channels, L)
             self._input(queue, idx, "backward_weight", x, piece, ws, 0, S)
-            self._transform(queue, "winograd_grad_output", idx, (P, t.K), (nb * rows, t.K),
+            self._transform(queue, "winograd_grad_output", idx, (P, t.K), (self._lane_groups(P), t.K),
                             dy.buf, dy.off + n0 * t.K * t.OH * t.OW, ws, z, *self._tile_args("backward_weight", piece),
                             L, what="grad-weight (Winograd): grad_output transform")
             # GEMM (slice, t, group) at index (s * 36 + t) * G + g: into dU, or its partial sums
