@@ -191,7 +191,8 @@ def test_clblast_grid_of_products_at_offsets(a_transp, b_transp, queue):
 
 def test_cpu_kernel_blocks_from_the_device():
     """Outer products in 2 vectors of the native width (512 bits at most) by 6 rows (12
-    accumulators of 16 registers); dot products in 4 x 3; enough work per work-item."""
+    accumulators of 16 registers); dot products in 4 x 3 of 256-bit vectors, 4 x 6 of 512-bit
+    ones (32 registers); enough work per work-item."""
     cpu = _device(gpu=False, compute_units=2)._replace()
     for native, want in ((16, 16), (8, 8), (32, 16)):
         facts = dict(native_vector_width_float=native, native_vector_width_double=native // 2)
@@ -200,8 +201,10 @@ def test_cpu_kernel_blocks_from_the_device():
         assert (t.inner, t.vw, t.mr, t.nv, t.cols) == (False, want, 6, 2, 2 * want) and t.tm > 1
         assert gemm_cpu.tile(dev, 512, 784, 256, 4, 8, False).vw == want // 2   # float64: half as many
         assert gemm_cpu.tile(dev, 512, 196, 256, 4, 4, False).vw == min(want, 8)   # narrow: 256 bits at most
-    t = gemm_cpu.tile(dev, 64, 1024, 9216, 1, 4, True)
-    assert (t.inner, t.mr, t.cols) == (True, 4, 3)
+        for itemsize in (4, 8):
+            t = gemm_cpu.tile(dev, 64, 1024, 9216, 1, itemsize, True)
+            vw = want * 4 // itemsize
+            assert (t.inner, t.vw, t.mr, t.cols) == (True, vw, 4, 6 if vw * itemsize == 64 else 3)
 
 
 def test_beta_zero_ignores_what_c_held(queue):

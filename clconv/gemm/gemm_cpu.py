@@ -2,7 +2,8 @@
 
 Each work-item owns a register block of C (6 rows by 2 vectors of the device's native width,
 at most 512 bits over wide products and 256 over narrow ones, or 4 x 3 dot products when both
-operands are stored along k: each fills 16 registers) and loops over K with multiply-adds; no
+operands are stored along k, 4 x 6 on 512-bit CPUs: each fills the vector registers) and loops
+over K with multiply-adds; no
 local memory, no barriers, single-work-item work-groups (see the kernel). A work-item takes
 several row blocks of one column block when there are many, so each work-group has enough work
 to hide the runtime's cost per work-group, and runs K in slices whose part of B fits half a
@@ -35,17 +36,21 @@ class Tile(NamedTuple):
     kc: int
 
 
-# Vector registers a register block may fill: 16, as on AVX2. (PoCL 3.0 reports a native
-# float width of 16 on an AVX-512 CPU but compiles for AVX2's 16 registers there: 12 x 2
-# accumulators spilled to the stack in its objects.)
+# Vector registers the outer products' register block may fill: 16, as on AVX2. (On an
+# AVX-512 CPU, 12 x 2 blocks of 16 floats ran 0.78-0.95x as fast as 6 x 2 on PoCL.)
 REGISTERS = 16
+# The dot products' block on CPUs of 512-bit vectors (32 registers): 4 x 6 sums of 512-bit
+# vectors, 6 vectors of B and one of A fill 31. 2-core AVX-512 Xeon, grad-weight shapes
+# (M x N x K, from 1024 x 256 x 784 to 64 x 147 x 50176), GFLOP/s against 4 x 3 sums of 256 bits:
+# PoCL 115-239 against 86-197, Intel's runtime 112-217 against 83-178.
+WIDE_INNER_COLS = 6
 # The widest vectors the kernel takes: the device's native width up to 512 bits, for outer
 # products of at least WIDE_MIN_COLUMNS columns. On the 2-core AVX-512 Xeon, 16 floats against 8
 # (6 x 2 register blocks either way), GFLOP/s on PoCL / Intel's runtime: 256 x 12544 x 576
 # 147 -> 227 / 145 -> 217; the 7x7 stem's 64 x 50176 x 147 66 -> 186 / 59 -> 80. Over narrower
 # products the last column block, read and stored lane by lane, is a larger part (resnet50's 1x1
 # layers on 7x7 maps at batch 4: 1.2-1.4x the time at 16 floats, on 14x14 1.05-1.09x, on 28x28
-# and 56x56 0.65-0.8x); dot products (B stored N x K) gained nothing on the networks' grad-weights.
+# and 56x56 0.65-0.8x). Dot products (B stored N x K) take the widest vectors at any size.
 MAX_VECTOR_BITS = 512
 WIDE_MIN_COLUMNS = 512
 
@@ -58,9 +63,11 @@ def vector_width(device, itemsize, wide=True):
 
 def tile(device, m, n, k, count, itemsize, b_transp):
     """The register block and row blocks per work-item for ``count`` M x N x K products."""
-    vw = vector_width(device, itemsize, wide=not b_transp and n >= WIDE_MIN_COLUMNS)
+    vw = vector_width(device, itemsize, wide=b_transp or n >= WIDE_MIN_COLUMNS)
     if b_transp:   # dot products: 4 x 3 vector sums and 3 vectors of B fill 16 registers with A's
-        inner, mr, nv, cols = True, 4, 1, 3   # (PoCL: 4 x 3 ran at 150-170 GFLOP/s, 4 x 4 spilled: 80-110)
+        # (PoCL on AVX2: 4 x 3 ran at 150-170 GFLOP/s, 4 x 4 spilled: 80-110); 4 x 6 fill 32
+        inner, mr, nv = True, 4, 1
+        cols = WIDE_INNER_COLS if vw * itemsize >= 64 else 3
     else:          # outer products: 2 vectors of columns, rows to fill the registers (6 x 2 of 16)
         inner, nv = False, 2
         mr, cols = REGISTERS // 2 - 2, nv * vw
