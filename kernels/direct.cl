@@ -551,40 +551,50 @@ inline REALV span_values(__global const REAL* restrict p, const int o0, const in
     return v.v;
 }
 
-// direct_input's sum for CPU devices: work-item (band, n * C + c) computes RB input-gradient
-// rows from band * RB of plane (n, c). A row's columns are taken by stride phase px, VW at a
-// time: columns px, px + SW, ... meet the output grid through the same taps j, at consecutive
-// output columns, so each (filter, tap) adds one vector of grad_output.
+// direct_input's sum for CPU devices: work-item (band, (n * C + c) / CB) computes RB input-gradient
+// rows from band * RB of the CB planes (n, c .. c + CB - 1), channels of one group, which read
+// the same grad_output. A row's columns are taken by stride phase px, VW at a time: columns px,
+// px + SW, ... meet the output grid through the same taps j, at consecutive output columns, so
+// each (filter, tap) adds one vector of grad_output, loaded once for the CB channels.
+#ifndef CB             // input channels per work-item of direct_input_rows (dividing CG)
+#define CB 1
+#endif
 #if BUILDS(DIRECT_INPUT_ROWS)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void direct_input_rows(__global const REAL* restrict w, const IDX w_off,
                        __global const REAL* restrict dy, const IDX dy_off,
                        __global REAL* restrict dx, const IDX dx_off, GEOMETRY)
 {
-    const int nc = get_global_id(1), c = nc % C, n = nc / C, k0 = (c / CG) * KG, cw = c % CG;
+    const int nc = get_global_id(1) * CB, c0 = nc % C, n = nc / C, k0 = (c0 / CG) * KG, cw = c0 % CG;
     const int iy_end = min(H, (int)(get_global_id(0) + 1) * RB);
     for (int iy = get_global_id(0) * RB; iy < iy_end; ++iy) {
         __global REAL* row = dx + dx_off + (IDX)nc * H * W + iy * W;
         for (int px = 0; px < SW && px < W; ++px) {
             const int count = (W - px + SW - 1) / SW;   // columns of this phase
             for (int u0 = 0; u0 < count; u0 += VW) {
-                REALV acc = 0;
+                REALV acc[CB];
+                _Pragma("unroll") for (int b = 0; b < CB; ++b) acc[b] = 0;
                 for (int m = 0; m < KG; ++m) {
                     const __global REAL* dk = dy + dy_off + ((IDX)n * K + k0 + m) * OH * OW;
-                    const __global REAL* wk = w + w_off + ((IDX)(k0 + m) * CG + cw) * KH * KW;
+                    const __global REAL* wk = w + w_off + ((IDX)(k0 + m) * CG + cw) * KH * KW;   // channel b: + b * KH * KW
                     _Pragma("unroll") for (int i = 0; i < KH; ++i) {
                         const int ny = iy + PT - i * DH;   // = oy * SH where tap i reads row iy
                         if (ny % SH || ny < 0 || ny / SH >= OH) continue;
                         _Pragma("unroll") for (int j = 0; j < KW; ++j) {
                             const int nx = px + PL - j * DW;   // = ox * SW for column u = 0 of this phase
                             if (nx % SW) continue;
-                            acc = (REALV)wk[i * KW + j] * span_values(dk + ny / SH * OW, nx / SW + u0, OW) + acc;
+                            const REALV v = span_values(dk + ny / SH * OW, nx / SW + u0, OW);
+                            _Pragma("unroll") for (int b = 0; b < CB; ++b)
+                                acc[b] = (REALV)wk[b * KH * KW + i * KW + j] * v + acc[b];
                         }
                     }
                 }
-                lanes out;
-                out.v = acc;
-                for (int q = 0; q < VW && u0 + q < count; ++q) row[px + (u0 + q) * SW] = out.s[q];
+                _Pragma("unroll") for (int b = 0; b < CB; ++b) {
+                    lanes out;
+                    out.v = acc[b];
+                    __global REAL* rb = row + (IDX)b * H * W;
+                    for (int q = 0; q < VW && u0 + q < count; ++q) rb[px + (u0 + q) * SW] = out.s[q];
+                }
             }
         }
     }

@@ -88,6 +88,15 @@ def _rows_per_item(g, compute_units):
     return kb, _band(g.OH, g.N * g.K // kb, compute_units)
 
 
+def _input_rows_per_item(g, compute_units):
+    """(CB, RB) of the CPU strided grad-input kernel (direct_input_rows) over geometry ``g``:
+    input channels per work-item, the most of 8, 4, 2, 1 dividing a group's channels (each
+    grad_output vector feeds CB sums; PoCL, batch 4, RegNet's grouped 3x3 stride-2 grad-inputs
+    against one channel per work-item: 0.23-0.25x the time), and input rows per work-item (:func:`_band`)."""
+    cb = next(b for b in (CPU_MAX_FILTERS, 4, 2, 1) if g.Cg % b == 0)
+    return cb, _band(g.H, g.N * g.C // cb, compute_units)
+
+
 def _band(rows, planes, compute_units):
     """Rows per work-item of a CPU row kernel over ``planes`` planes of ``rows`` rows: all of
     a plane's unless that leaves fewer than CPU_ITEMS_PER_UNIT work-items per compute unit."""
@@ -176,9 +185,9 @@ class Direct(Algorithm):
         else:   # CPU devices: row kernels, slices of at least 4 output rows, CPU_ITEMS_PER_UNIT per unit
             self.rows = {"forward": _rows_per_item(g, units),
                          # stride 1: the forward kernel over the transposed geometry; else
-                         # direct_input_rows, bands of input-gradient rows of one plane
+                         # direct_input_rows, bands of input-gradient rows of CB planes of one group
                          "backward_input": _rows_per_item(self.transposed, units) if self.transposed
-                         else (1, _band(g.H, g.N * g.C, units))}
+                         else _input_rows_per_item(g, units)}
             fill = -(-CPU_ITEMS_PER_UNIT * units // g.K)
             self.slices = max(1, min(64, fill, g.N * g.OH // 4, room))
         self.workspace["backward_weight"] = g.K * self.slices * self.taps
@@ -204,7 +213,8 @@ class Direct(Algorithm):
             kb, rb = self.rows[pass_name]
             if not as_forward:
                 return (f"direct row kernel, the taps of each stride phase per input-gradient column, work-items "
-                        f"of {rb} row(s) of one plane, {self.vw} columns of a phase per vector, no GEMM, no workspace")
+                        f"of {rb} row(s) of {kb} plane(s) of one group, {self.vw} columns of a phase per vector, "
+                        "no GEMM, no workspace")
             vectors = self._short_rows(self.transposed if flipped else self.g, kb)
             short = f", each tap row's input loaded once (rows of {vectors} vector(s))" if vectors else ""
             return (f"direct row kernel{flipped}, {taps} taps per output, work-items of {rb} output row(s) x {kb} "
@@ -233,13 +243,15 @@ class Direct(Algorithm):
         """The kernels' GEOMETRY arguments."""
         return self.specs[id(g or self.g)][0]
 
-    def _kernel(self, queue, name, idx, tile=None, g=None, kb=1, rb=1):
+    def _kernel(self, queue, name, idx, tile=None, g=None, kb=1, rb=1, cb=1):
         """``name`` built for geometry ``g`` (the transposed one flips the weights), the filter's
-        sizes compiled in (loops unrolled, divisions folded)."""
+        sizes compiled in (loops unrolled, divisions folded); ``kb`` filters (forward kernels) or
+        ``cb`` channels (direct_input_rows) and ``rb`` rows per work-item."""
         g = g or self.g
         # grad-weight's reduction shape (only its kernel reads WG and RT: other builds stay shared)
         wg = reduction_work_group(queue.device, self.wg_weight)
         reduction = dict(WG=wg, RT=self.rt) if name == "direct_weight_partial" else {}
+        channels = dict(CB=cb) if name == "direct_input_rows" else {}
         vectors = self._short_rows(g, kb) if name == "direct_rows" else 0
         short = dict(RNV=vectors) if vectors else {}
         tx, ty, ph, pw, ry = tile or self.tiles["forward"]
@@ -258,7 +270,7 @@ class Direct(Algorithm):
         return (get_kernel(queue.context, "direct.cl", name, self.dtype, ONLY=name.upper(), IDX=idx, TAPS=self.taps,
                            TX=tx, TY=ty, PH=ph, PW=pw, RY=ry, KB=kb, RB=rb, VW=self.vw, STAGE=int(self.staged),
                            WSTAGE=int(wstage), WVEC=int(wvec), FLIP=int(g is self.transposed), **reduction,
-                           **short, **constants), wg)
+                           **channels, **short, **constants), wg)
 
     def _forward(self, queue, pass_name, g, x, w, bias, y, what, relu=False):
         """The forward kernel over geometry ``g`` (the transposed one flips the weights): on GPUs
@@ -287,9 +299,9 @@ class Direct(Algorithm):
         idx = idx_for(self.dtype, w, dy, dx)
         args = (w.buf, w.off, dy.buf, dy.off, dx.buf, dx.off, *self._sizes())
         if not self.staged:
-            _, rb = self.rows["backward_input"]
-            knl, _ = self._kernel(queue, "direct_input_rows", idx, rb=rb)
-            launch(queue, knl, (-(-g.H // rb), g.N * g.C), (1, 1), *args, what="grad-input (direct)")
+            cb, rb = self.rows["backward_input"]
+            knl, _ = self._kernel(queue, "direct_input_rows", idx, rb=rb, cb=cb)
+            launch(queue, knl, (-(-g.H // rb), g.N * g.C // cb), (1, 1), *args, what="grad-input (direct)")
             return
         tx, ty = self.tiles["backward_input"][:2]
         knl, _ = self._kernel(queue, "direct_input", idx, self.tiles["backward_input"])
