@@ -154,10 +154,7 @@ void im2col_rows(__global const REAL* restrict x, const IDX x_off,
                 } else if (x0 >= 0 && x0 + (VW - 1) * SW < W) {
                     for (int q = 0; q < VW; ++q) v.s[q] = xr[x0 + q * SW];
                 } else {
-                    for (int q = 0; q < VW; ++q) {
-                        const int xx = x0 + q * SW;
-                        v.s[q] = xx >= 0 && xx < W ? xr[xx] : (REAL)0;
-                    }
+                    for (int q = 0; q < VW; ++q) v.s[q] = at_or_zero(xr, x0 + q * SW, W);
                 }
                 if (ox0 + VW <= OW) {
                     for (int q = 0; q < VW; ++q) dst[ox0 + q] = v.s[q];
