@@ -17,9 +17,10 @@ layout, the 1x1 grad-weights of the six networks 6.9 ms against 8.4 (sum of devi
 layer once). The other engines take
   part[b, g] = dY[b, g] @ X[b, g]^T,  dW = sum over b of part[b], in order
 in chunks of up to as many images as split-K allows slices, when an image has at least
-MIN_SLICE positions (H200 before K blocks, pointwise workload: 0.50 ms against 0.75 through
-the im2col layout), and otherwise the im2col algorithm, whose im2col for a 1x1 kernel is the
-(C, N*H*W) layout that makes it one GEMM per group.
+MIN_SLICE positions (CPU_MIN_POSITIONS on clconv's CPU GEMM; H200 before K blocks, pointwise
+workload: 0.50 ms against 0.75 through the im2col layout), and otherwise the im2col
+algorithm, whose im2col for a 1x1 kernel is the (C, N*H*W) layout that makes it one GEMM per
+group.
 
 On clconv's GPU kernel, forward and grad-input over small maps (FOLD_BELOW) are one GEMM
 per group over every image's positions. On a GPU, with one group, forward and grad-input
@@ -43,6 +44,11 @@ from .partials import MAX_SLICES, MIN_SLICE, fit_slices, max_slices, partials_si
 # P < 200 at batch 32 forward 0.95 but grad-input 1.08 (folded B is read a value at a time).
 # Grad-weight over such maps reads its K blocks as one continuous depth.
 FOLD_BELOW = 64
+# Grad-weight's per-image partial sums on clconv's CPU GEMM from this many positions per image
+# (elsewhere MIN_SLICE), not the im2col layout: batch 4, the networks' 20 1x1 layers on 12x12 and
+# 14x14 maps against the layout, interleaved: PoCL 0.76-1.15x the time (geometric mean 0.91),
+# Intel's runtime 0.49-0.98x (0.71); on 25x25 maps and larger the layout took 1.5-2.8x.
+CPU_MIN_POSITIONS = 128
 
 
 class Pointwise(Algorithm):
@@ -76,7 +82,8 @@ class Pointwise(Algorithm):
             self.by_images = by_images >= by_positions
             self.slices = max(by_images, by_positions)
         # elsewhere: images per chunk of per-image partial sums (1: the im2col layout instead)
-        self.images = min(g.N, max_slices(g.K * g.Cg, g.N * g.P), fits) if g.P >= MIN_SLICE else 1
+        least = CPU_MIN_POSITIONS if gemm == "cpu" else MIN_SLICE
+        self.images = min(g.N, max_slices(g.K * g.Cg, g.N * g.P), fits) if g.P >= least else 1
         self._weight = (None if self.blocked or self.images > 1
                         else Im2col(g, dtype, device, workspace_limit, per_group, gemm))
         # split-K slices per pass (one group only: the slices take the grid's group axis), as many
