@@ -573,7 +573,8 @@ void direct_input_rows(__global const REAL* restrict w, const IDX w_off,
                 _Pragma("unroll") for (int b = 0; b < CB; ++b) acc[b] = 0;
                 for (int m = 0; m < KG; ++m) {
                     const __global REAL* dk = dy + dy_off + ((IDX)n * K + k0 + m) * OH * OW;
-                    const __global REAL* wk = w + w_off + ((IDX)(k0 + m) * CG + cw) * KH * KW;   // channel b: + b * KH * KW
+                    // filter m's taps for channel cw + b at wk + b * KH * KW
+                    const __global REAL* wk = w + w_off + ((IDX)(k0 + m) * CG + cw) * KH * KW;
                     _Pragma("unroll") for (int i = 0; i < KH; ++i) {
                         const int ny = iy + PT - i * DH;   // = oy * SH where tap i reads row iy
                         if (ny % SH || ny < 0 || ny / SH >= OH) continue;

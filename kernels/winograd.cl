@@ -548,12 +548,7 @@ void winograd_filter_rows(__global const REAL* restrict w, const IDX w_off,
             for (int j = 0; j < 6; ++j) {
                 lanes t;
                 t.v = v[6 * i + j];
-                if (ci0 + VW <= Ci) {
-                    #pragma unroll
-                    for (int q = 0; q < VW; ++q) dst[(6 * i + j) * step + q] = t.s[q];
-                } else {
-                    for (int q = 0; q < Ci - ci0; ++q) dst[(6 * i + j) * step + q] = t.s[q];
-                }
+                for (int q = 0; q < VW && ci0 + q < Ci; ++q) dst[(6 * i + j) * step + q] = t.s[q];
             }
     }
 }

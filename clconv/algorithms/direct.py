@@ -92,7 +92,8 @@ def _input_rows_per_item(g, compute_units):
     """(CB, RB) of the CPU strided grad-input kernel (direct_input_rows) over geometry ``g``:
     input channels per work-item, the most of 8, 4, 2, 1 dividing a group's channels (each
     grad_output vector feeds CB sums; PoCL, batch 4, RegNet's grouped 3x3 stride-2 grad-inputs
-    against one channel per work-item: 0.23-0.25x the time), and input rows per work-item (:func:`_band`)."""
+    against one channel per work-item: 0.23-0.25x the time), and input rows per work-item
+    (:func:`_band`)."""
     cb = next(b for b in (CPU_MAX_FILTERS, 4, 2, 1) if g.Cg % b == 0)
     return cb, _band(g.H, g.N * g.C // cb, compute_units)
 
@@ -210,7 +211,7 @@ class Direct(Algorithm):
                    if pass_name == "backward_input" and self.transposed else "")
         taps = self.g.Kg * self.g.kh * self.g.kw if flipped else self.taps
         if not self.staged:
-            kb, rb = self.rows[pass_name]
+            kb, rb = self.rows[pass_name]   # (strided grad-input: kb is CB, channels per work-item)
             if not as_forward:
                 return (f"direct row kernel, the taps of each stride phase per input-gradient column, work-items "
                         f"of {rb} row(s) of {kb} plane(s) of one group, {self.vw} columns of a phase per vector, "

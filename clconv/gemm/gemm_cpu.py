@@ -3,11 +3,10 @@
 Each work-item owns a register block of C (6 rows by 2 vectors of the device's native width,
 at most 512 bits over wide products and 256 over narrow ones, or 4 x 3 dot products when both
 operands are stored along k, 4 x 6 on 512-bit CPUs: each fills the vector registers) and loops
-over K with multiply-adds; no
-local memory, no barriers, single-work-item work-groups (see the kernel). A work-item takes
-several row blocks of one column block when there are many, so each work-group has enough work
-to hide the runtime's cost per work-group, and runs K in slices whose part of B fits half a
-first-level cache.
+over K with multiply-adds; no local memory, no barriers, single-work-item work-groups (see the
+kernel). A work-item takes several row blocks of one column block when there are many, so each
+work-group has enough work to hide the runtime's cost per work-group, and runs K in slices whose
+part of B fits half a first-level cache.
 """
 from typing import NamedTuple
 
