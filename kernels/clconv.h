@@ -23,9 +23,10 @@
 #define EPILOGUE(flags, v) (((flags) & EPI_RELU) && (v) < (REAL)0 ? (REAL)0 : (v))
 
 // p[i] for 0 <= i < n, else zero: the load clamped into the row and always made, so that the
-// compiler selects rather than branches on each value. Used where that measured faster on PoCL
-// 3.0 (batch 4): direct_rows' short rows 0.8x the time, im2col_rows' edges 0.91-0.97x on strided
-// layers. direct_rows' vector-by-vector edges keep the branch (1.6-1.7x slower with the select).
+// compiler selects rather than branches on each value. Used where that measured no slower on
+// either CPU runtime (batch 4): im2col_rows' edges, 0.91-0.97x the time on PoCL's strided layers,
+// 0.94-1.04x on Intel's. direct_rows keeps the branch: with the select its vector-by-vector edges
+// took 1.6-1.7x on PoCL, its short rows 0.8x on PoCL but 1.25-1.35x on Intel's runtime.
 inline REAL at_or_zero(const __global REAL* restrict p, const int i, const int n)
 {
     const REAL v = p[i < 0 ? 0 : i < n ? i : n - 1];

@@ -453,7 +453,10 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
                 if (iy < 0 || iy >= H) continue;
                 __global const REAL* xr = xc + iy * W;
                 REAL r[RLEN];   // input columns -PL ... -PL + RLEN - 1, zero outside the row
-                _Pragma("unroll") for (int q = 0; q < RLEN; ++q) r[q] = at_or_zero(xr, q - PL, W);
+                _Pragma("unroll") for (int q = 0; q < RLEN; ++q) {
+                    const int ix = q - PL;
+                    r[q] = ix >= 0 && ix < W ? xr[ix] : (REAL)0;
+                }
                 _Pragma("unroll") for (int j = 0; j < KW; ++j)
                     _Pragma("unroll") for (int u = 0; u < RNV; ++u) {
                         lanes v;
