@@ -150,9 +150,10 @@ def cpu_vector_width(device, itemsize, max_bits=256):
     """Values per vector in clconv's CPU kernels: the device's native width for the dtype,
     from 4 values to ``max_bits``' worth (256 but in the GEMM kernel, see gemm_cpu).
 
-    Wider vectors are not used: PoCL 3.0 (LLVM 14) fails to compile 16-wide float vectors for
-    an AVX-512 CPU ('Do not know how to scalarize', 'Cannot select: fma'), and cores that run
-    AVX-512 as two 256-bit halves (AMD's Zen 4) reach the same peak with 256-bit vectors."""
+    The other kernels keep 256 bits: PoCL 3.0 (LLVM 14) failed to compile some of their 16-wide
+    float forms for an AVX-512 CPU ('Do not know how to scalarize', 'Cannot select: fma'), and
+    cores that run AVX-512 as two 256-bit halves (AMD's Zen 4) reach the same peak with 256-bit
+    vectors."""
     native = device.native_vector_width_double if itemsize == 8 else device.native_vector_width_float
     return max(4, min(max_bits // 8 // itemsize, native or 4))
 
