@@ -17,9 +17,14 @@
 //                    A^T B^T as (B A)^T).
 //   INNER (INNER 1)  MR x NR dot products along k, for A stored M x K and B stored N x K:
 //                    vector partial sums of VW k values each, summed across the vector at the
-//                    end of a slice; a slice's last (k1 - k0) % VW values one at a time.
+//                    end of a slice; a slice's last (k1 - k0) % VW values as the lanes of the
+//                    vector that ends the slice not summed before (a slice shorter than one vector
+//                    a value at a time).
 // A block past the edge of C reads clamped rows and columns (valid data, discarded) and skips
-// their stores; in the OUTER form the columns past N of the last column block read zeros.
+// their stores. In the OUTER form, where N is not a multiple of the block's columns, the last
+// column block is computed shifted back to end at column N (nb below): its loads stay whole
+// vectors, and it stores only the columns the block before does not. Only products narrower than
+// one block read their columns past N as zeros, a value at a time.
 //
 // Specialised by the host with prepended #defines; the defaults below are for reading.
 #ifndef VW             // values per vector, 4, 8 or 16: the device's native width, 512 bits at most
@@ -75,6 +80,13 @@
                          (p)[4 * (i) + 3] = (v).s3)
 #endif
 #define LAST(i, n) ((i) < (n) ? (i) : (n) - 1)
+#if VW == 16
+#define LANE_INDEX ((REALV)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15))
+#elif VW == 8
+#define LANE_INDEX ((REALV)(0, 1, 2, 3, 4, 5, 6, 7))
+#else
+#define LANE_INDEX ((REALV)(0, 1, 2, 3))
+#endif
 
 inline REAL vsum(const REALV v)   // the sum of a vector's values
 {
@@ -111,6 +123,11 @@ void gemm_cpu(const int M, const int N, const int K, const REAL alpha, const REA
               __global REAL* restrict c, const IDX c_off, const int ldc, const IDX c_si, const IDX c_sj)
 {
     const int n0 = get_global_id(1) * COLS, z = get_global_id(2);
+#if !INNER
+    // the columns this block computes start at nb: n0, or for a last block past N, N - COLS (when
+    // N holds a whole block); those before n0 are the previous block's and are not stored
+    const int nb = N >= COLS && n0 + COLS > N ? N - COLS : n0;
+#endif
     const int i = z / GJ, j = z - i * GJ;
     a += a_off + i * a_si + j * a_sj;
     b += b_off + i * b_si + j * b_sj;
@@ -139,21 +156,30 @@ void gemm_cpu(const int M, const int N, const int K, const REAL alpha, const REA
             _Pragma("unroll") for (int r = 0; r < MR; ++r)
                 _Pragma("unroll") for (int s = 0; s < NR; ++s)
                     acc[r][s] = 0;
-            const int kv = k1 - (k1 - k0) % VW;   // the slice's whole vectors end here
-            for (int k = k0; k < kv; k += VW) {
-                REALV bv[NR];
-                _Pragma("unroll") for (int s = 0; s < NR; ++s)
-                    bv[s] = VLOAD(0, b + rb[s] * ldb + k);
-                _Pragma("unroll") for (int r = 0; r < MR; ++r) {
-                    const REALV av = VLOAD(0, a + ra[r] * lda + k);
-                    _Pragma("unroll") for (int s = 0; s < NR; ++s)
-                        acc[r][s] = MADD(av, bv[s], acc[r][s]);
-                }
+            const int tail = (k1 - k0) % VW, kv = k1 - tail;   // the slice's whole vectors end at kv
+#define INNER_STEP(k, MASK)                                                    \
+            {                                                                  \
+                REALV bv[NR];                                                  \
+                _Pragma("unroll") for (int s = 0; s < NR; ++s)                 \
+                    bv[s] = MASK(VLOAD(0, b + rb[s] * ldb + (k)));             \
+                _Pragma("unroll") for (int r = 0; r < MR; ++r) {               \
+                    const REALV av = MASK(VLOAD(0, a + ra[r] * lda + (k)));    \
+                    _Pragma("unroll") for (int s = 0; s < NR; ++s)             \
+                        acc[r][s] = MADD(av, bv[s], acc[r][s]);                \
+                }                                                              \
+            }
+#define ALL_LANES(v) (v)
+#define TAIL_LANES(v) (LANE_INDEX >= (REAL)(VW - tail) ? (v) : (REALV)0)
+            for (int k = k0; k < kv; k += VW)
+                INNER_STEP(k, ALL_LANES)
+            if (tail && kv > k0) {   // the tail: the vector that ends at k1, its lanes before kv (summed) zeroed
+                INNER_STEP(k1 - VW, TAIL_LANES)
             }
             REAL sum[MR][NR];
             _Pragma("unroll") for (int r = 0; r < MR; ++r)
                 _Pragma("unroll") for (int s = 0; s < NR; ++s)
                     sum[r][s] = vsum(acc[r][s]);
+            if (kv == k0)   // a slice shorter than one vector, a value at a time
             for (int k = kv; k < k1; ++k)
                 _Pragma("unroll") for (int r = 0; r < MR; ++r)
                     _Pragma("unroll") for (int s = 0; s < NR; ++s)
@@ -177,9 +203,9 @@ void gemm_cpu(const int M, const int N, const int K, const REAL alpha, const REA
 #else
 #define A_AT(r, k) a[ra[r] * lda + (k)]
 #endif
-#define OUTER_STEP(LOAD_B)                                                     \
+#define OUTER_STEP(LOAD_B, COL)                                                \
             for (int k = k0; k < k1; ++k) {                                    \
-                __global const REAL* bk = b + (IDX)k * ldb + n0;               \
+                __global const REAL* bk = b + (IDX)k * ldb + (COL);            \
                 REALV bv[NV];                                                  \
                 _Pragma("unroll") for (int v = 0; v < NV; ++v)                 \
                     bv[v] = LOAD_B(v);                                         \
@@ -192,33 +218,35 @@ void gemm_cpu(const int M, const int N, const int K, const REAL alpha, const REA
 #define B_FULL(v) VLOAD(v, bk)
 #define B_EDGE(v) load_edge(bk + (v) * VW, N - n0 - (v) * VW)
             if (n0 + COLS <= N) {
-                OUTER_STEP(B_FULL)
+                OUTER_STEP(B_FULL, n0)
+            } else if (nb + COLS <= N) {   // shifted
+                OUTER_STEP(B_FULL, nb)
             } else {
-                OUTER_STEP(B_EDGE)
+                OUTER_STEP(B_EDGE, n0)
             }
             _Pragma("unroll") for (int r = 0; r < MR; ++r) {
                 if (m0 + r >= M) break;
                 _Pragma("unroll") for (int v = 0; v < NV; ++v) {
-                    const int rest = N - n0 - v * VW;   // columns of this vector inside C
+                    // this vector's lanes from `first` up to `last` are columns of C that are this block's own
+                    const int first = max(n0 - nb - v * VW, 0), last = min(N - nb - v * VW, VW);
                     const REALV out = alpha * acc[r][v];
 #if C_TRANSP
                     REAL part[VW];
                     VSTORE(out, 0, part);
-                    for (int q = 0; q < VW && q < rest; ++q) {
-                        __global REAL* p = c + (IDX)(n0 + v * VW + q) * ldc + m0 + r;
+                    for (int q = first; q < last; ++q) {
+                        __global REAL* p = c + (IDX)(nb + v * VW + q) * ldc + m0 + r;
                         *p = keep == (REAL)0 ? part[q] : MADD(keep, *p, part[q]);
                     }
 #else
-                    __global REAL* cr = c + (IDX)(m0 + r) * ldc + n0 + v * VW;
-                    if (rest >= VW) {
+                    __global REAL* cr = c + (IDX)(m0 + r) * ldc + nb + v * VW;
+                    if (first == 0 && last == VW) {
                         const REALV sum = keep == (REAL)0 ? out : MADD((REALV)keep, VLOAD(0, cr), out);
                         VSTORE(sum, 0, cr);
                     } else {
-                        const REALV sum = keep == (REAL)0 ? out : MADD((REALV)keep, load_edge(cr, rest), out);
                         REAL part[VW];
-                        VSTORE(sum, 0, part);
-                        for (int q = 0; q < rest; ++q)
-                            cr[q] = part[q];
+                        VSTORE(out, 0, part);
+                        for (int q = first; q < last; ++q)
+                            cr[q] = keep == (REAL)0 ? part[q] : MADD(keep, cr[q], part[q]);
                     }
 #endif
                 }

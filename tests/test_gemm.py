@@ -106,6 +106,7 @@ CPU_VARIANTS = {   # the CPU kernel's block as its host sizes it, and forced oth
     "default": None,
     "one_block_per_item": lambda t: t._replace(tm=1),
     "five_blocks_per_item": lambda t: t._replace(tm=5),   # the last work-item's blocks run past M
+    "short_k_slices": lambda t: t._replace(kc=t.vw),      # C read back per slice, in shifted blocks too
     "vw4": 4,                                             # 4-wide vectors (SSE-sized)
     "vw8": 8,                                             # 256-bit vectors (AVX2)
     "vw16": 16,                                           # 512-bit vectors (AVX-512)
@@ -120,7 +121,7 @@ def test_cpu_kernel_grid_of_products_at_offsets(variant, dtype, a_transp, b_tran
     stored along K, A^T B^T as (B A)^T), with edge blocks in M and N and a K tail."""
     change = CPU_VARIANTS[variant]
     if isinstance(change, int):
-        monkeypatch.setattr(gemm_cpu, "vector_width", lambda device, itemsize, wide=True: change)
+        monkeypatch.setattr(gemm_cpu, "vector_width", lambda device, itemsize: change)
     elif change is not None:
         sized = gemm_cpu.tile
         monkeypatch.setattr(gemm_cpu, "tile", lambda *args: change(sized(*args)))
@@ -190,8 +191,8 @@ def test_clblast_grid_of_products_at_offsets(a_transp, b_transp, queue):
 
 
 def test_cpu_kernel_blocks_from_the_device():
-    """Outer products in 2 vectors of the native width (512 bits at most) by 6 rows (12
-    accumulators of 16 registers); dot products in 4 x 3 of 256-bit vectors, 4 x 6 of 512-bit
+    """Outer products in 2 vectors of the native width (512 bits at most; narrower for products
+    narrower than that) by 6 rows (12 accumulators of 16 registers); dot products in 4 x 3 of 256-bit vectors, 4 x 6 of 512-bit
     ones (32 registers); enough work per work-item."""
     cpu = _device(gpu=False, compute_units=2)._replace()
     for native, want in ((16, 16), (8, 8), (32, 16)):
@@ -200,7 +201,9 @@ def test_cpu_kernel_blocks_from_the_device():
         t = gemm_cpu.tile(dev, 512, 784, 256, 4, 4, False)
         assert (t.inner, t.vw, t.mr, t.nv, t.cols) == (False, want, 6, 2, 2 * want) and t.tm > 1
         assert gemm_cpu.tile(dev, 512, 784, 256, 4, 8, False).vw == want // 2   # float64: half as many
-        assert gemm_cpu.tile(dev, 512, 196, 256, 4, 4, False).vw == min(want, 8)   # narrow: 256 bits at most
+        # narrower than 2 vectors: half as wide, 128 bits at least
+        assert [gemm_cpu.tile(dev, 512, n, 256, 4, 4, False).vw for n in (196, 32, 31, 16, 9, 3)] == \
+            {16: [16, 16, 8, 8, 4, 4], 8: [8, 8, 8, 8, 4, 4]}[want]
         for itemsize in (4, 8):
             t = gemm_cpu.tile(dev, 64, 1024, 9216, 1, itemsize, True)
             vw = want * 4 // itemsize

@@ -1,7 +1,7 @@
 """Host side of kernels/gemm_cpu.cl: clconv's GEMM for CPU devices.
 
 Each work-item owns a register block of C (6 rows by 2 vectors of the device's native width,
-at most 512 bits over wide products and 256 over narrow ones, or 4 x 3 dot products when both
+at most 512 bits, narrower for products narrower than that block, or 4 x 3 dot products when both
 operands are stored along k, 4 x 6 on 512-bit CPUs: each fills the vector registers) and loops
 over K with multiply-adds; no local memory, no barriers, single-work-item work-groups (see the
 kernel). A work-item takes several row blocks of one column block when there are many, so each
@@ -43,32 +43,34 @@ REGISTERS = 16
 # (M x N x K, from 1024 x 256 x 784 to 64 x 147 x 50176), GFLOP/s against 4 x 3 sums of 256 bits:
 # PoCL 115-239 against 86-197, Intel's runtime 112-217 against 83-178.
 WIDE_INNER_COLS = 6
-# The widest vectors the kernel takes: the device's native width up to 512 bits, for outer
-# products of at least WIDE_MIN_COLUMNS columns. On the 2-core AVX-512 Xeon, 16 floats against 8
-# (6 x 2 register blocks either way), GFLOP/s on PoCL / Intel's runtime: 256 x 12544 x 576
-# 147 -> 227 / 145 -> 217; the 7x7 stem's 64 x 50176 x 147 66 -> 186 / 59 -> 80. Over narrower
-# products the last column block, read and stored lane by lane, is a larger part (resnet50's 1x1
-# layers on 7x7 maps at batch 4: 1.2-1.4x the time at 16 floats, on 14x14 1.05-1.09x, on 28x28
-# and 56x56 0.65-0.8x). Dot products (B stored N x K) take the widest vectors at any size.
+# The widest vectors the kernel takes: the device's native width, up to 512 bits. Outer products
+# narrower than one block of 2 such vectors take half as wide ones, down to 128 bits, so that the
+# last column block, computed shifted back to end at column N (see the kernel), loads whole
+# vectors; dot products (B stored N x K) take the widest at any size. 2-core AVX-512 Xeon, batch
+# of 4, GFLOP/s on PoCL / Intel's runtime, against 256-bit vectors below 512 columns with the last
+# block read and stored a value at a time past N: 448 x 25 x 2048 79 / 94 -> 124 / 117,
+# 512 x 49 x 2048 116 / 109 -> 155 / 153, 2048 x 196 x 512 140 / 169 -> 186 / 194. (The value at
+# a time edge had made 16-wide vectors 1.2-1.4x slower than 8-wide on resnet50's 7x7 maps.)
 MAX_VECTOR_BITS = 512
-WIDE_MIN_COLUMNS = 512
 
 
-def vector_width(device, itemsize, wide=True):
+def vector_width(device, itemsize):
     """Values per vector of the GEMM kernel: the device's native width for the dtype, up to
-    MAX_VECTOR_BITS (``wide``) or the 256 bits of clconv's other CPU kernels."""
-    return cpu_vector_width(device, itemsize, MAX_VECTOR_BITS if wide else 256)
+    MAX_VECTOR_BITS."""
+    return cpu_vector_width(device, itemsize, MAX_VECTOR_BITS)
 
 
 def tile(device, m, n, k, count, itemsize, b_transp):
     """The register block and row blocks per work-item for ``count`` M x N x K products."""
-    vw = vector_width(device, itemsize, wide=b_transp or n >= WIDE_MIN_COLUMNS)
+    vw = vector_width(device, itemsize)
     if b_transp:   # dot products: 4 x 3 vector sums and 3 vectors of B fill 16 registers with A's
         # (PoCL on AVX2: 4 x 3 ran at 150-170 GFLOP/s, 4 x 4 spilled: 80-110); 4 x 6 fill 32
         inner, mr, nv = True, 4, 1
         cols = WIDE_INNER_COLS if vw * itemsize >= 64 else 3
     else:          # outer products: 2 vectors of columns, rows to fill the registers (6 x 2 of 16)
         inner, nv = False, 2
+        while n < nv * vw and vw * itemsize > 16:
+            vw //= 2
         mr, cols = REGISTERS // 2 - 2, nv * vw
     blocks = -(-m // mr)
     per_block = mr * cols * k
