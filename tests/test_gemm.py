@@ -169,14 +169,16 @@ def test_cpu_kernel_packs_a_shared_by_the_images_once(queue):
     assert_close(got, want, np.float32, "packed A^T shared by the images")
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (5, 3, 1), (3, 17, 40), (13, 2, 8)], ids=str)
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (5, 3, 1), (3, 17, 40), (13, 2, 8), (7, 11, 21)], ids=str)
 @pytest.mark.parametrize(**LAYOUTS)
-def test_cpu_kernel_small_and_thin_products(m, n, k, a_transp, b_transp, queue):
-    """Products smaller than one block, and a K that is one vector exactly (no tail)."""
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_cpu_kernel_small_and_thin_products(m, n, k, a_transp, b_transp, dtype, queue):
+    """Products smaller than one block (narrower vectors, a last block shifted over the one
+    before), and a K that is one vector exactly (no tail)."""
     def run(a, b, c, alpha, beta):
-        gemm_cpu.grid_gemm(queue, np.dtype(np.float32), GI, GJ, m, n, k, a, b, c, alpha=alpha, beta=beta,
+        gemm_cpu.grid_gemm(queue, np.dtype(dtype), GI, GJ, m, n, k, a, b, c, alpha=alpha, beta=beta,
                            a_transp=a_transp, b_transp=b_transp, what="test")
-    check_grid(queue, run, np.float32, "vector", a_transp, b_transp, m, n, k, seed=m * n * k)
+    check_grid(queue, run, dtype, "vector", a_transp, b_transp, m, n, k, seed=m * n * k)
 
 
 @pytest.mark.parametrize(**LAYOUTS)
@@ -201,9 +203,11 @@ def test_cpu_kernel_blocks_from_the_device():
         t = gemm_cpu.tile(dev, 512, 784, 256, 4, 4, False)
         assert (t.inner, t.vw, t.mr, t.nv, t.cols) == (False, want, 6, 2, 2 * want) and t.tm > 1
         assert gemm_cpu.tile(dev, 512, 784, 256, 4, 8, False).vw == want // 2   # float64: half as many
-        # narrower than 2 vectors: half as wide, 128 bits at least
-        assert [gemm_cpu.tile(dev, 512, n, 256, 4, 4, False).vw for n in (196, 32, 31, 16, 9, 3)] == \
-            {16: [16, 16, 8, 8, 4, 4], 8: [8, 8, 8, 8, 4, 4]}[want]
+        # narrower than 2 vectors: half as wide, 4 values at least
+        for itemsize in (4, 8):
+            widest = want * 4 // itemsize
+            assert [gemm_cpu.tile(dev, 512, n, 256, 4, itemsize, False).vw for n in (196, 32, 31, 16, 9, 3)] == \
+                {16: [16, 16, 8, 8, 4, 4], 8: [8, 8, 8, 8, 4, 4], 4: [4, 4, 4, 4, 4, 4]}[widest]
         for itemsize in (4, 8):
             t = gemm_cpu.tile(dev, 64, 1024, 9216, 1, itemsize, True)
             vw = want * 4 // itemsize

@@ -44,7 +44,7 @@ REGISTERS = 16
 # PoCL 115-239 against 86-197, Intel's runtime 112-217 against 83-178.
 WIDE_INNER_COLS = 6
 # The widest vectors the kernel takes: the device's native width, up to 512 bits. Outer products
-# narrower than one block of 2 such vectors take half as wide ones, down to 128 bits, so that the
+# narrower than one block of 2 such vectors take half as wide ones, down to 4 values, so that the
 # last column block, computed shifted back to end at column N (see the kernel), loads whole
 # vectors; dot products (B stored N x K) take the widest at any size. 2-core AVX-512 Xeon, batch
 # of 4, GFLOP/s on PoCL / Intel's runtime, against 256-bit vectors below 512 columns with the last
@@ -69,7 +69,7 @@ def tile(device, m, n, k, count, itemsize, b_transp):
         cols = WIDE_INNER_COLS if vw * itemsize >= 64 else 3
     else:          # outer products: 2 vectors of columns, rows to fill the registers (6 x 2 of 16)
         inner, nv = False, 2
-        while n < nv * vw and vw * itemsize > 16:
+        while n < nv * vw and vw > 4:   # (the kernel's vectors: 4, 8 or 16 values)
             vw //= 2
         mr, cols = REGISTERS // 2 - 2, nv * vw
     blocks = -(-m // mr)
