@@ -38,6 +38,14 @@ from .partials import fit_slices, largest_divisor_at_most, max_slices, partials_
 TILE = (64, 4)             # work-group shape of the 2-D layout kernels
 GPU_MIN_SLICE, GPU_MAX_SLICES = 64, 256   # grad-weight split-K on GPUs (see Im2col)
 IMPLICIT_MAX_CHANNELS = 4  # input channels per group up to which im2col is read in place (see above)
+# The forward on clconv's CPU GEMM kernel in chunks of one image from this many output positions
+# per image: its GEMM writes Y in place (no T and no layout copy), col is one image's. 2-core
+# AVX-512 Xeon, batch 4, the networks' five im2col forwards of 56x56 outputs and more, against
+# chunks of the batch, interleaved: 0.74-0.95x the time on PoCL (resnet50's 7x7 stem 0.74),
+# 0.71-1.02x on Intel's runtime; on 28x28 outputs 0.91-1.22x, on 14x14 1.1-1.4x (PoCL). The
+# gradients keep the batch's chunks: in one-image chunks their grad-weights took 1.4-1.9x the
+# time, grad-inputs 0.87-1.5x.
+CPU_IMAGE_POSITIONS = 3136
 
 
 class Im2col(Algorithm):
@@ -69,8 +77,10 @@ class Im2col(Algorithm):
         if (per_image + reserved) * itemsize > workspace_limit:   # (the tiles pack nothing)
             self._fit_bands(workspace_limit, (per_image + partials) * itemsize, partials)
             return
-        # images per chunk: as many as the budget allows
+        # images per chunk: as many as the budget allows (the forward on clconv's CPU GEMM kernel
+        # takes one where an image's positions alone make a wide GEMM: see CPU_IMAGE_POSITIONS)
         self.chunk = max(1, min(g.N, (workspace_limit // itemsize - reserved) // per_image, INT32_MAX // g.P))
+        self.forward_chunk = 1 if gemm == "cpu" and g.P >= CPU_IMAGE_POSITIONS else self.chunk
         # slices of a full chunk, and of a shorter last one (which can split into more)
         self.slices = largest_divisor_at_most(self.chunk * g.P, self.max_slices)
         last = g.N % self.chunk
@@ -95,7 +105,7 @@ class Im2col(Algorithm):
             forward = _partials(self.split["forward"], outputs)
         else:
             self.split["forward"] = split(g.Kg, g.Kd, g.K)
-            forward = per_image * self.chunk + _partials(self.split["forward"], g.K * ld)
+            forward = per_image * self.forward_chunk + _partials(self.split["forward"], g.K * ld)
         self.workspace = {"forward": forward, "backward_input": self.packed_at + packed,
                           "backward_weight": per_image * self.chunk + wgrad_extra}
 
@@ -126,7 +136,7 @@ class Im2col(Algorithm):
             self.band, self.cols = 1, -(-g.OW // per_row)
             shape = (f"{g.OH * per_row} tiles of {self.cols} output columns of one row per image ({per_row} per "
                      f"row: one row's col is above the budget too)")
-        self.chunk, self.slices, self.last_slices = 1, 1, 1
+        self.chunk, self.forward_chunk, self.slices, self.last_slices = 1, 1, 1, 1
         self.split = {"forward": 1, "backward_input": 1}
         self.tiling = f"{shape} (one image needs {whole} workspace bytes, above the limit of {workspace_limit})"
         col = self.rows * self.band * self.cols
@@ -154,6 +164,8 @@ class Im2col(Algorithm):
                     f"M={g.Kg} N={g.N * g.P} (every image's positions) K={g.Kd}"
                     + (f", split-K into {S} slices of {g.C // S} channels (K={g.Kd // S}) summed in order (the grid "
                        "alone would leave the GPU's compute units idle)" if S > 1 else ", into the output"))
+        if pass_name == "forward":
+            B = self.forward_chunk
         chunks = -(-g.N // B) if g.N else 0
         mnk = {"forward": (g.Kg, B * g.P, g.Kd), "backward_input": (g.Kd, B * g.P, g.Kg),
                "backward_weight": (g.Kg, g.Kd, B * g.P)}[pass_name]
@@ -161,6 +173,9 @@ class Im2col(Algorithm):
         text = (("GEMM reading im2col in place (clconv's GPU GEMM kernel, no col)" if implicit else "im2col + GEMM")
                 + f" batched over {g.groups} group(s), {chunks} chunk(s) of {B} image(s), "
                 f"per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2]}")
+        if pass_name == "forward" and B < self.chunk:
+            text += (f" ({g.P} positions per image from {CPU_IMAGE_POSITIONS} on clconv's CPU GEMM: one image's "
+                     "GEMM writes the output in place, no layout copy)")
         if pass_name == "backward_weight" and self.slices > 1:
             text += f", split-K into {self.slices} slices summed in order"
         elif self.split.get(pass_name, 1) > 1:
@@ -248,7 +263,7 @@ class Im2col(Algorithm):
             launch(queue, self._kernel(queue, name, idx), (B * g.P, g.K), TILE, *args, what=what)
 
     def forward(self, queue, x, w, bias, y, ws, relu=False):
-        g, B = self.g, self.chunk
+        g, B = self.g, self.forward_chunk
         Kg, Kd = g.Kg, g.Kd
         if self.band:
             return self._forward_tiles(queue, x, w, bias, y, ws, relu)
