@@ -1,6 +1,9 @@
 // GEMM for CPU devices over a 2-D grid of matrices, row-major:
 //   C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j],  i < GI, j < GJ,
-// op(A) M x K, op(B) K x N; matrix (i, j) of an operand starts at off + i * si + j * sj.
+// op(A) M x K, op(B) K x N; matrix (i, j) of an operand starts at off + i * si + j * sj. With
+// KB > 1 a product's depth is KB blocks of K (images summed over, whose positions are not one
+// stride apart): block q of A starts a_kb values after block 0, of B b_kb; each K slice runs
+// over every block before its sums go to C.
 //
 // Made for CPU OpenCL runtimes (PoCL, Intel's), which run a work-group's work-items as a loop
 // and vectorise a work-item only as far as it is written with vectors. Each work-item owns a
@@ -117,9 +120,11 @@ inline REALV load_edge(__global const REAL* p, const int rest)   // p[0 .. rest-
 #endif
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void gemm_cpu(const int M, const int N, const int K, const REAL alpha, const REAL beta, const int GJ,
+void gemm_cpu(const int M, const int N, const int K, const REAL alpha, const REAL beta, const int GJ, const int KB,
               __global const REAL* restrict a, const IDX a_off, const int lda, const IDX a_si, const IDX a_sj,
+              const IDX a_kb,
               __global const REAL* restrict b, const IDX b_off, const int ldb, const IDX b_si, const IDX b_sj,
+              const IDX b_kb,
               __global REAL* restrict c, const IDX c_off, const int ldc, const IDX c_si, const IDX c_sj)
 {
     const int n0 = get_global_id(1) * COLS, z = get_global_id(2);
@@ -161,29 +166,37 @@ void gemm_cpu(const int M, const int N, const int K, const REAL alpha, const REA
             {                                                                  \
                 REALV bv[NR];                                                  \
                 _Pragma("unroll") for (int s = 0; s < NR; ++s)                 \
-                    bv[s] = MASK(VLOAD(0, b + rb[s] * ldb + (k)));             \
+                    bv[s] = MASK(VLOAD(0, bq + rb[s] * ldb + (k)));            \
                 _Pragma("unroll") for (int r = 0; r < MR; ++r) {               \
-                    const REALV av = MASK(VLOAD(0, a + ra[r] * lda + (k)));    \
+                    const REALV av = MASK(VLOAD(0, aq + ra[r] * lda + (k)));   \
                     _Pragma("unroll") for (int s = 0; s < NR; ++s)             \
                         acc[r][s] = MADD(av, bv[s], acc[r][s]);                \
                 }                                                              \
             }
 #define ALL_LANES(v) (v)
 #define TAIL_LANES(v) (LANE_INDEX >= (REAL)(VW - tail) ? (v) : (REALV)0)
-            for (int k = k0; k < kv; k += VW)
-                INNER_STEP(k, ALL_LANES)
-            if (tail && kv > k0) {   // the tail: the vector that ends at k1, its lanes before kv (summed) zeroed
-                INNER_STEP(k1 - VW, TAIL_LANES)
+            for (int q = 0; q < KB; ++q) {
+                const __global REAL* restrict aq = a + q * a_kb;
+                const __global REAL* restrict bq = b + q * b_kb;
+                for (int k = k0; k < kv; k += VW)
+                    INNER_STEP(k, ALL_LANES)
+                if (tail && kv > k0) {   // the tail: the vector that ends at k1, its lanes before kv (summed) zeroed
+                    INNER_STEP(k1 - VW, TAIL_LANES)
+                }
             }
             REAL sum[MR][NR];
             _Pragma("unroll") for (int r = 0; r < MR; ++r)
                 _Pragma("unroll") for (int s = 0; s < NR; ++s)
                     sum[r][s] = vsum(acc[r][s]);
             if (kv == k0)   // a slice shorter than one vector, a value at a time
-            for (int k = kv; k < k1; ++k)
-                _Pragma("unroll") for (int r = 0; r < MR; ++r)
-                    _Pragma("unroll") for (int s = 0; s < NR; ++s)
-                        sum[r][s] = MADD(a[ra[r] * lda + k], b[rb[s] * ldb + k], sum[r][s]);
+            for (int q = 0; q < KB; ++q) {
+                const __global REAL* restrict aq = a + q * a_kb;
+                const __global REAL* restrict bq = b + q * b_kb;
+                for (int k = kv; k < k1; ++k)
+                    _Pragma("unroll") for (int r = 0; r < MR; ++r)
+                        _Pragma("unroll") for (int s = 0; s < NR; ++s)
+                            sum[r][s] = MADD(aq[ra[r] * lda + k], bq[rb[s] * ldb + k], sum[r][s]);
+            }
             _Pragma("unroll") for (int r = 0; r < MR; ++r) {
                 if (m0 + r >= M) break;
                 _Pragma("unroll") for (int s = 0; s < NR; ++s) {
@@ -199,13 +212,15 @@ void gemm_cpu(const int M, const int N, const int K, const REAL alpha, const REA
                 _Pragma("unroll") for (int v = 0; v < NV; ++v)
                     acc[r][v] = 0;
 #if A_TRANSP
-#define A_AT(r, k) a[(IDX)(k) * lda + ra[r]]
+#define A_AT(r, k) aq[(IDX)(k) * lda + ra[r]]
 #else
-#define A_AT(r, k) a[ra[r] * lda + (k)]
+#define A_AT(r, k) aq[ra[r] * lda + (k)]
 #endif
 #define OUTER_STEP(LOAD_B, COL)                                                \
+            for (int q = 0; q < KB; ++q)                                       \
             for (int k = k0; k < k1; ++k) {                                    \
-                __global const REAL* bk = b + (IDX)k * ldb + (COL);            \
+                const __global REAL* restrict aq = a + q * a_kb;               \
+                __global const REAL* bk = b + q * b_kb + (IDX)k * ldb + (COL); \
                 REALV bv[NV];                                                  \
                 _Pragma("unroll") for (int v = 0; v < NV; ++v)                 \
                     bv[v] = LOAD_B(v);                                         \

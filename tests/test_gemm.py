@@ -132,6 +132,45 @@ def test_cpu_kernel_grid_of_products_at_offsets(variant, dtype, a_transp, b_tran
     check_grid(queue, run, dtype, "scalar", a_transp, b_transp)
 
 
+@pytest.mark.parametrize(**LAYOUTS)
+@pytest.mark.parametrize("variant", ["default", "short_k_slices", "vw4"])
+def test_cpu_kernel_sums_k_blocks(variant, a_transp, b_transp, queue, monkeypatch):
+    """Products whose depth is 3 blocks of K at block strides that are not K apart (images summed
+    over), in a grid of 2 products, both forms; K slices that span every block."""
+    if variant == "vw4":
+        monkeypatch.setattr(gemm_cpu, "vector_width", lambda device, itemsize: 4)
+    elif variant == "short_k_slices":
+        sized = gemm_cpu.tile
+        monkeypatch.setattr(gemm_cpu, "tile", lambda *args: sized(*args)._replace(kc=sized(*args).vw))
+    m, n, k, blocks, gi = 13, 37, 21, 3, 2
+    rng = np.random.default_rng(7)
+    a_shape, b_shape = (k, m) if a_transp else (m, k), (n, k) if b_transp else (k, n)
+    a_step, b_step = np.prod(a_shape) + 5, np.prod(b_shape) + 3   # blocks q of A and B, then the products i
+    a_size, b_size = blocks * a_step + 1, blocks * b_step + 2
+    host = np.full(gi * (a_size + b_size + m * n) + 3, np.nan, np.float32)
+    a_at = lambda i, q: 3 + i * a_size + q * a_step
+    b_at = lambda i, q: 3 + gi * a_size + i * b_size + q * b_step
+    c_at = lambda i: 3 + gi * (a_size + b_size) + i * m * n
+    want = np.empty((gi, m, n))
+    for i in range(gi):
+        host[c_at(i):c_at(i) + m * n] = rng.standard_normal(m * n)
+        want[i] = -0.5 * host[c_at(i):c_at(i) + m * n].reshape(m, n)
+        for q in range(blocks):
+            a = rng.standard_normal(a_shape).astype(np.float32)
+            b = rng.standard_normal(b_shape).astype(np.float32)
+            host[a_at(i, q):a_at(i, q) + a.size], host[b_at(i, q):b_at(i, q) + b.size] = a.ravel(), b.ravel()
+            want[i] += 1.5 * (a.T if a_transp else a).astype(np.float64) @ (b.T if b_transp else b)
+    buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+    gemm_cpu.grid_gemm(queue, np.dtype(np.float32), gi, 1, m, n, k, Operand(buf, a_at(0, 0), a_shape[1], a_size, 0),
+                       Operand(buf, b_at(0, 0), b_shape[1], b_size, 0), Operand(buf, c_at(0), n, m * n, 0), alpha=1.5,
+                       beta=-0.5, a_transp=a_transp, b_transp=b_transp,
+                       k_blocks=gemm.KBlocks(blocks, a_step, b_step), what="test")
+    got = np.empty_like(host)
+    cl.enqueue_copy(queue, got, buf)
+    assert_close(np.stack([got[c_at(i):c_at(i) + m * n].reshape(m, n) for i in range(gi)]), want, np.float32,
+                 "K blocks")
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 def test_cpu_kernel_packs_a_transposed(dtype, queue):
     """op(A) = A^T with a workspace to pack it in (pack_a_transposed, then the GEMM on the copy),

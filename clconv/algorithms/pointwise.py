@@ -7,20 +7,23 @@ grad-input are the im2col algorithm's GEMMs without im2col/col2im:
 one GEMM per (group, image), batched over the larger of the two. grad-weight
 sums over the images:
   grad-weight   dW[g] = sum over b of dY[b, g] @ X[b, g]^T    M=Kg  N=Cg  K=H*W per image
-On clconv's GPU kernel that sum is the GEMM's own: its depth is one K block per image
-(:class:`clconv.gemm.KBlocks`), cut into slices of images (or, for few images, of every
-image's positions) that fill the device, whose partial sums are summed in order; no layout
-copies. Over small maps (FOLD_BELOW) the blocks are read as one continuous depth and the
-slices of images chosen by the GEMM's tile model (:func:`clconv.gemm.best_slices`). H200,
-networks benchmark at batch 32: C1024 14x14 -> K256 0.15 ms against 0.27 through the im2col
-layout, the 1x1 grad-weights of the six networks 6.9 ms against 8.4 (sum of device times, each
-layer once). The other engines take
+On clconv's kernels that sum is the GEMM's own: its depth is one K block per image
+(:class:`clconv.gemm.KBlocks`); no layout copies, no partial sums over the images. On the GPU
+kernel they are cut into slices of images (or, for few images, of every image's positions) that
+fill the device, whose partial sums are summed in order; over small maps (FOLD_BELOW) the blocks
+are read as one continuous depth and the slices of images chosen by the GEMM's tile model
+(:func:`clconv.gemm.best_slices`). H200, networks benchmark at batch 32: C1024 14x14 -> K256
+0.15 ms against 0.27 through the im2col layout, the 1x1 grad-weights of the six networks 6.9 ms
+against 8.4 (sum of device times, each layer once). The CPU kernel runs every image's K block in
+one launch, into grad_weight. 2-core AVX-512 Xeon, batch 4, the networks' 1x1 grad-weights
+against per-image partial sums (12x12 maps and larger) and the im2col layout (smaller),
+interleaved: on 5x5 and 7x7 maps 0.55-0.93x the time on Intel's runtime, 0.61-0.99x on PoCL; on
+larger maps 0.91-1.08x (geometric mean of 72 layers 0.92 / 0.99). CLBlast takes
   part[b, g] = dY[b, g] @ X[b, g]^T,  dW = sum over b of part[b], in order
 in chunks of up to as many images as split-K allows slices, when an image has at least
-MIN_SLICE positions (CPU_MIN_POSITIONS on clconv's CPU GEMM; H200 before K blocks, pointwise
-workload: 0.50 ms against 0.75 through the im2col layout), and otherwise the im2col
-algorithm, whose im2col for a 1x1 kernel is the (C, N*H*W) layout that makes it one GEMM per
-group.
+MIN_SLICE positions (H200 before K blocks, pointwise workload: 0.50 ms against 0.75 through
+the im2col layout), and otherwise the im2col algorithm, whose im2col for a 1x1 kernel is the
+(C, N*H*W) layout that makes it one GEMM per group.
 
 On clconv's GPU kernel, forward and grad-input over small maps (FOLD_BELOW) are one GEMM
 per group over every image's positions. On a GPU, with one group, forward and grad-input
@@ -44,11 +47,6 @@ from .partials import MAX_SLICES, MIN_SLICE, fit_slices, max_slices, partials_si
 # P < 200 at batch 32 forward 0.95 but grad-input 1.08 (folded B is read a value at a time).
 # Grad-weight over such maps reads its K blocks as one continuous depth.
 FOLD_BELOW = 64
-# Grad-weight's per-image partial sums on clconv's CPU GEMM from this many positions per image
-# (elsewhere MIN_SLICE), not the im2col layout: batch 4, the networks' 20 1x1 layers on 12x12 and
-# 14x14 maps against the layout, interleaved: PoCL 0.76-1.15x the time (geometric mean 0.91),
-# Intel's runtime 0.49-0.98x (0.71); on 25x25 maps and larger the layout took 1.5-2.8x.
-CPU_MIN_POSITIONS = 128
 
 
 class Pointwise(Algorithm):
@@ -70,7 +68,7 @@ class Pointwise(Algorithm):
         self.slices, self.by_images = 1, True
         # small maps: the K blocks read as one continuous depth (no slice padded at each image's
         # end), in slices of whole images chosen by the tile model (gemm_gpu.best_slices)
-        self.continuous = self.blocked and g.P < FOLD_BELOW and g.N > 1
+        self.continuous = gemm == "gpu" and g.P < FOLD_BELOW and g.N > 1
         if self.continuous:   # (one slice needs no workspace)
             options = [d for d in range(1, max(1, min(g.N, fits, MAX_SLICES)) + 1) if g.N % d == 0]
             self.slices = best_slices(device, g.Kg, g.Cg, g.N * g.P, g.groups, options, item)
@@ -82,8 +80,7 @@ class Pointwise(Algorithm):
             self.by_images = by_images >= by_positions
             self.slices = max(by_images, by_positions)
         # elsewhere: images per chunk of per-image partial sums (1: the im2col layout instead)
-        least = CPU_MIN_POSITIONS if gemm == "cpu" else MIN_SLICE
-        self.images = min(g.N, max_slices(g.K * g.Cg, g.N * g.P), fits) if g.P >= least else 1
+        self.images = min(g.N, max_slices(g.K * g.Cg, g.N * g.P), fits) if g.P >= MIN_SLICE else 1
         self._weight = (None if self.blocked or self.images > 1
                         else Im2col(g, dtype, device, workspace_limit, per_group, gemm))
         # split-K slices per pass (one group only: the slices take the grid's group axis), as many
@@ -109,8 +106,8 @@ class Pointwise(Algorithm):
 
     @property
     def blocked(self):
-        """Whether grad-weight sums the images in K blocks (clconv's GPU kernel has them)."""
-        return self.gemm == "gpu"
+        """Whether grad-weight sums the images in K blocks (clconv's kernels have them)."""
+        return self.gemm in ("gpu", "cpu")
 
     def describe(self, pass_name):
         g, S = self.g, self.split[pass_name]

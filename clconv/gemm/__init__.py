@@ -119,9 +119,9 @@ def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1
     axis: the smaller becomes a (host-side, non-blocking) loop and the larger the batch (the
     other way round where only that batch is one CLBlast reads correctly, see
     :func:`.clblast._in_place`). ``im2col`` (an :class:`Im2colB`): B is read in place through
-    im2col; ``k_blocks`` (a :class:`KBlocks`): each product sums over blocks of K; ``c_fold``: C's
-    columns are the positions of several images (:func:`.gemm_gpu.grid_gemm`); these on the GPU
-    kernel only. ``a_packed`` (an :class:`Operand` in the caller's workspace, of
+    im2col; ``c_fold``: C's columns are the positions of several images
+    (:func:`.gemm_gpu.grid_gemm`); these on the GPU kernel only. ``k_blocks`` (a :class:`KBlocks`,
+    continuous on the GPU kernel only): each product sums over blocks of K, on clconv's kernels. ``a_packed`` (an :class:`Operand` in the caller's workspace, of
     :func:`.gemm_cpu.packed_size` elements): where op(A) = A^T alone, clconv's CPU kernel packs
     A^T there first (reading A^T in place costs it 1.5x); the other engines and per-group queues
     ignore it.
@@ -130,9 +130,9 @@ def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1
     their own: those queues wait for a marker of everything enqueued on ``queue`` so far, and
     ``queue`` waits for all of them before going on (CLBlast takes no wait list).
     """
-    if (im2col is not None or k_blocks is not None or c_fold) and engine != "gpu":
-        raise ClconvError(f"clconv: {what}: an implicit im2col operand, K blocks or a folded C need clconv's GPU "
-                          "GEMM kernel")
+    if (im2col is not None or c_fold) and engine != "gpu" or k_blocks is not None and engine == "clblast":
+        raise ClconvError(f"clconv: {what}: an implicit im2col operand or a folded C need clconv's GPU GEMM kernel, "
+                          "K blocks one of clconv's kernels")
     flags = dict(alpha=alpha, beta=beta, a_transp=a_transp, b_transp=b_transp, what=what)
     ops = (a, b, c)
     if per_group and groups > 1:
@@ -153,7 +153,8 @@ def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1
 
 def _run(queue, engine, dtype, groups, images, m, n, k, a, b, c, im2col, k_blocks, c_fold, a_packed, flags):
     if engine == "cpu":
-        gemm_cpu.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, a_packed=a_packed, **flags)
+        gemm_cpu.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, a_packed=a_packed, k_blocks=k_blocks,
+                           **flags)
     elif engine == "gpu":
         gemm_gpu.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, im2col=im2col, k_blocks=k_blocks,
                            c_fold=c_fold, **flags)

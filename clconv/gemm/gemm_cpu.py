@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..device import cpu_vector_width
+from .gemm_gpu import KBlocks
 from ..programs import get_kernel, index_type, launch
 
 # Work per work-item (multiply-adds) below which it takes more row blocks, and work-groups per
@@ -60,8 +61,9 @@ def vector_width(device, itemsize):
     return cpu_vector_width(device, itemsize, MAX_VECTOR_BITS)
 
 
-def tile(device, m, n, k, count, itemsize, b_transp):
-    """The register block and row blocks per work-item for ``count`` M x N x K products."""
+def tile(device, m, n, k, count, itemsize, b_transp, k_blocks=1):
+    """The register block and row blocks per work-item for ``count`` M x N x K products, each
+    over ``k_blocks`` blocks of K."""
     vw = vector_width(device, itemsize)
     if b_transp:   # dot products: 4 x 3 vector sums and 3 vectors of B fill 16 registers with A's
         # (PoCL on AVX2: 4 x 3 ran at 150-170 GFLOP/s, 4 x 4 spilled: 80-110); 4 x 6 fill 32
@@ -73,11 +75,11 @@ def tile(device, m, n, k, count, itemsize, b_transp):
             vw //= 2
         mr, cols = REGISTERS // 2 - 2, nv * vw
     blocks = -(-m // mr)
-    per_block = mr * cols * k
+    per_block = mr * cols * k * k_blocks
     columns = -(-n // cols) * count
     least = GROUPS_PER_UNIT * device.max_compute_units
     tm = max(1, min(blocks, -(-WORK_PER_ITEM // max(per_block, 1)), blocks * columns // least or 1))
-    kc = max(vw, SLICE_BYTES // (cols * itemsize) // vw * vw)
+    kc = max(vw, SLICE_BYTES // (cols * itemsize * k_blocks) // vw * vw)   # (a slice spans every block)
     return Tile(inner, vw, mr, nv, cols, tm, kc)
 
 
@@ -88,31 +90,39 @@ def packed_size(gi, gj, m, k, a):
 
 
 def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False, b_transp=False,
-              a_packed=None, what=""):
+              a_packed=None, k_blocks=None, what=""):
     """C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j] for i < gi, j < gj, in one
     launch; ``a``, ``b``, ``c``: :class:`clconv.gemm.Operand` s (matrix (i, j) at ``at(i, j)``),
     C matrices must not overlap. op(A) = A^T with op(B) = B^T runs as C^T = op(B)^T op(A)^T,
     stored transposed. With op(A) = A^T alone and ``a_packed`` (an Operand of
     :func:`packed_size` elements in the caller's workspace), A^T is packed there first
-    (pack_a_transposed, one launch more) and the GEMM reads the copy."""
+    (pack_a_transposed, one launch more) and the GEMM reads the copy. ``k_blocks`` (a
+    :class:`clconv.gemm.KBlocks`, not continuous): op(A[i, j]) @ op(B[i, j]) is the sum over
+    its blocks, each M x K by K x N."""
     assert (gi == 1 or c.per_group) and (gj == 1 or c.per_image), "GEMMs into one C would race"
+    kb = k_blocks or KBlocks(1, 0, 0)
+    assert not kb.continuous and (kb.count == 1 or a_packed is None), "K blocks are read block by block, unpacked"
     if a_transp and not b_transp and a_packed is not None:
         a = _pack(queue, dtype, gi, gj, m, k, a, a_packed, what)
         a_transp = False
     c_transp = a_transp and b_transp
+    steps = (kb.a_step, kb.b_step)
     if c_transp:   # C^T (N x M) = B (stored N x K) @ A (stored K x M): both untransposed
-        m, n, a, b, a_transp, b_transp = n, m, b, a, False, False
+        m, n, a, b, a_transp, b_transp, steps = n, m, b, a, False, False, steps[::-1]
     itemsize = np.dtype(dtype).itemsize
-    t = tile(queue.device, m, n, k, gi * gj, itemsize, b_transp)
+    t = tile(queue.device, m, n, k, gi * gj, itemsize, b_transp, kb.count)
     ops = (a, b, c)
     shapes = ((k, m) if a_transp else (m, k), (n, k) if b_transp else (k, n), (n, m) if c_transp else (m, n))
-    idx = index_type(*(x.at(gi - 1, gj - 1) + (rows - 1) * x.ld + cols for x, (rows, cols) in zip(ops, shapes)))
+    idx = index_type(*(x.at(gi - 1, gj - 1) + (kb.count - 1) * step + (rows - 1) * x.ld + cols
+                       for x, step, (rows, cols) in zip(ops, (*steps, 0), shapes)))
     kernel = get_kernel(queue.context, "gemm_cpu.cl", "gemm_cpu", dtype, IDX=idx, VW=t.vw, INNER=int(t.inner),
                         MR=t.mr, NV=t.nv, NR=t.cols, TM=t.tm, KC=t.kc, A_TRANSP=int(a_transp),
                         C_TRANSP=int(c_transp))
     blocks = -(-m // t.mr)
     return launch(queue, kernel, (-(-blocks // t.tm), -(-n // t.cols), gi * gj), (1, 1, 1), m, n, k, alpha, beta, gj,
-                  *(v for x in ops for v in (x.buf, x.off, x.ld, x.per_group, x.per_image)), what=what)
+                  kb.count, *(v for x, step in zip(ops[:2], steps) for v in (x.buf, x.off, x.ld, x.per_group,
+                                                                               x.per_image, step)),
+                  c.buf, c.off, c.ld, c.per_group, c.per_image, what=what)
 
 
 def _pack(queue, dtype, gi, gj, m, k, a, packed, what):
