@@ -39,13 +39,16 @@ TILE = (64, 4)             # work-group shape of the 2-D layout kernels
 GPU_MIN_SLICE, GPU_MAX_SLICES = 64, 256   # grad-weight split-K on GPUs (see Im2col)
 IMPLICIT_MAX_CHANNELS = 4  # input channels per group up to which im2col is read in place (see above)
 # The forward on clconv's CPU GEMM kernel in chunks of one image from this many output positions
-# per image: its GEMM writes Y in place (no T and no layout copy), col is one image's. 2-core
-# AVX-512 Xeon, batch 4, the networks' five im2col forwards of 56x56 outputs and more, against
-# chunks of the batch, interleaved: 0.74-0.95x the time on PoCL (resnet50's 7x7 stem 0.74),
-# 0.71-1.02x on Intel's runtime; on 28x28 outputs 0.91-1.22x, on 14x14 1.1-1.4x (PoCL). The
-# gradients keep the batch's chunks: in one-image chunks their grad-weights took 1.4-1.9x the
-# time, grad-inputs 0.87-1.5x.
-CPU_IMAGE_POSITIONS = 3136
+# per image, where an image's GEMM is at least CPU_IMAGE_WORK FLOP per compute unit: its GEMM
+# writes Y in place (no T and no layout copy), col is one image's, at two launches per image.
+# 2-core AVX-512 Xeon, batch 4, the networks' five im2col forwards of 56x56 outputs and more,
+# against chunks of the batch, interleaved: 0.74-0.95x the time on PoCL (resnet50's 7x7 stem
+# 0.74), 0.71-1.02x on Intel's runtime; on 28x28 outputs 0.91-1.22x, on 14x14 1.1-1.4x (PoCL). On
+# the 16-core Xeon (PoCL, batch 8) the stems of 1.4-2.7 MFLOP per unit and image took 2.3-3.2x the
+# time (their launches, 16 per call, cost more than the copies saved); resnet50's 7x7 stem, 15
+# MFLOP, 0.71x. The gradients keep the batch's chunks: in one-image chunks their grad-weights
+# took 1.4-1.9x the time, grad-inputs 0.87-1.5x.
+CPU_IMAGE_POSITIONS, CPU_IMAGE_WORK = 3136, 8e6
 
 
 class Im2col(Algorithm):
@@ -80,7 +83,9 @@ class Im2col(Algorithm):
         # images per chunk: as many as the budget allows (the forward on clconv's CPU GEMM kernel
         # takes one where an image's positions alone make a wide GEMM: see CPU_IMAGE_POSITIONS)
         self.chunk = max(1, min(g.N, (workspace_limit // itemsize - reserved) // per_image, INT32_MAX // g.P))
-        self.forward_chunk = 1 if gemm == "cpu" and g.P >= CPU_IMAGE_POSITIONS else self.chunk
+        per_unit = 2 * g.K * g.Kd * g.P / max(1, device.max_compute_units)   # an image's GEMM FLOP per unit
+        self.forward_chunk = (1 if gemm == "cpu" and g.P >= CPU_IMAGE_POSITIONS and per_unit >= CPU_IMAGE_WORK
+                              else self.chunk)
         # slices of a full chunk, and of a shorter last one (which can split into more)
         self.slices = largest_divisor_at_most(self.chunk * g.P, self.max_slices)
         last = g.N % self.chunk
