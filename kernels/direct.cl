@@ -377,6 +377,9 @@ __kernel void direct_weight_sum(__global const REAL* restrict part, const int S,
 #ifndef RNV            // > 0: direct_rows' output rows are RNV vectors at most (short rows, see there)
 #define RNV 0
 #endif
+#ifndef RR             // direct_rows' output rows summed at once where SH == DH == 1 (see there)
+#define RR 1
+#endif
 typedef union { REALV v; REAL s[VW]; } lanes;   // a vector and its values
 
 // The first `count` values of v (all VW of them where count >= VW) at yr, through the epilogue.
@@ -426,6 +429,9 @@ inline REALV row_values(__global const REAL* restrict xr, const int ix0, const i
 // the input values it reads under one tap row, RLEN of them zero-padded, are loaded once into
 // private memory, and every tap's vector is taken from there. Over a row of 7 outputs every
 // tap's vector otherwise straddles the padding or the row's end and is loaded lane by lane.
+// Longer rows with RR > 1 sum RR output rows at once: each input row vector is loaded once
+// for every tap row that reads it into one of the RR rows ((RR - 1) * SH + (KH - 1) * DH + 1
+// input rows per KW taps, for RR * KH * KW multiply-adds), not once per multiply-add.
 #if RNV
 #define RLEN ((RNV * VW - 1) * SW + (KW - 1) * DW + 1)
 #endif
@@ -470,6 +476,36 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
             _Pragma("unroll") for (int u = 0; u < RNV; ++u)
                 store_outputs(y + y_off + ((IDX)n * K + k0 + b) * OH * OW + oy * OW + u * VW, acc[b][u], OW - u * VW,
                               flags);
+    }
+#elif RR > 1
+    for (int oy0 = get_global_id(0) * RB; oy0 < oy_end; oy0 += RR) {
+        for (int ox0 = 0; ox0 < OW; ox0 += VW) {
+            REALV acc[KB][RR];
+            _Pragma("unroll") for (int b = 0; b < KB; ++b)
+                _Pragma("unroll") for (int r = 0; r < RR; ++r) acc[b][r] = (REALV)bk[b];
+            for (int c = 0; c < CG; ++c) {
+                __global const REAL* xc = x + x_off + ((IDX)n * C + c0 + c) * H * W;
+                // input row oy0 * SH - PT + t is tap row (t - r * SH) / DH of output row oy0 + r
+                _Pragma("unroll") for (int t = 0; t < (RR - 1) * SH + (KH - 1) * DH + 1; ++t) {
+                    const int iy = oy0 * SH - PT + t;
+                    if (iy < 0 || iy >= H) continue;
+                    _Pragma("unroll") for (int j = 0; j < KW; ++j) {
+                        const REALV v = row_values(xc + iy * W, ox0 * SW - PL + j * DW, W);
+                        _Pragma("unroll") for (int r = 0; r < RR; ++r) {
+                            const int d = t - r * SH;   // (folds: t and r are unrolled)
+                            if (d < 0 || d % DH || d / DH >= KH) continue;
+                            _Pragma("unroll") for (int b = 0; b < KB; ++b)
+                                acc[b][r] = (REALV)w[w_off + WBASE(k0 + b, c) + TAP(d / DH, j)] * v + acc[b][r];
+                        }
+                    }
+                }
+            }
+            _Pragma("unroll") for (int r = 0; r < RR; ++r)
+                if (oy0 + r < oy_end)
+                    _Pragma("unroll") for (int b = 0; b < KB; ++b)
+                        store_outputs(y + y_off + ((IDX)n * K + k0 + b) * OH * OW + (oy0 + r) * OW + ox0, acc[b][r],
+                                      OW - ox0, flags);
+        }
     }
 #else
     for (int oy = get_global_id(0) * RB; oy < oy_end; ++oy) {

@@ -19,6 +19,11 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
     Case("k1x1_g3_batch5", 5, 6, 3, 7, 9, 1, 1, groups=3),
     Case("depthwise_x3_5x5_d2", 2, 3, 11, 9, 9, 5, 5, padding=((3, 1), (0, 2)), dilation=2, groups=3),
     Case("depthwise_big_batch", 5, 4, 23, 29, 4, 3, 3, stride=2, padding=1, groups=4),
+    # CPU forward rows summed 8 (and, two filters per work-item, 4) at once: 11 output rows (8 + 3),
+    # strided and dilated rows; 29 rows in bands of 3 rows per work-item (few planes)
+    Case("depthwise_row_blocks_s2_d2", 2, 3, 23, 19, 3, 5, 3, stride=(2, 1), padding=(3, 1), dilation=(2, 1),
+         groups=3),
+    Case("depthwise_x2_row_bands", 1, 2, 29, 17, 4, 3, 3, padding=1, groups=2),
     Case("split_k_g2", 4, 4, 17, 19, 6, 3, 3, padding=1, groups=2),
     Case("split_k_1x1_g1", 6, 5, 13, 11, 7, 1, 1),
     Case("k1x1_per_image_g2", 5, 4, 16, 17, 6, 1, 1, groups=2),   # 272 positions: per-image grad-weight
