@@ -26,7 +26,8 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
     Case("depthwise_x2_row_bands", 1, 2, 29, 17, 4, 3, 3, padding=1, groups=2),
     Case("split_k_g2", 4, 4, 17, 19, 6, 3, 3, padding=1, groups=2),
     Case("split_k_1x1_g1", 6, 5, 13, 11, 7, 1, 1),
-    Case("k1x1_per_image_g2", 5, 4, 16, 17, 6, 1, 1, groups=2),   # 272 positions: per-image grad-weight
+    Case("k1x1_per_image_g2", 5, 4, 16, 17, 6, 1, 1, groups=2),   # 272 positions: per-image grad-weight (CLBlast)
+    Case("k1x1_29x31_g2", 3, 4, 29, 31, 6, 1, 1, groups=2),   # 899: per-image partial sums on the CPU kernel too
     # Winograd: partial tiles on every edge, dilation phases, padding past the dilated filter
     Case("winograd_g2_d2_overpad", 2, 6, 13, 11, 4, 3, 3, padding=((5, 1), (0, 3)), dilation=2, groups=2),
     Case("winograd_wide_d1x2", 3, 32, 10, 15, 20, 3, 3, padding=(1, 2), dilation=(1, 2)),
@@ -207,6 +208,21 @@ def test_1x1_grad_weight_per_image_partials_in_chunks(images, queue):
     small = next(c for c in EXTRA if c.name == "k1x1_g3_batch5")   # 3 x 7 positions per image
     assert "1x1: im2col" in clconv.plan(small.input_shape, small.weight_shape, **small.options, queue=queue,
                                         gemm="clblast").explain()
+
+
+def test_1x1_grad_weight_on_the_cpu_kernel(queue):
+    """clconv's CPU GEMM sums the images in K blocks over maps of fewer than CPU_BLOCKS_BELOW
+    positions, and takes per-image partial sums over larger ones."""
+    from clconv.algorithms import pointwise
+    for name, blocked in (("k1x1_per_image_g2", True), ("k1x1_29x31_g2", False)):
+        case = next(c for c in EXTRA if c.name == name)
+        x, w, b, dy = case.data()
+        p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="1x1", gemm="cpu")
+        assert (x.shape[2] * x.shape[3] < pointwise.CPU_BLOCKS_BELOW) == blocked
+        line = next(line for line in p.explain().splitlines() if line.startswith("backward_weight"))
+        assert ("one K block per image" in line) == blocked and ("partial sums of" in line) != blocked
+        assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **case.options), np.float32,
+                     "grad-weight")
 
 
 @pytest.mark.parametrize("slices", [1, 5])

@@ -15,10 +15,8 @@ are read as one continuous depth and the slices of images chosen by the GEMM's t
 (:func:`clconv.gemm.best_slices`). H200, networks benchmark at batch 32: C1024 14x14 -> K256
 0.15 ms against 0.27 through the im2col layout, the 1x1 grad-weights of the six networks 6.9 ms
 against 8.4 (sum of device times, each layer once). The CPU kernel runs every image's K block in
-one launch, into grad_weight. 2-core AVX-512 Xeon, batch 4, the networks' 1x1 grad-weights
-against per-image partial sums (12x12 maps and larger) and the im2col layout (smaller),
-interleaved: on 5x5 and 7x7 maps 0.55-0.93x the time on Intel's runtime, 0.61-0.99x on PoCL; on
-larger maps 0.91-1.08x (geometric mean of 72 layers 0.92 / 0.99). CLBlast takes
+one launch, into grad_weight, over maps of fewer than CPU_BLOCKS_BELOW positions. The other
+engines, and the CPU kernel over larger maps, take
   part[b, g] = dY[b, g] @ X[b, g]^T,  dW = sum over b of part[b], in order
 in chunks of up to as many images as split-K allows slices, when an image has at least
 MIN_SLICE positions (H200 before K blocks, pointwise workload: 0.50 ms against 0.75 through
@@ -40,6 +38,13 @@ from .im2col import Im2col
 from .partials import MAX_SLICES, MIN_SLICE, fit_slices, max_slices, partials_size as _partials, sum_partials
 
 
+# Grad-weight on clconv's CPU kernel in K blocks over maps of fewer positions than this. 2-core
+# AVX-512 Xeon, batch 4, the networks' 1x1 grad-weights, interleaved, against per-image partial
+# sums (12x12 maps and larger) and the im2col layout (smaller): 5x5 and 7x7 maps 0.55-0.93x the
+# time on Intel's runtime, 0.61-1.07x on PoCL; 12x12 and 14x14 0.59-0.89x / 0.47-1.08x; 25x25
+# 0.96-1.03x / 0.86-1.16x; 28x28 0.83-0.94x but 0.82-1.46x on PoCL; 56x56 and larger 1.06-1.42x
+# / 0.86-1.45x (a block's K slices are cut shorter to keep every block's slice of B in cache).
+CPU_BLOCKS_BELOW = 700
 # Forward and grad-input on the GPU kernel over maps of fewer than FOLD_BELOW positions: one
 # GEMM over every image's positions (B read through a 1x1 im2col, C stored image by image), not
 # a ragged GEMM per image of 25-49 columns. H200, the networks' 1x1 layers, folded / per image
@@ -107,7 +112,7 @@ class Pointwise(Algorithm):
     @property
     def blocked(self):
         """Whether grad-weight sums the images in K blocks (clconv's kernels have them)."""
-        return self.gemm in ("gpu", "cpu")
+        return self.gemm == "gpu" or self.gemm == "cpu" and self.g.P < CPU_BLOCKS_BELOW
 
     def describe(self, pass_name):
         g, S = self.g, self.split[pass_name]
