@@ -447,15 +447,16 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
     const int oy_end = min(OH, (int)(get_global_id(0) + 1) * RB);
     REAL bk[KB];
     _Pragma("unroll") for (int b = 0; b < KB; ++b) bk[b] = (flags & EPI_BIAS) ? bias[bias_off + k0 + b] : (REAL)0;
-#if RNV
-    for (int oy = get_global_id(0) * RB; oy < oy_end; ++oy) {
-        REALV acc[KB][RNV];
+#if RNV   // (with RR output rows at once, as below)
+    for (int oy0 = get_global_id(0) * RB; oy0 < oy_end; oy0 += RR) {
+        REALV acc[KB][RR][RNV];
         _Pragma("unroll") for (int b = 0; b < KB; ++b)
-            _Pragma("unroll") for (int u = 0; u < RNV; ++u) acc[b][u] = (REALV)bk[b];
+            _Pragma("unroll") for (int o = 0; o < RR; ++o)
+                _Pragma("unroll") for (int u = 0; u < RNV; ++u) acc[b][o][u] = (REALV)bk[b];
         for (int c = 0; c < CG; ++c) {
             __global const REAL* xc = x + x_off + ((IDX)n * C + c0 + c) * H * W;
-            _Pragma("unroll") for (int i = 0; i < KH; ++i) {
-                const int iy = oy * SH - PT + i * DH;
+            _Pragma("unroll") for (int t = 0; t < (RR - 1) * SH + (KH - 1) * DH + 1; ++t) {
+                const int iy = oy0 * SH - PT + t;
                 if (iy < 0 || iy >= H) continue;
                 __global const REAL* xr = xc + iy * W;
                 REAL r[RLEN];   // input columns -PL ... -PL + RLEN - 1, zero outside the row
@@ -467,15 +468,22 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
                     _Pragma("unroll") for (int u = 0; u < RNV; ++u) {
                         lanes v;
                         _Pragma("unroll") for (int q = 0; q < VW; ++q) v.s[q] = r[(u * VW + q) * SW + j * DW];
-                        _Pragma("unroll") for (int b = 0; b < KB; ++b)
-                            acc[b][u] = (REALV)w[w_off + WBASE(k0 + b, c) + TAP(i, j)] * v.v + acc[b][u];
+                        _Pragma("unroll") for (int o = 0; o < RR; ++o) {
+                            const int d = t - o * SH;   // tap row d / DH of output row oy0 + o
+                            if (d < 0 || d % DH || d / DH >= KH) continue;
+                            _Pragma("unroll") for (int b = 0; b < KB; ++b)
+                                acc[b][o][u] = (REALV)w[w_off + WBASE(k0 + b, c) + TAP(d / DH, j)] * v.v
+                                               + acc[b][o][u];
+                        }
                     }
             }
         }
-        _Pragma("unroll") for (int b = 0; b < KB; ++b)
-            _Pragma("unroll") for (int u = 0; u < RNV; ++u)
-                store_outputs(y + y_off + ((IDX)n * K + k0 + b) * OH * OW + oy * OW + u * VW, acc[b][u], OW - u * VW,
-                              flags);
+        _Pragma("unroll") for (int o = 0; o < RR; ++o)
+            if (oy0 + o < oy_end)
+                _Pragma("unroll") for (int b = 0; b < KB; ++b)
+                    _Pragma("unroll") for (int u = 0; u < RNV; ++u)
+                        store_outputs(y + y_off + ((IDX)n * K + k0 + b) * OH * OW + (oy0 + o) * OW + u * VW,
+                                      acc[b][o][u], OW - u * VW, flags);
     }
 #elif RR > 1
     for (int oy0 = get_global_id(0) * RB; oy0 < oy_end; oy0 += RR) {

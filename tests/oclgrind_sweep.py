@@ -125,6 +125,9 @@ SWEEP = [
                                                                            groups=3, cpu=True), "direct",
      "single", None),
     # rows of 37 outputs: longer than direct_rows' short-row form takes (the entries above are short)
+    # rows of one vector, several output rows summed at once
+    ("cpu_direct_depthwise_short_rows_blocked", (2, 4, 7, 7), (4, 1, 5, 5), dict(padding=2, groups=4, cpu=True),
+     "direct", "single", None),
     ("cpu_direct_depthwise_long_rows", (1, 2, 5, 37), (2, 1, 3, 3), dict(padding=1, groups=2, cpu=True), "direct",
      "single", None),
     ("cpu_direct_groups_d2", (1, 4, 10, 13), (8, 2, 3, 3), dict(padding=2, dilation=2, groups=2, cpu=True),

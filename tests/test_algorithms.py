@@ -461,13 +461,16 @@ def test_direct_staged_matches_reference(case, expect, units, queue):
     (Case("depthwise_on_30_wide", 1, 2, 4, 30, 2, 3, 3, padding=1, groups=2), False),
 ], ids=repr)
 def test_direct_rows_load_short_rows_once(case, short, queue):
-    """On CPUs, rows of at most one vector of outputs take direct_rows' short-row form (each tap
-    row's input loaded once, zero-padded); longer rows the vector-by-vector one. Both against the
-    reference, forward and grad-input (the forward kernel over the flipped weights)."""
+    """On CPUs, rows of at most one vector of outputs take direct_rows' short-row form (each input
+    row loaded once, zero-padded); longer rows the vector-by-vector one; both sum several output
+    rows at once where a work-item has several (the last block's rows past its band not stored).
+    Against the reference, forward and grad-input (the forward kernel over the flipped weights)."""
     x, w, b, dy = case.data()
     p = clconv.Plan(conv_geometry(x.shape, w.shape, **case.options), np.float32,
                     QueueAs(queue, type=cl.device_type.CPU), algorithm="direct", selfcheck=False)
-    assert ("each tap row's input loaded once" in p.explain().splitlines()[1]) == short
+    line, rows = p.explain().splitlines()[1], p._choice["forward"][0].rows["forward"][1]
+    assert ("each input row loaded once, zero-padded" in line) == short
+    assert ("output rows summed at once" in line) == (rows > 1)   # (rows per work-item: the device's cores)
     assert_close(p.forward(x, w, b, queue=queue), reference.conv2d(x, w, b, **case.options), np.float32, "forward")
     assert_close(p.backward_input(w, dy, queue=queue), reference.conv2d_input(x.shape, w, dy, **case.options),
                  np.float32, "grad-input")

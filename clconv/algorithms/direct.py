@@ -84,7 +84,8 @@ SHORT_ROW_ACC = 8
 # depthwise forwards and grad-inputs on 14x14 to 56x56 maps against one row at a time: 0.50-0.70x
 # the time with 4 rows, 0.67-0.94x that again with 8 (3x3, 5x5 and 7x7 filters alike). With 8
 # against one row, stride 1: PoCL 0.44-0.86x (convnext_tiny's 7x7 0.44-0.46), Intel's runtime
-# 0.40-0.86x; stride 2 forwards 0.55-0.90x and 0.54-1.03x.
+# 0.40-0.86x; stride 2 forwards 0.55-0.90x and 0.54-1.03x. Short rows (7x7 maps), 7 rows at once:
+# PoCL 0.35-0.79x except one grad-input 1.02x, Intel's runtime 0.33-0.64x (0.96-0.99x on 3x3).
 ROW_BLOCK = 8
 
 
@@ -226,10 +227,11 @@ class Direct(Algorithm):
                         "no GEMM, no workspace")
             geometry = self.transposed if flipped else self.g
             vectors = self._short_rows(geometry, kb)
-            rr = 1 if vectors else self._row_block(geometry, kb)
-            short = (f", each tap row's input loaded once (rows of {vectors} vector(s))" if vectors else
-                     f", {rr} output rows summed at once (each input vector loaded once for all of them)" if rr > 1
-                     else "")
+            rr = min(rb, self._row_block(geometry, kb * max(1, vectors)))
+            short = f", each input row loaded once, zero-padded (rows of {vectors} vector(s))" if vectors else ""
+            if rr > 1:
+                short += f", {rr} output rows summed at once (each input {'row' if vectors else 'vector'} loaded " \
+                         "once for all of them)"
             return (f"direct row kernel{flipped}, {taps} taps per output, work-items of {rb} output row(s) x {kb} "
                     f"filter(s), {self.vw} columns per vector{short}, no GEMM, no workspace")
         staged = (f" of {ry} row(s) x {self.kb[pass_name]} filter(s) per work-item, staging a {ph}x{pw} patch "
@@ -245,9 +247,10 @@ class Direct(Algorithm):
 
     @staticmethod
     def _row_block(g, kb):
-        """Output rows direct_rows sums at once over geometry ``g`` with ``kb`` filters (RR): for
-        a filter of several tap rows, the most of ROW_BLOCK, 4, 2 whose accumulators (kb x RR)
-        stay within SHORT_ROW_ACC; else 1."""
+        """Output rows direct_rows sums at once over geometry ``g`` with ``kb`` vectors of sums per
+        row (filters, times a short row's vectors) (RR, at most a work-item's rows): for a filter
+        of several tap rows, the most of ROW_BLOCK, 4, 2 whose accumulators (kb x RR) stay within
+        SHORT_ROW_ACC; else 1."""
         if g.kh == 1:   # (no input row is read by two output rows)
             return 1
         return next((rr for rr in (ROW_BLOCK, 4, 2) if rr <= ROW_BLOCK and kb * rr <= SHORT_ROW_ACC), 1)
@@ -276,7 +279,7 @@ class Direct(Algorithm):
         channels = dict(CB=cb) if name == "direct_input_rows" else {}
         vectors = self._short_rows(g, kb) if name == "direct_rows" else 0
         short = dict(RNV=vectors) if vectors else {}
-        rr = self._row_block(g, kb) if name == "direct_rows" and not vectors else 1
+        rr = min(rb, self._row_block(g, kb * max(1, vectors))) if name == "direct_rows" else 1
         if rr > 1:
             short["RR"] = rr
         tx, ty, ph, pw, ry = tile or self.tiles["forward"]
