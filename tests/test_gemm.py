@@ -233,8 +233,8 @@ def test_clblast_grid_of_products_at_offsets(a_transp, b_transp, queue):
 
 def test_cpu_kernel_blocks_from_the_device():
     """Outer products in 2 vectors of the native width (512 bits at most; narrower for products
-    narrower than that) by 6 rows (12 accumulators of 16 registers); dot products in 4 x 3 of 256-bit vectors, 4 x 6 of 512-bit
-    ones (32 registers); enough work per work-item."""
+    narrower than that) by 6 rows (12 accumulators of 16 registers); dot products in 4 x 3 of
+    256-bit vectors, 4 x 6 of 512-bit ones (32 registers); enough work per work-item."""
     cpu = _device(gpu=False, compute_units=2)._replace()
     for native, want in ((16, 16), (8, 8), (32, 16)):
         facts = dict(native_vector_width_float=native, native_vector_width_double=native // 2)

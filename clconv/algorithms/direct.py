@@ -78,9 +78,9 @@ CPU_MAX_FILTERS = 8      # and filters per work-item: 8 vector sums beside an in
 # vectors (14x14 maps) 1.06-1.86x, so they keep the vector-by-vector form.
 SHORT_ROW_VECTORS = 1
 SHORT_ROW_ACC = 8
-# Longer CPU forward rows, at stride and dilation 1 along the rows, sum up to ROW_BLOCK output rows
-# at once (direct_rows' RR), each input vector loaded once for the taps of all of them, while
-# filters x rows stay within SHORT_ROW_ACC. PoCL, 2-core Xeon, batch 4, the networks' stride-1
+# CPU forward rows (short or not, any stride and dilation) sum up to ROW_BLOCK output rows at once
+# (direct_rows' RR), each input vector loaded once for the taps of all of them, while the
+# accumulators stay within SHORT_ROW_ACC. PoCL, 2-core Xeon, batch 4, the networks' stride-1
 # depthwise forwards and grad-inputs on 14x14 to 56x56 maps against one row at a time: 0.50-0.70x
 # the time with 4 rows, 0.67-0.94x that again with 8 (3x3, 5x5 and 7x7 filters alike). With 8
 # against one row, stride 1: PoCL 0.44-0.86x (convnext_tiny's 7x7 0.44-0.46), Intel's runtime

@@ -179,8 +179,9 @@ class Im2col(Algorithm):
                 + f" batched over {g.groups} group(s), {chunks} chunk(s) of {B} image(s), "
                 f"per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2]}")
         if pass_name == "forward" and B < self.chunk:
-            text += (f" ({g.P} positions per image from {CPU_IMAGE_POSITIONS} on clconv's CPU GEMM: one image's "
-                     "GEMM writes the output in place, no layout copy)")
+            text += (f" (one image per chunk on clconv's CPU GEMM, from {CPU_IMAGE_POSITIONS} positions and "
+                     f"{CPU_IMAGE_WORK / 1e6:g} MFLOP per compute unit and image: its GEMM writes the output in place, "
+                     "no layout copy)")
         if pass_name == "backward_weight" and self.slices > 1:
             text += f", split-K into {self.slices} slices summed in order"
         elif self.split.get(pass_name, 1) > 1:

@@ -121,7 +121,8 @@ def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1
     :func:`.clblast._in_place`). ``im2col`` (an :class:`Im2colB`): B is read in place through
     im2col; ``c_fold``: C's columns are the positions of several images
     (:func:`.gemm_gpu.grid_gemm`); these on the GPU kernel only. ``k_blocks`` (a :class:`KBlocks`,
-    continuous on the GPU kernel only): each product sums over blocks of K, on clconv's kernels. ``a_packed`` (an :class:`Operand` in the caller's workspace, of
+    continuous on the GPU kernel only): each product sums over blocks of K, on clconv's kernels.
+    ``a_packed`` (an :class:`Operand` in the caller's workspace, of
     :func:`.gemm_cpu.packed_size` elements): where op(A) = A^T alone, clconv's CPU kernel packs
     A^T there first (reading A^T in place costs it 1.5x); the other engines and per-group queues
     ignore it.

@@ -13,8 +13,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..device import cpu_vector_width
-from .gemm_gpu import KBlocks
 from ..programs import get_kernel, index_type, launch
+from .gemm_gpu import KBlocks
 
 # Work per work-item (multiply-adds) below which it takes more row blocks, and work-groups per
 # compute unit it keeps at least (for balance between the runtime's threads).
