@@ -195,8 +195,12 @@ LAUNCHES = [  # per algorithm, what each pass launches on a CPU device with clco
      (["fft_filter", "fft_image", "gemm_cpu", "fft_output"], ["fft_filter", "fft_image", "gemm_cpu", "fft_output"],
       ["fft_image", "fft_image", "gemm_cpu", "fft_output"])),
     (Case("fc", 5, 8, 3, 2, 12, 3, 2, groups=4), "fc", (["fill_bias", "gemm_cpu"], ["gemm_cpu"], ["gemm_cpu"])),
+    # 91 positions per image: grad-weight sums the images in K blocks, one launch
     (Case("pointwise", 5, 6, 13, 7, 9, 1, 1, groups=3), "1x1",
-     (["fill_bias", "gemm_cpu"], ["pack_a_transposed", "gemm_cpu"], ["im2col", "nchw_to_cnhw", "gemm_cpu"])),
+     (["fill_bias", "gemm_cpu"], ["pack_a_transposed", "gemm_cpu"], ["gemm_cpu"])),
+    # 899 positions per image: per-image partial sums, then their ordered sum
+    (Case("pointwise_large_maps", 3, 4, 29, 31, 6, 1, 1, groups=2), "1x1",
+     (["fill_bias", "gemm_cpu"], ["pack_a_transposed", "gemm_cpu"], ["gemm_cpu", "sum_partials"])),
 ]
 
 
