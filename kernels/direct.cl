@@ -599,9 +599,14 @@ inline REALV span_values(__global const REAL* restrict p, const int o0, const in
 // rows from band * RB of the CB planes (n, c .. c + CB - 1), channels of one group, which read
 // the same grad_output. A row's columns are taken by stride phase px, VW at a time: columns px,
 // px + SW, ... meet the output grid through the same taps j, at consecutive output columns, so
-// each (filter, tap) adds one vector of grad_output, loaded once for the CB channels.
+// each (filter, tap) adds one vector of grad_output, loaded once for the CB channels. With RI > 1
+// a work-item sums RI input rows at once, each grad_output vector loaded once for every one of
+// them that it reaches (through tap row (iy + PT - oy * SH) / DH), not once per row and tap.
 #ifndef CB             // input channels per work-item of direct_input_rows (dividing CG)
 #define CB 1
+#endif
+#ifndef RI             // input-gradient rows direct_input_rows sums at once (see there)
+#define RI 1
 #endif
 #if BUILDS(DIRECT_INPUT_ROWS)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
@@ -611,6 +616,48 @@ void direct_input_rows(__global const REAL* restrict w, const IDX w_off,
 {
     const int nc = get_global_id(1) * CB, c0 = nc % C, n = nc / C, k0 = (c0 / CG) * KG, cw = c0 % CG;
     const int iy_end = min(H, (int)(get_global_id(0) + 1) * RB);
+#if RI > 1
+    for (int iy0 = get_global_id(0) * RB; iy0 < iy_end; iy0 += RI) {
+        __global REAL* row = dx + dx_off + (IDX)nc * H * W + iy0 * W;
+        // the grad_output rows that reach input rows iy0 ... iy0 + RI - 1
+        const int lo = iy0 + PT - (KH - 1) * DH, oy_lo = lo <= 0 ? 0 : (lo + SH - 1) / SH;
+        const int oy_hi = min(OH - 1, (iy0 + RI - 1 + PT) / SH);
+        for (int px = 0; px < SW && px < W; ++px) {
+            const int count = (W - px + SW - 1) / SW;   // columns of this phase
+            for (int u0 = 0; u0 < count; u0 += VW) {
+                REALV acc[CB][RI];
+                _Pragma("unroll") for (int b = 0; b < CB; ++b)
+                    _Pragma("unroll") for (int r = 0; r < RI; ++r) acc[b][r] = 0;
+                for (int m = 0; m < KG; ++m) {
+                    const __global REAL* dk = dy + dy_off + ((IDX)n * K + k0 + m) * OH * OW;
+                    const __global REAL* wk = w + w_off + ((IDX)(k0 + m) * CG + cw) * KH * KW;
+                    for (int oy = oy_lo; oy <= oy_hi; ++oy) {
+                        _Pragma("unroll") for (int j = 0; j < KW; ++j) {
+                            const int nx = px + PL - j * DW;   // = ox * SW for column u = 0 of this phase
+                            if (nx % SW) continue;
+                            const REALV v = span_values(dk + oy * OW, nx / SW + u0, OW);
+                            _Pragma("unroll") for (int r = 0; r < RI; ++r) {
+                                const int d = iy0 + r + PT - oy * SH;   // = i * DH, tap row i reading row iy0 + r
+                                if (d < 0 || d % DH || d / DH >= KH) continue;
+                                _Pragma("unroll") for (int b = 0; b < CB; ++b)
+                                    acc[b][r] = (REALV)wk[b * KH * KW + d / DH * KW + j] * v + acc[b][r];
+                            }
+                        }
+                    }
+                }
+                _Pragma("unroll") for (int r = 0; r < RI; ++r) {
+                    if (iy0 + r >= iy_end) break;
+                    _Pragma("unroll") for (int b = 0; b < CB; ++b) {
+                        lanes out;
+                        out.v = acc[b][r];
+                        __global REAL* rb = row + (IDX)b * H * W + r * W;
+                        for (int q = 0; q < VW && u0 + q < count; ++q) rb[px + (u0 + q) * SW] = out.s[q];
+                    }
+                }
+            }
+        }
+    }
+#else
     for (int iy = get_global_id(0) * RB; iy < iy_end; ++iy) {
         __global REAL* row = dx + dx_off + (IDX)nc * H * W + iy * W;
         for (int px = 0; px < SW && px < W; ++px) {
@@ -643,5 +690,6 @@ void direct_input_rows(__global const REAL* restrict w, const IDX w_off,
             }
         }
     }
+#endif
 }
 #endif

@@ -86,6 +86,9 @@ SHORT_ROW_ACC = 8
 # against one row, stride 1: PoCL 0.44-0.86x (convnext_tiny's 7x7 0.44-0.46), Intel's runtime
 # 0.40-0.86x; stride 2 forwards 0.55-0.90x and 0.54-1.03x. Short rows (7x7 maps), 7 rows at once:
 # PoCL 0.35-0.79x except one grad-input 1.02x, Intel's runtime 0.33-0.64x (0.96-0.99x on 3x3).
+# The strided grad-input kernel (direct_input_rows' RI) blocks its input rows the same way: depthwise
+# stride-2 grad-inputs 0.64-0.86x the time on PoCL, 0.50-0.85x on Intel's runtime, except 3x3 on
+# 112x112 and 56x56 maps (PoCL 1.14x and 1.04x, Intel's runtime 1.03x and 0.85x).
 ROW_BLOCK = 8
 
 
@@ -222,8 +225,11 @@ class Direct(Algorithm):
         if not self.staged:
             kb, rb = self.rows[pass_name]   # (strided grad-input: kb is CB, channels per work-item)
             if not as_forward:
+                ri = min(rb, self._row_block(self.g, kb))
+                rows = (f", {ri} rows summed at once (each grad_output vector loaded once for all of them)" if ri > 1
+                        else "")
                 return (f"direct row kernel, the taps of each stride phase per input-gradient column, work-items "
-                        f"of {rb} row(s) of {kb} plane(s) of one group, {self.vw} columns of a phase per vector, "
+                        f"of {rb} row(s) of {kb} plane(s) of one group, {self.vw} columns of a phase per vector{rows}, "
                         "no GEMM, no workspace")
             geometry = self.transposed if flipped else self.g
             vectors = self._short_rows(geometry, kb)
@@ -277,6 +283,9 @@ class Direct(Algorithm):
         wg = reduction_work_group(queue.device, self.wg_weight)
         reduction = dict(WG=wg, RT=self.rt) if name == "direct_weight_partial" else {}
         channels = dict(CB=cb) if name == "direct_input_rows" else {}
+        ri = min(rb, self._row_block(g, cb)) if name == "direct_input_rows" else 1
+        if ri > 1:
+            channels["RI"] = ri
         vectors = self._short_rows(g, kb) if name == "direct_rows" else 0
         short = dict(RNV=vectors) if vectors else {}
         rr = min(rb, self._row_block(g, kb * max(1, vectors))) if name == "direct_rows" else 1
