@@ -377,7 +377,7 @@ __kernel void direct_weight_sum(__global const REAL* restrict part, const int S,
 #ifndef RNV            // > 0: direct_rows' output rows are RNV vectors at most (short rows, see there)
 #define RNV 0
 #endif
-#ifndef RR             // direct_rows' output rows summed at once where SH == DH == 1 (see there)
+#ifndef RR             // direct_rows' output rows summed at once (see there)
 #define RR 1
 #endif
 typedef union { REALV v; REAL s[VW]; } lanes;   // a vector and its values
@@ -485,7 +485,7 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
                         store_outputs(y + y_off + ((IDX)n * K + k0 + b) * OH * OW + (oy0 + o) * OW + u * VW,
                                       acc[b][o][u], OW - u * VW, flags);
     }
-#elif RR > 1
+#else   // RR output rows at once (one where RR is 1)
     for (int oy0 = get_global_id(0) * RB; oy0 < oy_end; oy0 += RR) {
         for (int ox0 = 0; ox0 < OW; ox0 += VW) {
             REALV acc[KB][RR];
@@ -513,27 +513,6 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
                     _Pragma("unroll") for (int b = 0; b < KB; ++b)
                         store_outputs(y + y_off + ((IDX)n * K + k0 + b) * OH * OW + (oy0 + r) * OW + ox0, acc[b][r],
                                       OW - ox0, flags);
-        }
-    }
-#else
-    for (int oy = get_global_id(0) * RB; oy < oy_end; ++oy) {
-        for (int ox0 = 0; ox0 < OW; ox0 += VW) {
-            REALV acc[KB];
-            _Pragma("unroll") for (int b = 0; b < KB; ++b) acc[b] = (REALV)bk[b];
-            for (int c = 0; c < CG; ++c) {
-                __global const REAL* xc = x + x_off + ((IDX)n * C + c0 + c) * H * W;
-                _Pragma("unroll") for (int i = 0; i < KH; ++i) {
-                    const int iy = oy * SH - PT + i * DH;
-                    if (iy < 0 || iy >= H) continue;
-                    _Pragma("unroll") for (int j = 0; j < KW; ++j) {
-                        const REALV v = row_values(xc + iy * W, ox0 * SW - PL + j * DW, W);
-                        _Pragma("unroll") for (int b = 0; b < KB; ++b)
-                            acc[b] = (REALV)w[w_off + WBASE(k0 + b, c) + TAP(i, j)] * v + acc[b];
-                    }
-                }
-            }
-            _Pragma("unroll") for (int b = 0; b < KB; ++b)
-                store_outputs(y + y_off + ((IDX)n * K + k0 + b) * OH * OW + oy * OW + ox0, acc[b], OW - ox0, flags);
         }
     }
 #endif
