@@ -13,7 +13,7 @@ from . import memory, selfcheck, storage
 from .algorithms import ALGORITHMS
 from .buffers import ref
 from .device import check_dtype_supported
-from .gemm import choose as choose_gemm
+from .gemm import choose as choose_gemm, gemm_cpu
 from .geometry import PASSES
 from .programs import ClconvError, relaunch
 from .replay import Replays
@@ -158,6 +158,9 @@ class Plan:
                  f"({self._gemm_reason})"]
         for p, (algo, why) in self._choice.items():
             queues = ", per-group queues" if algo.per_group and g.groups > 1 else ""
+            if algo.panels.get(p, (0, 0))[1]:
+                queues += (f", B packed in panels first (clconv's CPU GEMM does where op(A) has at least "
+                           f"{gemm_cpu.PANEL_MIN_ROWS} rows)")
             lines.append(f"{p} [{algo.name}]: {algo.describe(p)}{queues}; chosen because {why}; "
                          f"workspace {self._workspace_elements(p) * self.compute_dtype.itemsize} bytes; "
                          f"{_launches(self.launches(p))}")

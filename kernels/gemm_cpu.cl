@@ -23,6 +23,8 @@
 //                    end of a slice; a slice's last (k1 - k0) % VW values as the lanes of the
 //                    vector that ends the slice not summed before (a slice shorter than one vector
 //                    a value at a time).
+// With `panels`, B was packed by pack_b_panels (below): the column block's panel, its COLS columns of
+// every k one after another, zeros past N, is read in order.
 // A block past the edge of C reads clamped rows and columns (valid data, discarded) and skips
 // their stores. In the OUTER form, where N is not a multiple of the block's columns, the last
 // column block is computed shifted back to end at column N (nb below): its loads stay whole
@@ -125,13 +127,14 @@ void gemm_cpu(const int M, const int N, const int K, const REAL alpha, const REA
               const IDX a_kb,
               __global const REAL* restrict b, const IDX b_off, const int ldb, const IDX b_si, const IDX b_sj,
               const IDX b_kb,
-              __global REAL* restrict c, const IDX c_off, const int ldc, const IDX c_si, const IDX c_sj)
+              __global REAL* restrict c, const IDX c_off, const int ldc, const IDX c_si, const IDX c_sj,
+              const int panels)
 {
     const int n0 = get_global_id(1) * COLS, z = get_global_id(2);
 #if !INNER
     // the columns this block computes start at nb: n0, or for a last block past N, N - COLS (when
     // N holds a whole block); those before n0 are the previous block's and are not stored
-    const int nb = N >= COLS && n0 + COLS > N ? N - COLS : n0;
+    const int nb = N >= COLS && n0 + COLS > N && !panels ? N - COLS : n0;
 #endif
     const int i = z / GJ, j = z - i * GJ;
     a += a_off + i * a_si + j * a_sj;
@@ -232,7 +235,30 @@ void gemm_cpu(const int M, const int N, const int K, const REAL alpha, const REA
             }
 #define B_FULL(v) VLOAD(v, bk)
 #define B_EDGE(v) load_edge(bk + (v) * VW, N - n0 - (v) * VW)
-            if (n0 + COLS <= N) {
+            if (panels) {
+                const __global REAL* restrict bp = b + (IDX)get_global_id(1) * KB * K * COLS;
+                for (int q = 0; q < KB; ++q) {
+                    const __global REAL* restrict aq = a + q * a_kb;
+                    const __global REAL* bk = bp + ((IDX)q * K + k0) * COLS;
+                    const __global REAL* ar[MR];
+                    _Pragma("unroll") for (int r = 0; r < MR; ++r)
+                        ar[r] = &A_AT(r, k0);
+                    for (int k = 0; k < k1 - k0; ++k, bk += COLS) {
+                        REALV bv[NV];
+                        _Pragma("unroll") for (int v = 0; v < NV; ++v)
+                            bv[v] = VLOAD(v, bk);
+                        _Pragma("unroll") for (int r = 0; r < MR; ++r) {
+#if A_TRANSP
+                            const REALV av = (REALV)(ar[r][(IDX)k * lda]);
+#else
+                            const REALV av = (REALV)(ar[r][k]);
+#endif
+                            _Pragma("unroll") for (int v = 0; v < NV; ++v)
+                                acc[r][v] = MADD(av, bv[v], acc[r][v]);
+                        }
+                    }
+                }
+            } else if (n0 + COLS <= N) {
                 OUTER_STEP(B_FULL, n0)
             } else if (nb + COLS <= N) {   // shifted
                 OUTER_STEP(B_FULL, nb)
@@ -288,5 +314,32 @@ void pack_a_transposed(const int M, const int K, const int GJ,
     for (int k = 0; k < K; ++k) {
         const __global REAL* sk = src + (IDX)k * lda;
         for (int r = 0; r < rows; ++r) dst[(IDX)r * K + k] = sk[r];
+    }
+}
+
+// B (stored K x N, KB blocks of K) packed in panels for gemm_cpu's `panels`: panel j holds columns
+// j * COLS ... of every k of every block, COLS values per k (zeros past N), rows (q, k) in order;
+// matrix (i, j) of each at off + i * si + j * sj. A work-item copies rows_per_item whole rows, each
+// read in order, into every panel.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void pack_b_panels(const int N, const int K, const int GJ, const int KB, const int rows_per_item,
+                   __global const REAL* restrict src, const IDX src_off, const int ldb, const IDX s_si, const IDX s_sj,
+                   const IDX s_kb, __global REAL* restrict dst, const IDX dst_off, const IDX d_si, const IDX d_sj)
+{
+    const int z = get_global_id(1), gi = z / GJ, gj = z - gi * GJ, rows = KB * K;
+    const int r0 = get_global_id(0) * rows_per_item, r1 = min(r0 + rows_per_item, rows), full = N / COLS;
+    src += src_off + gi * s_si + gj * s_sj;
+    dst += dst_off + gi * d_si + gj * d_sj;
+    const IDX panel = (IDX)rows * COLS;
+    for (int r = r0; r < r1; ++r) {
+        const int q = r / K;
+        const __global REAL* row = src + q * s_kb + (IDX)(r - q * K) * ldb;
+        __global REAL* d = dst + (IDX)r * COLS;
+        for (int j = 0; j < full; ++j, row += COLS, d += panel)
+            _Pragma("unroll") for (int v = 0; v < NV; ++v)
+                VSTORE(VLOAD(v, row), v, d);
+        if (full * COLS < N)
+            _Pragma("unroll") for (int v = 0; v < NV; ++v)
+                VSTORE(load_edge(row + v * VW, N - full * COLS - v * VW), v, d);
     }
 }

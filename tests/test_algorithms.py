@@ -225,6 +225,30 @@ def test_1x1_grad_weight_on_the_cpu_kernel(queue):
                      "grad-weight")
 
 
+@pytest.mark.parametrize("case,algorithm", [
+    (Case("im2col_panels_g2_s2", 3, 6, 11, 13, 10, 3, 3, stride=(2, 1), padding=1, groups=2), "im2col"),
+    (Case("1x1_panels_g2", 3, 6, 9, 13, 10, 1, 1, groups=2), "1x1")], ids=repr)
+@pytest.mark.parametrize("queues", ["single", "per-group"])
+def test_cpu_gemm_packs_b_in_panels(case, algorithm, queues, queue, monkeypatch):
+    """Forward and grad-input with B (col, T, the input, grad_output) packed in panels by clconv's CPU
+    GEMM (its rule lowered to every product here); on per-group queues, whose GEMMs pack nothing,
+    not; explain() says which."""
+    from clconv.gemm import gemm_cpu
+    monkeypatch.setattr(gemm_cpu, "PANEL_MIN_ROWS", 1)
+    monkeypatch.setattr(gemm_cpu, "PANEL_MIN_DEPTH", 1)
+    monkeypatch.setattr(gemm_cpu, "PANEL_MIN_ROW_BYTES", 1)
+    x, w, b, dy = case.data()
+    opts = case.options
+    p = clconv.Plan(conv_geometry(x.shape, w.shape, **opts), np.float32, queue, algorithm=algorithm, gemm="cpu",
+                    queues=queues)
+    lines = {line.split(" ")[0]: line for line in p.explain().splitlines()[1:]}
+    for name in ("forward", "backward_input"):
+        assert ("B packed in panels" in lines[name]) == (queues == "single"), lines[name]
+    assert "B packed in panels" not in lines["backward_weight"]
+    assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float32, "forward")
+    assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "grad-input")
+
+
 @pytest.mark.parametrize("slices", [1, 5])
 @pytest.mark.parametrize("case", [
     next(c for c in EXTRA if c.name == "k1x1_g3_batch5"),   # 3 groups, 7 positions per image

@@ -16,7 +16,7 @@ enqueues the passes on :class:`clconv.buffers.Ref` s:
 ``ws`` is the pass's workspace buffer (None when it needs none). Results are overwritten,
 never accumulated, and are the same on every run (sums in a fixed order).
 """
-from ..gemm import grid_gemm
+from ..gemm import Operand, grid_gemm
 from ..geometry import PASSES
 
 
@@ -42,6 +42,9 @@ class Algorithm:
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
         self.g, self.dtype, self.per_group, self.gemm = g, dtype, per_group, gemm
         self.workspace = dict.fromkeys(PASSES, 0)
+        # {pass: (offset, elements)} of the workspace where its GEMM packs B in panels (clconv's CPU
+        # kernel, gemm_cpu.panels_size); a pass not named, or of 0 elements, packs none
+        self.panels = {}
 
     def describe(self, pass_name):
         """One line on how ``pass_name`` runs, for ``Plan.explain()``."""
@@ -55,6 +58,11 @@ class Algorithm:
 
     def backward_weight(self, queue, x, dy, dw, ws):
         raise NotImplementedError
+
+    def _panels(self, pass_name, ws):
+        """Where in ``ws`` the pass's GEMM packs B in panels (an Operand), or None."""
+        at, size = self.panels.get(pass_name, (0, 0))
+        return Operand(ws, at, 0) if size else None
 
     def _gemm(self, queue, m, n, k, a, b, c, images=1, slices=None, **kw):
         """GEMMs batched over the groups (and ``images``) on this plan's engine and queues; with

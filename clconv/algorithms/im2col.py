@@ -30,7 +30,7 @@ import pyopencl as cl
 from ..bias import after_gemm, before_gemm, flags
 from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width
-from ..gemm import Im2colB, Operand as Op, k_slices
+from ..gemm import Im2colB, Operand as Op, gemm_cpu, k_slices
 from ..programs import INT32_MAX, get_kernel, launch
 from .base import Algorithm
 from .partials import fit_slices, largest_divisor_at_most, max_slices, partials_size as _partials, sum_partials
@@ -80,9 +80,21 @@ class Im2col(Algorithm):
         if (per_image + reserved) * itemsize > workspace_limit:   # (the tiles pack nothing)
             self._fit_bands(workspace_limit, (per_image + partials) * itemsize, partials)
             return
+        # clconv's CPU GEMM kernel packs B (col, T) in panels after the rest where its rule says so
+        # (gemm_cpu.panels_size; not on per-group queues, whose GEMMs pack nothing): per image at most
+        # B's rows by its positions, and a block of columns more per matrix
+        packs = gemm == "cpu" and not (per_group and g.groups > 1)
+        panels = ((lambda m, n, k: gemm_cpu.panels_size(device, m, n, k, g.groups, itemsize)) if packs else
+                  (lambda m, n, k: 0))
+        b_rows = (max(self.rows if gemm_cpu.panels_wanted(g.Kg, g.Kd) else 0,
+                      g.K if gemm_cpu.panels_wanted(g.Kd, g.Kg) else 0) if packs else 0)
+        with_panels, reserved_panels = per_image + b_rows * g.P, b_rows * 2 * gemm_cpu.vector_width(device, itemsize)
+        if (with_panels + reserved + reserved_panels) * itemsize > workspace_limit:   # then without panels
+            panels, with_panels, reserved_panels = (lambda m, n, k: 0), per_image, 0
+        reserved += reserved_panels
         # images per chunk: as many as the budget allows (the forward on clconv's CPU GEMM kernel
         # takes one where an image's positions alone make a wide GEMM: see CPU_IMAGE_POSITIONS)
-        self.chunk = max(1, min(g.N, (workspace_limit // itemsize - reserved) // per_image, INT32_MAX // g.P))
+        self.chunk = max(1, min(g.N, (workspace_limit // itemsize - reserved) // with_panels, INT32_MAX // g.P))
         per_unit = 2 * g.K * g.Kd * g.P / max(1, device.max_compute_units)   # an image's GEMM FLOP per unit
         self.forward_chunk = (1 if gemm == "cpu" and g.P >= CPU_IMAGE_POSITIONS and per_unit >= CPU_IMAGE_WORK
                               else self.chunk)
@@ -111,7 +123,10 @@ class Im2col(Algorithm):
         else:
             self.split["forward"] = split(g.Kg, g.Kd, g.K)
             forward = per_image * self.forward_chunk + _partials(self.split["forward"], g.K * ld)
-        self.workspace = {"forward": forward, "backward_input": self.packed_at + packed,
+        # B in panels (of the unsplit GEMMs) after the rest: where the sizes are 0, not packed
+        self.panels = {"forward": (forward, panels(g.Kg, self.forward_chunk * g.P, g.Kd)),
+                       "backward_input": (self.packed_at + packed, panels(g.Kd, ld, g.Kg))}
+        self.workspace = {"forward": sum(self.panels["forward"]), "backward_input": sum(self.panels["backward_input"]),
                           "backward_weight": per_image * self.chunk + wgrad_extra}
 
     def _fit_bands(self, workspace_limit, whole, partials):
@@ -308,7 +323,8 @@ class Im2col(Algorithm):
                              "forward (sum of slices)")
             else:
                 self._gemm(queue, Kg, ld, Kd, Op(w.buf, w.off, Kd, Kg * Kd), Op(ws, col, ld, Kd * ld),
-                           Op(out.buf, out.off, ld, Kg * ld), beta=beta, what="forward")
+                           Op(out.buf, out.off, ld, Kg * ld), beta=beta, b_panels=self._panels("forward", ws),
+                           what="forward")
             if nb == 1:
                 after_gemm(queue, self.dtype, out, bias, 1, g.K, g.P, relu)
             else:
@@ -336,7 +352,7 @@ class Im2col(Algorithm):
             else:
                 self._gemm(queue, Kd, ld, Kg, Op(w.buf, w.off, Kd, Kg * Kd), Op(t_buf, t, ld, Kg * ld),
                            Op(ws, col, ld, Kd * ld), a_transp=True, a_packed=Op(ws, self.packed_at, 0),
-                           what="grad-input")
+                           b_panels=self._panels("backward_input", ws), what="grad-input")
             self._col2im(queue, idx, ws, col, dx, n0, nb, 0, g.H, False)
 
     def backward_weight(self, queue, x, dy, dw, ws):

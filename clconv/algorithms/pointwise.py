@@ -31,7 +31,7 @@ outputs summed in order. Such grids come from small images with many channels.
 """
 from ..bias import after_gemm, before_gemm
 from ..buffers import Ref, idx_for
-from ..gemm import MIN_K_SLICE, Im2colB, KBlocks, Operand as Op, best_slices, k_slices
+from ..gemm import MIN_K_SLICE, Im2colB, KBlocks, Operand as Op, best_slices, gemm_cpu, k_slices
 from ..programs import INT32_MAX
 from .base import Algorithm
 from .im2col import Im2col
@@ -101,10 +101,19 @@ class Pointwise(Algorithm):
                       "backward_weight": 1 if self._weight is not None or self.blocked else
                       fit_slices(g.P, k_slices(device, gemm, g.K, g.C, g.P, self.images, item),
                                  workspace_limit // (self.images * g.K * g.C * item)) if g.groups == 1 else 1}
-        self.workspace["forward"] = _partials(self.split["forward"], g.N * g.K * g.P)
-        # on clconv's CPU GEMM kernel W^T is packed in the workspace first (gemm_cpu.packed_size)
-        self.workspace["backward_input"] = (_partials(self.split["backward_input"], g.N * g.C * g.P)
-                                            + (g.K * g.Cg if gemm == "cpu" else 0))
+        # on clconv's CPU GEMM kernel W^T is packed in the workspace first (gemm_cpu.packed_size), and
+        # B (the input, grad_output) in panels after the rest where its rule says so and the budget
+        # holds them (gemm_cpu.panels_size)
+        first = {"forward": _partials(self.split["forward"], g.N * g.K * g.P),
+                 "backward_input": (_partials(self.split["backward_input"], g.N * g.C * g.P)
+                                    + (g.K * g.Cg if gemm == "cpu" else 0))}
+        mk = {"forward": (g.Kg, g.Cg), "backward_input": (g.Cg, g.Kg)}
+        self.panels = {}
+        for p, (m, k) in mk.items():
+            size = (gemm_cpu.panels_size(device, m, g.P, k, g.groups * g.N, item)
+                    if gemm == "cpu" and self.split[p] == 1 and not (per_group and g.groups > 1) else 0)
+            self.panels[p] = (first[p], size if (first[p] + size) * item <= workspace_limit else 0)
+            self.workspace[p] = sum(self.panels[p])
         self.workspace["backward_weight"] = (_partials(self.slices, g.K * g.Cg) if self.blocked else
                                              self.images * self.split["backward_weight"] * g.K * g.Cg
                                              if self._weight is None else self._weight.workspace["backward_weight"])
@@ -169,7 +178,7 @@ class Pointwise(Algorithm):
             cols, images, fold = self._columns(g.C, g.Cg)
             self._gemm(queue, g.Kg, cols, g.Cg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
                        Op(x.buf, x.off, g.P, g.Cg * g.P, g.C * g.P), Op(y.buf, y.off, g.P, g.Kg * g.P, g.K * g.P),
-                       images=images, beta=beta, what="forward (1x1)", **fold)
+                       images=images, beta=beta, b_panels=self._panels("forward", ws), what="forward (1x1)", **fold)
         after_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
 
     def backward_input(self, queue, w, dy, dx, ws):
@@ -186,7 +195,8 @@ class Pointwise(Algorithm):
         cols, images, fold = self._columns(g.K, g.Kg)
         self._gemm(queue, g.Cg, cols, g.Kg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
                    Op(dy.buf, dy.off, g.P, g.Kg * g.P, g.K * g.P), Op(dx.buf, dx.off, g.P, g.Cg * g.P, g.C * g.P),
-                   images=images, a_transp=True, a_packed=Op(ws, 0, 0), what="grad-input (1x1)", **fold)
+                   images=images, a_transp=True, a_packed=Op(ws, 0, 0), b_panels=self._panels("backward_input", ws),
+                   what="grad-input (1x1)", **fold)
 
     def backward_weight(self, queue, x, dy, dw, ws):
         if self._weight is not None:

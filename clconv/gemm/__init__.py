@@ -111,7 +111,8 @@ def group_queues(queue, count):
 
 
 def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False,
-              b_transp=False, per_group=False, im2col=None, k_blocks=None, c_fold=0, a_packed=None, what=""):
+              b_transp=False, per_group=False, im2col=None, k_blocks=None, c_fold=0, a_packed=None, b_panels=None,
+              what=""):
     """C[g, i] = alpha * op(A[g, i]) @ op(B[g, i]) + beta * C[g, i] for every (group g, image i),
     row-major; ``a``, ``b``, ``c`` are :class:`Operand` s, op(A) M x K, op(B) K x N.
 
@@ -124,8 +125,9 @@ def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1
     continuous on the GPU kernel only): each product sums over blocks of K, on clconv's kernels.
     ``a_packed`` (an :class:`Operand` in the caller's workspace, of
     :func:`.gemm_cpu.packed_size` elements): where op(A) = A^T alone, clconv's CPU kernel packs
-    A^T there first (reading A^T in place costs it 1.5x); the other engines and per-group queues
-    ignore it.
+    A^T there first (reading A^T in place costs it 1.5x); ``b_panels`` (of
+    :func:`.gemm_cpu.panels_size` elements): it packs B in panels there first. The other engines
+    and per-group queues ignore both.
 
     With ``per_group`` each group's GEMMs (batched over the images) run on an in-order queue of
     their own: those queues wait for a marker of everything enqueued on ``queue`` so far, and
@@ -144,18 +146,19 @@ def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1
         for g, q in enumerate(group_queues(queue, groups)):
             cl.enqueue_barrier(q, wait_for=[ready])
             one = [x._replace(off=x.at(g), per_group=0) for x in ops]
-            _run(q, engine, dtype, 1, images, m, n, k, *one, im2col, k_blocks, c_fold, None, flags)
+            _run(q, engine, dtype, 1, images, m, n, k, *one, im2col, k_blocks, c_fold, None, None, flags)
             done.append(cl.enqueue_marker(q))
             q.flush()
         cl.enqueue_barrier(queue, wait_for=done)
     else:
-        _run(queue, engine, dtype, groups, images, m, n, k, *ops, im2col, k_blocks, c_fold, a_packed, flags)
+        _run(queue, engine, dtype, groups, images, m, n, k, *ops, im2col, k_blocks, c_fold, a_packed, b_panels, flags)
 
 
-def _run(queue, engine, dtype, groups, images, m, n, k, a, b, c, im2col, k_blocks, c_fold, a_packed, flags):
+def _run(queue, engine, dtype, groups, images, m, n, k, a, b, c, im2col, k_blocks, c_fold, a_packed, b_panels,
+         flags):
     if engine == "cpu":
-        gemm_cpu.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, a_packed=a_packed, k_blocks=k_blocks,
-                           **flags)
+        gemm_cpu.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, a_packed=a_packed, b_panels=b_panels,
+                           k_blocks=k_blocks, **flags)
     elif engine == "gpu":
         gemm_gpu.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, im2col=im2col, k_blocks=k_blocks,
                            c_fold=c_fold, **flags)
