@@ -62,6 +62,10 @@ class Im2col(Algorithm):
         super().__init__(g, dtype, device, workspace_limit, per_group, gemm)
         # CPU devices: im2col in rows, this many columns per vector
         self.vw = 0 if device.type & cl.device_type.GPU else cpu_vector_width(device, dtype.itemsize)
+        # im2col_rows over rows narrower than one vector: the widest narrower vectors that divide
+        # the row, where some do (then every vector is whole, none at the row's edge lane by lane)
+        narrow = [v for v in (8, 4) if g.OW < self.vw and v < self.vw and g.OW % v == 0]
+        self.im2col_vw = narrow[0] if narrow else self.vw
         itemsize = dtype.itemsize
         self.rows = g.C * g.kh * g.kw
         per_image = (self.rows + g.K) * g.P
@@ -242,7 +246,7 @@ class Im2col(Algorithm):
         _, rows, _, cols = tile or (0, g.OH, 0, g.OW)
         args = (x.buf, x.off + n0 * g.C * g.H * g.W, ws, col, *self._geometry_args(B, tile))
         if self.vw:
-            knl = get_kernel(queue.context, "im2col.cl", "im2col_rows", self.dtype, IDX=idx, VW=self.vw)
+            knl = get_kernel(queue.context, "im2col.cl", "im2col_rows", self.dtype, IDX=idx, VW=self.im2col_vw)
             launch(queue, knl, (B * rows, g.C), (1, 1), *args, what="im2col")
             return
         launch(queue, self._kernel(queue, "im2col", idx), (rows * cols, g.C, B), (64, 1, 1), *args, what="im2col")
