@@ -90,15 +90,17 @@ def test_auto_choice(case, expected, queue):
     assert set(p.algorithms.values()) == {expected}
 
 
-@pytest.mark.parametrize("size,on_cpu", [
-    (5, {"forward": "im2col", "backward_input": "im2col", "backward_weight": "im2col"}),   # 2x2 tiles, 39% used
-    (7, {"forward": "winograd", "backward_input": "winograd", "backward_weight": "im2col"}),   # 2x2 tiles, 77%
-    (12, {"forward": "winograd", "backward_input": "winograd", "backward_weight": "winograd"}),   # 3x3 tiles
-], ids=["5x5_map", "7x7_map", "12x12_map"])
-def test_auto_choice_of_winograd_on_small_maps(size, on_cpu, queue):
+@pytest.mark.parametrize("size,batch,on_cpu", [
+    (5, 8, {"forward": "im2col", "backward_input": "im2col", "backward_weight": "im2col"}),   # 2x2 tiles, 39% used
+    (7, 8, {"forward": "winograd", "backward_input": "winograd", "backward_weight": "im2col"}),   # 2x2 tiles, 77%
+    (7, 7, {"forward": "im2col", "backward_input": "im2col", "backward_weight": "im2col"}),   # 28 tiles in the batch
+    (12, 2, {"forward": "winograd", "backward_input": "winograd", "backward_weight": "winograd"}),   # 3x3 tiles
+], ids=["5x5_map", "7x7_map", "7x7_map_28_tiles", "12x12_map"])
+def test_auto_choice_of_winograd_on_small_maps(size, batch, on_cpu, queue):
     """On CPUs, Winograd's transforms outweigh its smaller GEMMs on small maps: im2col where its
-    tiles leave most outputs unused, and for grad-weight over 4 tiles or fewer; GPUs keep it."""
-    p = clconv.plan((2, 16, size, size), (16, 16, 3, 3), padding=1, queue=queue)
+    tiles leave most outputs unused, for grad-weight over 4 tiles or fewer, and over 4 tiles per
+    image where the batch has fewer than 32; GPUs keep it."""
+    p = clconv.plan((batch, 16, size, size), (16, 16, 3, 3), padding=1, queue=queue)
     gpu = bool(queue.device.type & cl.device_type.GPU)
     assert p.algorithms == ({name: "winograd" for name in on_cpu} if gpu else on_cpu)
     if not gpu and "im2col" in on_cpu.values():
@@ -509,12 +511,12 @@ def test_direct_staged_float64(case, queue):
 
 def test_auto_passes_over_winograd_above_the_workspace_limit(queue):
     # many filters, few pixels: Winograd's 36 x 64 x 16 transformed filters need more than im2col
-    x = np.random.default_rng(0).standard_normal((1, 16, 8, 8)).astype(np.float32)
+    x = np.random.default_rng(0).standard_normal((1, 16, 9, 9)).astype(np.float32)
     w = np.random.default_rng(1).standard_normal((64, 16, 3, 3)).astype(np.float32)
     assert clconv.plan(x.shape, w.shape, padding=1, queue=queue).algorithms["forward"] == "winograd"
     p = clconv.plan(x.shape, w.shape, padding=1, queue=queue, workspace_limit=80000)
     assert set(p.algorithms.values()) == {"im2col"}
-    assert "(not winograd: one image of input [1, 16, 8, 8]" in p.explain()
+    assert "(not winograd: one image of input [1, 16, 9, 9]" in p.explain()
     assert_close(p.forward(x, w), reference.conv2d(x, w, padding=1), np.float32, "forward")
     # below one output position's column (16 x 3 x 3 values) nothing fits, not even im2col's tiles
     with pytest.raises(ValueError, match=r"winograd: one image .* im2col: one output position .* \(one image needs"):

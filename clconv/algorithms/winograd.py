@@ -34,6 +34,7 @@ from .transform import Transform, aligned, pass_geometry
 ALPHA = 6                 # transformed values per tile side: F(4x4, 3x3) and F(2x2, 5x5)
 T2 = ALPHA ** 2           # 36 transformed values per tile
 MIN_CHANNELS = 16         # fewer channels or filters per group: the batched GEMMs are too thin to pay
+CPU_MIN_TILES = 32        # on CPUs over maps of 4 tiles, tiles per batch below which it is not chosen (see preferred)
 LOCAL = 256               # transform kernels' work-group, at most (H200, AlexNet conv2: passes 2-4 % faster than 64)
 
 
@@ -76,13 +77,20 @@ class Winograd(Transform):
             # 5x5 maps (4 tiles, 39% of their outputs used) 1.64-2.05 / 1.33-2.23x im2col's time
             # in every pass; 7x7 maps (4 tiles) grad-weight 1.54 / 1.56x, forward and grad-input
             # 0.91-0.92 / 0.75-0.98x; 14x14 maps and up 0.44-1.00 / 0.34-1.22x (PoCL with the
-            # row transforms' lanes across tile rows)
+            # row transforms' lanes across tile rows). Since clconv's CPU GEMM packs B in panels
+            # (gemm_cpu.PANEL_MIN_ROWS), im2col's GEMMs are faster: resnet50's 3x3 on 7x7 maps, 512
+            # channels, forward and grad-input at batch 4 (16 tiles, Winograd's GEMMs 16 columns
+            # wide) 1.6-1.7x im2col's time on PoCL, 1.15-1.34x on Intel's runtime; at batch 8 (32
+            # tiles) 0.92-0.98x on PoCL.
             m, t = _side(g), pass_geometry(g, pass_name)
             th, tw = _grid(t, m)
             tiles, used = th * tw, t.OH * t.OW / (th * tw * m * m)
             if pass_name == "backward_weight" and tiles <= 4:
                 return False, (f"on CPUs its grad-weight over {tiles} tiles per image costs more in transforms than "
                                "it saves (7x7 maps: 1.6-1.7x im2col's time on PoCL and Intel's runtime)")
+            if tiles <= 4 and t.N * tiles < CPU_MIN_TILES:
+                return False, (f"on CPUs, {t.N * tiles} tiles in the batch (fewer than {CPU_MIN_TILES}) make GEMMs too "
+                               "narrow for their transforms (7x7 maps at batch 4: 1.15-1.7x im2col's time)")
             if used < 0.5:
                 return False, (f"on CPUs, tiles of which {used:.0%} of the outputs are used cost more in transforms "
                                "than they save (5x5 maps: 1.3-2.4x im2col's time on PoCL and Intel's runtime)")
