@@ -49,6 +49,13 @@ IMPLICIT_MAX_CHANNELS = 4  # input channels per group up to which im2col is read
 # MFLOP, 0.71x. The gradients keep the batch's chunks: in one-image chunks their grad-weights
 # took 1.4-1.9x the time, grad-inputs 0.87-1.5x.
 CPU_IMAGE_POSITIONS, CPU_IMAGE_WORK = 3136, 8e6
+# Grad-weight split-K on CPUs only for results of fewer values than this (stems, RegNet's
+# projections: their GEMMs' grids alone would leave the cores idle). Larger results give the
+# cores blocks enough, and their partial sums cost traffic: unsplit, 2-core AVX-512 Xeon, batch
+# 4, the networks' im2col grad-weights of 2^16 values and more, 0.66-0.88x the time on Intel's
+# runtime, 0.71-0.88x on PoCL (inception_v3's 7x1 and 1x7 0.71-0.80), except resnet50's 1x1
+# stride-2 C256 -> K512 on PoCL (1.24x; 0.66x on Intel's runtime); the stems unsplit took 1.27-1.37x.
+CPU_SPLIT_BELOW = 1 << 16
 
 
 class Im2col(Algorithm):
@@ -71,10 +78,11 @@ class Im2col(Algorithm):
         per_image = (self.rows + g.K) * g.P
         # grad-weight split-K (a chunk's slices divide its positions exactly, so can be shorter);
         # GPUs take up to 4x more, 4x shorter slices: more work-groups for few outputs (H200,
-        # 7x7 stem: its GEMM 0.034 ms of device time in 196 slices, 0.055 in 49)
+        # 7x7 stem: its GEMM 0.034 ms of device time in 196 slices, 0.055 in 49); CPUs only below
+        # CPU_SPLIT_BELOW values
         gpu = bool(device.type & cl.device_type.GPU)
         self.max_slices = (max_slices(g.K * g.Kd, g.N * g.P, GPU_MIN_SLICE, GPU_MAX_SLICES) if gpu
-                           else max_slices(g.K * g.Kd, g.N * g.P))
+                           else max_slices(g.K * g.Kd, g.N * g.P) if g.K * g.Kd < CPU_SPLIT_BELOW else 1)
         partials = self.max_slices * g.K * g.Kd if self.max_slices > 1 else 0
         # grad-input on clconv's CPU GEMM kernel packs W^T after the rest (gemm_cpu.packed_size);
         # grad-weight's partials and it are never needed at once
