@@ -158,9 +158,12 @@ class Plan:
                  f"({self._gemm_reason})"]
         for p, (algo, why) in self._choice.items():
             queues = ", per-group queues" if algo.per_group and g.groups > 1 else ""
-            if algo.panels.get(p, (0, 0))[1]:
-                queues += (f", B packed in panels first (clconv's CPU GEMM does where op(A) has at least "
-                           f"{gemm_cpu.PANEL_MIN_ROWS} rows)")
+            if algo.panels.get(p, (0, 0))[1] and p == "backward_weight":
+                queues += (f", B^T packed in panels first (clconv's CPU GEMM: outer products, not dot products, "
+                           f"over a K below {gemm_cpu.BT_PANEL_MAX_DEPTH})")
+            elif algo.panels.get(p, (0, 0))[1]:
+                queues += (f", B packed in panels first (clconv's CPU GEMM: op(A) of {gemm_cpu.PANEL_MIN_ROWS}+ rows "
+                           f"over a K of {gemm_cpu.PANEL_MIN_DEPTH}+)")
             lines.append(f"{p} [{algo.name}]: {algo.describe(p)}{queues}; chosen because {why}; "
                          f"workspace {self._workspace_elements(p) * self.compute_dtype.itemsize} bytes; "
                          f"{_launches(self.launches(p))}")

@@ -343,3 +343,35 @@ void pack_b_panels(const int N, const int K, const int GJ, const int KB, const i
                 VSTORE(load_edge(row + v * VW, N - full * COLS - v * VW), v, d);
     }
 }
+
+// B stored N x K (KB blocks of K) packed transposed, in the panels pack_b_panels writes (op(B) = B^T
+// read as if stored K x N): work-item (rows, panel j, matrix) reads each of the panel's COLS rows of B
+// along rows_per_item of its (block, k) values, in order, and writes them down the panel's column.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void pack_bt_panels(const int N, const int K, const int GJ, const int KB, const int rows_per_item,
+                    __global const REAL* restrict src, const IDX src_off, const int ldb, const IDX s_si,
+                    const IDX s_sj, const IDX s_kb, __global REAL* restrict dst, const IDX dst_off, const IDX d_si,
+                    const IDX d_sj)
+{
+    const int j = get_global_id(1), z = get_global_id(2), gi = z / GJ, gj = z - gi * GJ, rows = KB * K;
+    const int r0 = get_global_id(0) * rows_per_item, r1 = min(r0 + rows_per_item, rows);
+    src += src_off + gi * s_si + gj * s_sj;
+    dst += dst_off + gi * d_si + gj * d_sj + (IDX)j * rows * COLS;
+    const int q0 = r0 / K;
+    for (int c = 0; c < COLS; ++c) {
+        const int n = j * COLS + c;
+        if (n >= N) {
+            for (int r = r0; r < r1; ++r) dst[(IDX)r * COLS + c] = 0;
+            continue;
+        }
+        const __global REAL* row = src + (IDX)n * ldb;
+        int q = q0, k = r0 - q0 * K;
+        for (int r = r0; r < r1; ++r) {
+            dst[(IDX)r * COLS + c] = row[q * s_kb + k];
+            if (++k == K) {
+                k = 0;
+                ++q;
+            }
+        }
+    }
+}

@@ -233,12 +233,14 @@ def test_1x1_grad_weight_on_the_cpu_kernel(queue):
 @pytest.mark.parametrize("queues", ["single", "per-group"])
 def test_cpu_gemm_packs_b_in_panels(case, algorithm, queues, queue, monkeypatch):
     """Forward and grad-input with B (col, T, the input, grad_output) packed in panels by clconv's CPU
-    GEMM (its rule lowered to every product here); on per-group queues, whose GEMMs pack nothing,
+    GEMM, grad-weight with B^T (col, the input over K blocks) packed transposed (its rules lowered to
+    every product here); on per-group queues, whose GEMMs pack nothing,
     not; explain() says which."""
     from clconv.gemm import gemm_cpu
     monkeypatch.setattr(gemm_cpu, "PANEL_MIN_ROWS", 1)
     monkeypatch.setattr(gemm_cpu, "PANEL_MIN_DEPTH", 1)
     monkeypatch.setattr(gemm_cpu, "PANEL_MIN_ROW_BYTES", 1)
+    monkeypatch.setattr(gemm_cpu, "BT_PANEL_MIN_ROWS", 1)
     x, w, b, dy = case.data()
     opts = case.options
     p = clconv.Plan(conv_geometry(x.shape, w.shape, **opts), np.float32, queue, algorithm=algorithm, gemm="cpu",
@@ -246,9 +248,10 @@ def test_cpu_gemm_packs_b_in_panels(case, algorithm, queues, queue, monkeypatch)
     lines = {line.split(" ")[0]: line for line in p.explain().splitlines()[1:]}
     for name in ("forward", "backward_input"):
         assert ("B packed in panels" in lines[name]) == (queues == "single"), lines[name]
-    assert "B packed in panels" not in lines["backward_weight"]
+    assert ("B^T packed in panels" in lines["backward_weight"]) == (queues == "single"), lines["backward_weight"]
     assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float32, "forward")
     assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "grad-input")
+    assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **opts), np.float32, "grad-weight")
 
 
 @pytest.mark.parametrize("slices", [1, 5])

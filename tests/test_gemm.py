@@ -402,22 +402,28 @@ def test_cached_plans_follow_clconv_gemm(queue, monkeypatch):
     assert cached_plan(g, np.float32, queue, "im2col", gemm="clblast").gemm == "clblast"
 
 
-@pytest.mark.parametrize("a_transp", [False, True], ids=["nn", "tn"])
+@pytest.mark.parametrize("a_transp,b_transp", [(False, False), (True, False), (False, True)], ids=["nn", "tn", "nt"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("variant", ["default", "vw4"])
-def test_cpu_kernel_packs_b_in_panels(variant, dtype, a_transp, queue, monkeypatch):
-    """B (stored K x N) packed in panels (pack_b_panels, then the GEMM on them), on the grid at
-    offsets as above: N of 4 panels and a part one read as zeros past its edge; the workspace around
-    the panels stays untouched."""
+def test_cpu_kernel_packs_b_in_panels(variant, dtype, a_transp, b_transp, queue, monkeypatch):
+    """B packed in panels (pack_b_panels, or B stored N x K transposed into them, pack_bt_panels;
+    then the GEMM's outer products on them), on the grid at offsets as above: N of 4 panels and a
+    part one read as zeros past its edge; the workspace around the panels stays untouched."""
     if variant == "vw4":
         monkeypatch.setattr(gemm_cpu, "vector_width", lambda device, itemsize: 4)
     monkeypatch.setattr(gemm_cpu, "PANEL_MIN_ROWS", 67)
     monkeypatch.setattr(gemm_cpu, "PANEL_MIN_DEPTH", 29)
+    monkeypatch.setattr(gemm_cpu, "BT_PANEL_MIN_ROWS", 67)
+    monkeypatch.setattr(gemm_cpu, "BT_PANEL_MAX_DEPTH", 59)
     itemsize = np.dtype(dtype).itemsize
-    size = lambda m, n, k: gemm_cpu.panels_size(queue.device, m, n, k, GI * GJ, itemsize)   # noqa: E731
+    size = lambda m, n, k: gemm_cpu.panels_size(queue.device, m, n, k, GI * GJ, itemsize,   # noqa: E731
+                                                b_transp=b_transp)
     cols = gemm_cpu.tile(queue.device, 67, 130, 29, GI * GJ, itemsize, False).cols
     monkeypatch.setattr(gemm_cpu, "PANEL_MIN_ROW_BYTES", 130 * itemsize)
-    assert size(66, 130, 29) == size(67, 130, 28) == size(67, 129, 29) == 0   # below the rule
+    if b_transp:   # below the rule: too few rows (twice as many from half its depth on), too deep
+        assert size(66, 130, 29) == size(133, 130, 30) == size(200, 130, 59) == 0 < size(134, 130, 30)
+    else:          # too few rows, too shallow, rows too short
+        assert size(66, 130, 29) == size(67, 130, 28) == size(67, 129, 29) == 0
 
     def run(a, b, c, alpha, beta):
         n = size(67, 130, 29)
@@ -425,31 +431,33 @@ def test_cpu_kernel_packs_b_in_panels(variant, dtype, a_transp, queue, monkeypat
         ws = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
                        hostbuf=np.full(n + 10, np.nan, dtype))
         gemm_cpu.grid_gemm(queue, np.dtype(dtype), GI, GJ, 67, 130, 29, a, b, c, alpha=alpha, beta=beta,
-                           a_transp=a_transp, b_panels=Operand(ws, 5, 0), what="test")
+                           a_transp=a_transp, b_transp=b_transp, b_panels=Operand(ws, 5, 0), what="test")
         around = np.empty(n + 10, dtype)
         cl.enqueue_copy(queue, around, ws)
         assert np.isnan(around[:5]).all() and np.isnan(around[-5:]).all() and not np.isnan(around[5:-5]).any()
-    check_grid(queue, run, dtype, "scalar", a_transp, False)
+    check_grid(queue, run, dtype, "scalar", a_transp, b_transp)
 
 
-def test_cpu_kernel_packs_b_in_panels_over_k_blocks_and_once_per_shared_matrix(queue):
+@pytest.mark.parametrize("b_transp", [False, True], ids=["b", "b_transposed"])
+def test_cpu_kernel_packs_b_in_panels_over_k_blocks_and_once_per_shared_matrix(b_transp, queue):
     """K blocks (3, at strides that are not K apart) packed one after another in each panel; a B
     shared by the images (per-image stride 0) is packed once per group."""
     rng = np.random.default_rng(5)
     m, n, k, blocks = 9, 45, 7, 3
     a = rng.standard_normal((GI, GJ, blocks, m, k + 1)).astype(np.float32)   # each block's rows padded
     b = rng.standard_normal((GI, blocks, k + 2, n)).astype(np.float32)      # a block's rows, then 2 more
+    b_stored = np.ascontiguousarray(b.transpose(0, 1, 3, 2)) if b_transp else b   # N x (K + 2) where B^T
     mf = cl.mem_flags
-    abuf, bbuf = (cl.Buffer(queue.context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=x) for x in (a, b))
+    abuf, bbuf = (cl.Buffer(queue.context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=x) for x in (a, b_stored))
     cbuf = cl.Buffer(queue.context, mf.READ_WRITE, GI * GJ * m * n * 4)
     cols = gemm_cpu.tile(queue.device, m, n, k, GI, 4, False, blocks).cols
     size = GI * -(-n // cols) * cols * k * blocks   # one matrix per group
     ws = cl.Buffer(queue.context, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.full(size + 1, np.nan, np.float32))
     gemm_cpu.grid_gemm(queue, np.dtype(np.float32), GI, GJ, m, n, k,
                        Operand(abuf, 0, k + 1, GJ * blocks * m * (k + 1), blocks * m * (k + 1)),
-                       Operand(bbuf, 0, n, blocks * (k + 2) * n, 0), Operand(cbuf, 0, n, GJ * m * n, m * n),
-                       b_panels=Operand(ws, 0, 0), k_blocks=gemm.KBlocks(blocks, m * (k + 1), (k + 2) * n),
-                       what="test")
+                       Operand(bbuf, 0, k + 2 if b_transp else n, blocks * (k + 2) * n, 0),
+                       Operand(cbuf, 0, n, GJ * m * n, m * n), b_transp=b_transp, b_panels=Operand(ws, 0, 0),
+                       k_blocks=gemm.KBlocks(blocks, m * (k + 1), (k + 2) * n), what="test")
     got = np.empty((GI, GJ, m, n), np.float32)
     cl.enqueue_copy(queue, got, cbuf)
     last = np.empty(1, np.float32)

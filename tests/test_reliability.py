@@ -201,9 +201,11 @@ LAUNCHES = [  # per algorithm, what each pass launches on a CPU device with clco
     # 899 positions per image: per-image partial sums, then their ordered sum
     (Case("pointwise_large_maps", 3, 4, 29, 31, 6, 1, 1, groups=2), "1x1",
      (["fill_bias", "gemm_cpu"], ["pack_a_transposed", "gemm_cpu"], ["gemm_cpu", "sum_partials"])),
-    # 256 channels and filters over 8x8 maps: forward and grad-input pack B in panels first
+    # 256 channels and filters over 8x8 maps: forward and grad-input pack B in panels first, grad-weight
+    # the input transposed into them
     (Case("pointwise_b_in_panels", 1, 256, 8, 8, 256, 1, 1), "1x1",
-     (["fill_bias", "pack_b_panels", "gemm_cpu"], ["pack_a_transposed", "pack_b_panels", "gemm_cpu"], ["gemm_cpu"])),
+     (["fill_bias", "pack_b_panels", "gemm_cpu"], ["pack_a_transposed", "pack_b_panels", "gemm_cpu"],
+      ["pack_bt_panels", "gemm_cpu"])),
 ]
 
 

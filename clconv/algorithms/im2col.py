@@ -138,8 +138,12 @@ class Im2col(Algorithm):
         # B in panels (of the unsplit GEMMs) after the rest: where the sizes are 0, not packed
         self.panels = {"forward": (forward, panels(g.Kg, self.forward_chunk * g.P, g.Kd)),
                        "backward_input": (self.packed_at + packed, panels(g.Kd, ld, g.Kg))}
-        self.workspace = {"forward": sum(self.panels["forward"]), "backward_input": sum(self.panels["backward_input"]),
-                          "backward_weight": per_image * self.chunk + wgrad_extra}
+        # grad-weight: col^T in panels after the rest (the GEMM's K, positions per slice, short)
+        wgrad = per_image * self.chunk + wgrad_extra
+        bt = (gemm_cpu.panels_size(device, g.Kg, g.Kd, self.chunk * g.P // self.slices, g.groups * self.slices,
+                                   itemsize, b_transp=True) if packs else 0)
+        self.panels["backward_weight"] = (wgrad, bt if (wgrad + bt) * itemsize <= workspace_limit else 0)
+        self.workspace = {p: sum(self.panels[p]) for p in self.panels}
 
     def _fit_bands(self, workspace_limit, whole, partials):
         """One image's workspace (``whole`` bytes) is above the budget: the passes run image by
@@ -388,14 +392,15 @@ class Im2col(Algorithm):
                 self._im2col(queue, idx, x, n0, nb, ws, col)
                 b, im2col = Op(ws, col, ld, Kd * ld, L), None
             t_buf, t = self._to_columns(queue, idx, dy, n0, nb, ws, self.rows * ld)
+            panels = self._panels("backward_weight", ws)
             if S == 1:
                 self._gemm(queue, Kg, Kd, ld, Op(t_buf, t, ld, Kg * ld), b,
                            Op(dw.buf, dw.off, Kd, Kg * Kd), beta=0.0 if n0 == 0 else 1.0,
-                           b_transp=True, im2col=im2col, what="grad-weight")
+                           b_transp=True, im2col=im2col, b_panels=panels, what="grad-weight")
                 continue
             self._gemm(queue, Kg, Kd, L, Op(t_buf, t, ld, Kg * ld, L), b,
                        Op(ws, part, Kd, Kg * Kd, g.K * Kd), images=S, b_transp=True, im2col=im2col,
-                       what="grad-weight (split-K)")
+                       b_panels=panels, what="grad-weight (split-K)")
             n = g.K * Kd
             sum_partials(queue, self.dtype, idx, Ref(ws, part), S, n, dw, n0 > 0, "grad-weight (sum of slices)")
 

@@ -117,6 +117,11 @@ class Pointwise(Algorithm):
         self.workspace["backward_weight"] = (_partials(self.slices, g.K * g.Cg) if self.blocked else
                                              self.images * self.split["backward_weight"] * g.K * g.Cg
                                              if self._weight is None else self._weight.workspace["backward_weight"])
+        if self.blocked and gemm == "cpu" and not (per_group and g.groups > 1):   # X^T in panels (K blocks)
+            at = self.workspace["backward_weight"]
+            size = gemm_cpu.panels_size(device, g.Kg, g.Cg, g.P, g.groups, item, g.N, b_transp=True)
+            self.panels["backward_weight"] = (at, size if (at + size) * item <= workspace_limit else 0)
+            self.workspace["backward_weight"] = sum(self.panels["backward_weight"])
 
     @property
     def blocked(self):
@@ -210,7 +215,8 @@ class Pointwise(Algorithm):
             c = Op(dw.buf, dw.off, g.Cg, g.Kg * g.Cg) if S == 1 else Op(ws, 0, g.Cg, g.Kg * g.Cg, n)
             self._gemm(queue, g.Kg, g.Cg, ps, Op(dy.buf, dy.off, g.P, g.Kg * g.P, step_y),
                        Op(x.buf, x.off, g.P, g.Cg * g.P, step_x), c, images=S, b_transp=True,
-                       k_blocks=KBlocks(nb, g.K * g.P, g.C * g.P, self.continuous), what="grad-weight (1x1, K blocks)")
+                       k_blocks=KBlocks(nb, g.K * g.P, g.C * g.P, self.continuous),
+                       b_panels=self._panels("backward_weight", ws), what="grad-weight (1x1, K blocks)")
             if S > 1:
                 sum_partials(queue, self.dtype, idx_for(self.dtype, x, dy, dw, Ref(ws, 0)), Ref(ws, 0), S, n, dw,
                              False, "grad-weight (1x1, sum of slices)")

@@ -100,18 +100,34 @@ def tile(device, m, n, k, count, itemsize, b_transp, k_blocks=1):
 # or K below 256 (the pack costs more than the GEMM gains: 1x1 layers of 64-768 channels), and
 # 0.93-1.11x on rows of 25 and 49 values (1x1 layers on 5x5 and 7x7 maps: rows so short lie close).
 PANEL_MIN_ROWS, PANEL_MIN_DEPTH, PANEL_MIN_ROW_BYTES = 256, 256, 256
+# B stored N x K (op(B) = B^T) packed transposed in the same panels (pack_bt_panels), for outer
+# products, where K (each block's) is below BT_PANEL_MAX_DEPTH and op(A) has at least
+# BT_PANEL_MIN_ROWS rows, twice as many where K is half BT_PANEL_MAX_DEPTH or more: dot products
+# over so short a K spend as long summing across their vectors and storing as multiplying. 2-core
+# AVX-512 Xeon, GEMMs alone (Intel's runtime / PoCL), the pack included: 36 x 256 x 256 x 64 2.82
+# -> 1.27 / 3.08 -> 1.36 ms, 4 x 1024 x 256 x 196 3.19 -> 1.51 / 2.53 -> 1.42; over K of 784 and
+# more the dot products are faster (36 x 64 x 64 x 784 1.11 against 1.82 ms). The networks' 1x1
+# and im2col grad-weights at batch 4 (Intel's runtime): 0.35-0.98x the time, but 1.27-1.47x for
+# 128-192 filters over 12x12 maps (K 144: the pack costs more than the dot products lose).
+BT_PANEL_MIN_ROWS, BT_PANEL_MAX_DEPTH = 128, 256
 
 
-def panels_wanted(m, k):
-    """Whether the rule above packs B for op(A) of ``m`` rows over a depth of ``k`` (where B's rows
-    are long enough: :func:`panels_size`)."""
+def panels_wanted(m, k, b_transp=False):
+    """Whether the rules above pack B for op(A) of ``m`` rows over a depth of ``k`` (each block's
+    where B^T; where B is stored K x N, when B's rows are long enough: :func:`panels_size`)."""
+    if b_transp:
+        return k < BT_PANEL_MAX_DEPTH and m >= BT_PANEL_MIN_ROWS * (2 if 2 * k >= BT_PANEL_MAX_DEPTH else 1)
     return m >= PANEL_MIN_ROWS and k >= PANEL_MIN_DEPTH
 
 
-def panels_size(device, m, n, k, count, itemsize, k_blocks=1):
+def panels_size(device, m, n, k, count, itemsize, k_blocks=1, b_transp=False):
     """Elements :func:`grid_gemm` needs for ``b_panels``: ``count`` distinct B matrices (stored K x N,
-    over ``k_blocks`` blocks of K) in panels; 0 where the rule above packs none."""
-    if not panels_wanted(m, k * k_blocks) or n * itemsize < PANEL_MIN_ROW_BYTES:
+    or N x K where ``b_transp``, over ``k_blocks`` blocks of K) in panels; 0 where the rules above
+    pack none."""
+    if b_transp:
+        if not panels_wanted(m, k, True):
+            return 0
+    elif not panels_wanted(m, k * k_blocks) or n * itemsize < PANEL_MIN_ROW_BYTES:
         return 0
     cols = tile(device, m, n, k, count, itemsize, False, k_blocks).cols
     return count * -(-n // cols) * cols * k * k_blocks
@@ -131,8 +147,8 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     stored transposed. With op(A) = A^T alone and ``a_packed`` (an Operand of
     :func:`packed_size` elements in the caller's workspace), A^T is packed there first
     (pack_a_transposed, one launch more) and the GEMM reads the copy. With ``b_panels`` (an
-    Operand of :func:`panels_size` elements in the caller's workspace; B stored K x N), B is packed
-    there in panels first (pack_b_panels, one launch more). ``k_blocks`` (a
+    Operand of :func:`panels_size` elements in the caller's workspace), B is packed there in panels
+    first (pack_b_panels, or for op(B) = B^T alone pack_bt_panels; one launch more). ``k_blocks`` (a
     :class:`clconv.gemm.KBlocks`, not continuous): op(A[i, j]) @ op(B[i, j]) is the sum over
     its blocks, each M x K by K x N."""
     assert (gi == 1 or c.per_group) and (gj == 1 or c.per_image), "GEMMs into one C would race"
@@ -141,16 +157,18 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     if a_transp and not b_transp and a_packed is not None:
         a = _pack(queue, dtype, gi, gj, m, k, a, a_packed, what)
         a_transp = False
+    # B^T packed (in panels): outer products on the panels, not dot products
+    packs_bt = b_transp and not a_transp and b_panels is not None
     c_transp = a_transp and b_transp
     steps = (kb.a_step, kb.b_step)
     if c_transp:   # C^T (N x M) = B (stored N x K) @ A (stored K x M): both untransposed
         m, n, a, b, a_transp, b_transp, steps = n, m, b, a, False, False, steps[::-1]
     itemsize = np.dtype(dtype).itemsize
-    t = tile(queue.device, m, n, k, gi * gj, itemsize, b_transp, kb.count)
+    t = tile(queue.device, m, n, k, gi * gj, itemsize, b_transp and not packs_bt, kb.count)
     ops = (a, b, c)
     shapes = ((k, m) if a_transp else (m, k), (n, k) if b_transp else (k, n), (n, m) if c_transp else (m, n))
     panels = b_panels is not None
-    assert not (panels and b_transp), "B in panels is stored K x N"
+    assert not (panels and c_transp), "B in panels: op(A) = A^T with op(B) = B^T runs transposed, unpacked"
     size = -(-n // t.cols) * t.cols * k * kb.count   # of one matrix in panels
     idx = index_type(panels and b_panels.off + size * (gi if b.per_group else 1) * (gj if b.per_image else 1),
                      *(x.at(gi - 1, gj - 1) + (kb.count - 1) * step + (rows - 1) * x.ld + cols
@@ -158,7 +176,8 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     defines = dict(IDX=idx, VW=t.vw, INNER=int(t.inner), MR=t.mr, NV=t.nv, NR=t.cols, TM=t.tm, KC=t.kc,
                    A_TRANSP=int(a_transp), C_TRANSP=int(c_transp))
     if panels:
-        b = _pack_b(queue, dtype, gi, gj, n, k, kb.count, b, steps[1], b_panels, size, defines, what)
+        b = _pack_b(queue, dtype, gi, gj, n, k, kb.count, b, steps[1], b_panels, size, defines, b_transp, what)
+        b_transp = False
         steps, ops = (steps[0], 0), (a, b, c)
     kernel = get_kernel(queue.context, "gemm_cpu.cl", "gemm_cpu", dtype, **defines)
     blocks = -(-m // t.mr)
@@ -182,13 +201,20 @@ def _pack(queue, dtype, gi, gj, m, k, a, packed, what):
 
 
 
-def _pack_b(queue, dtype, gi, gj, n, k, kb, b, b_kb, packed, size, defines, what):
-    """B (stored K x N, ``kb`` blocks of K ``b_kb`` apart) of each distinct matrix of ``b`` packed in
-    panels of ``size`` elements at ``packed`` (pack_b_panels): the Operand the GEMM then reads."""
+def _pack_b(queue, dtype, gi, gj, n, k, kb, b, b_kb, packed, size, defines, transposed, what):
+    """B (stored K x N, or N x K where ``transposed``; ``kb`` blocks of K ``b_kb`` apart) of each
+    distinct matrix of ``b`` packed in panels of ``size`` elements at ``packed`` (pack_b_panels,
+    pack_bt_panels): the Operand the GEMM then reads."""
     gi_b, gj_b = (gi if b.per_group else 1), (gj if b.per_image else 1)
     out = type(b)(packed.buf, packed.off, 0, size * gj_b if b.per_group else 0, size if b.per_image else 0)
-    kernel = get_kernel(queue.context, "gemm_cpu.cl", "pack_b_panels", dtype, **defines)
-    launch(queue, kernel, (-(-(kb * k) // PACK_ROWS), gi_b * gj_b), (1, 1), n, k, gj_b, kb, PACK_ROWS, b.buf, b.off, b.ld,
-           b.per_group, b.per_image, b_kb, out.buf, out.off, out.per_group, out.per_image,
-           what=what + " (B in panels)")
+    args = (n, k, gj_b, kb, PACK_ROWS, b.buf, b.off, b.ld, b.per_group, b.per_image, b_kb, out.buf, out.off,
+            out.per_group, out.per_image)
+    rows = -(-(kb * k) // PACK_ROWS)
+    if transposed:
+        kernel = get_kernel(queue.context, "gemm_cpu.cl", "pack_bt_panels", dtype, **defines)
+        launch(queue, kernel, (rows, size // (kb * k * defines["NV"] * defines["VW"]), gi_b * gj_b), (1, 1, 1),
+               *args, what=what + " (B^T in panels)")
+    else:
+        kernel = get_kernel(queue.context, "gemm_cpu.cl", "pack_b_panels", dtype, **defines)
+        launch(queue, kernel, (rows, gi_b * gj_b), (1, 1), *args, what=what + " (B in panels)")
     return out
