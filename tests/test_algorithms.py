@@ -227,14 +227,19 @@ def test_1x1_grad_weight_on_the_cpu_kernel(queue):
                      "grad-weight")
 
 
-@pytest.mark.parametrize("case,algorithm", [
-    (Case("im2col_panels_g2_s2", 3, 6, 11, 13, 10, 3, 3, stride=(2, 1), padding=1, groups=2), "im2col"),
-    (Case("1x1_panels_g2", 3, 6, 9, 13, 10, 1, 1, groups=2), "1x1")], ids=repr)
+ALL_PASSES = ("forward", "backward_input", "backward_weight")
+
+
+@pytest.mark.parametrize("case,algorithm,packing", [
+    (Case("im2col_panels_g2_s2", 3, 6, 11, 13, 10, 3, 3, stride=(2, 1), padding=1, groups=2), "im2col", ALL_PASSES),
+    (Case("1x1_panels_g2", 3, 6, 9, 13, 10, 1, 1, groups=2), "1x1", ALL_PASSES),
+    (Case("winograd_panels_g2", 3, 32, 9, 11, 34, 3, 3, padding=1, groups=2), "winograd", ("backward_weight",))],
+    ids=repr)
 @pytest.mark.parametrize("queues", ["single", "per-group"])
-def test_cpu_gemm_packs_b_in_panels(case, algorithm, queues, queue, monkeypatch):
+def test_cpu_gemm_packs_b_in_panels(case, algorithm, packing, queues, queue, monkeypatch):
     """Forward and grad-input with B (col, T, the input, grad_output) packed in panels by clconv's CPU
-    GEMM, grad-weight with B^T (col, the input over K blocks) packed transposed (its rules lowered to
-    every product here); on per-group queues, whose GEMMs pack nothing,
+    GEMM, grad-weight with B^T (col, the input over K blocks, Winograd's V) packed transposed (its
+    rules lowered to every product here); on per-group queues, whose GEMMs pack nothing,
     not; explain() says which."""
     from clconv.gemm import gemm_cpu
     monkeypatch.setattr(gemm_cpu, "PANEL_MIN_ROWS", 1)
@@ -246,9 +251,9 @@ def test_cpu_gemm_packs_b_in_panels(case, algorithm, queues, queue, monkeypatch)
     p = clconv.Plan(conv_geometry(x.shape, w.shape, **opts), np.float32, queue, algorithm=algorithm, gemm="cpu",
                     queues=queues)
     lines = {line.split(" ")[0]: line for line in p.explain().splitlines()[1:]}
-    for name in ("forward", "backward_input"):
-        assert ("B packed in panels" in lines[name]) == (queues == "single"), lines[name]
-    assert ("B^T packed in panels" in lines["backward_weight"]) == (queues == "single"), lines["backward_weight"]
+    for name in ALL_PASSES:
+        said = "B^T packed in panels" if name == "backward_weight" else "B packed in panels"
+        assert (said in lines[name]) == (queues == "single" and name in packing), lines[name]
     assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float32, "forward")
     assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "grad-input")
     assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **opts), np.float32, "grad-weight")

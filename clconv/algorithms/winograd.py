@@ -26,7 +26,7 @@ import pyopencl as cl
 from ..bias import flags
 from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width, vectorizes_work_items
-from ..gemm import Operand as Op
+from ..gemm import Operand as Op, gemm_cpu
 from ..programs import INT32_MAX, get_kernel, launch, reduction_work_group, work_group_limit
 from .partials import largest_divisor_at_most, max_slices, sum_partials
 from .transform import Transform, aligned, pass_geometry
@@ -106,6 +106,11 @@ class Winograd(Transform):
         self.grid = {p: _grid(t, self.tile) for p, t in self.geometry.items()}
         # grad-weight split-K over the tiles: slices of a chunk divide its tiles exactly
         self.max_slices = max_slices(T2 * g.K * g.Cg, g.N * self._tiles_per_image("backward_weight"))
+        # grad-weight on clconv's CPU GEMM kernel: V^T in panels where its rule says so, for L tiles
+        # per slice over ``count`` GEMMs (gemm_cpu.panels_size; not on per-group queues)
+        packs = gemm == "cpu" and not (per_group and g.groups > 1)
+        self._bt_panels = ((lambda L, count: gemm_cpu.panels_size(device, g.Kg, g.Cg, L, count, dtype.itemsize,
+                                                                   b_transp=True)) if packs else (lambda L, count: 0))
         # tile rows per piece, and why, for the passes whose one image is above the budget
         self.ranges, self.cuts = {}, {}
         self._fit_chunks(workspace_limit,
@@ -113,6 +118,8 @@ class Winograd(Transform):
                          # U (or dU, and the partial sums)
                          fixed=lambda p, t: T2 * t.K * t.Cg * (1 + self._partials(p)),
                          widest=lambda p, t: T2 * max(t.C, t.K) * self._tiles_per_image(p))
+        end = self.workspace["backward_weight"]
+        self.panels["backward_weight"] = (self.layout["backward_weight"][-1], end - self.layout["backward_weight"][-1])
 
     def _partials(self, pass_name):
         """Partial sums of dU the pass keeps, in units of dU: the most split-K slices, or none."""
@@ -122,13 +129,14 @@ class Winograd(Transform):
         """Offsets of the workspace regions after the first, then its end, for chunks of B
         images (or pieces of ``rows`` tile rows of one image). V (36, C, P) comes first, at offset 0: it is the GEMM's B operand (see
         gemm.clblast._in_place); then U (36, K, Ci) and M (36, K, P), or for grad-weight Z (36, K, P),
-        dU (36, K, Ci) and its partial sums (S, 36, K, Ci), V and Z then stored slice-major
-        (S, 36, channels, P / S)."""
+        dU (36, K, Ci), its partial sums (S, 36, K, Ci) and V^T in panels for clconv's CPU GEMM (or
+        nothing), V and Z then stored slice-major (S, 36, channels, P / S)."""
         t, (TH, TW) = self.geometry[pass_name], self.grid[pass_name]
         P = B * (TH if rows is None else rows) * TW
         small = T2 * t.K * t.Cg
         if pass_name == "backward_weight":
-            sizes = [T2 * t.K * P, small, small * self._partials(pass_name)]
+            S = self._slices(P) if P else 1
+            sizes = [T2 * t.K * P, small, small * self._partials(pass_name), self._bt_panels(P // S, S * T2 * t.groups)]
         else:
             sizes = [small, T2 * t.K * P]
         offsets = [aligned(T2 * t.C * P)]
@@ -250,7 +258,7 @@ class Winograd(Transform):
         t = self.g
         idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
         Kg, Cg, TW = t.Kg, t.Cg, self.grid["backward_weight"][1]
-        z, du, part = self.layout["backward_weight"]
+        z, du, part, _ = self.layout["backward_weight"]
         n = T2 * t.K * Cg   # elements of dU
         for i, piece in enumerate(self._pieces("backward_weight")):
             n0, nb, _, rows = piece
@@ -264,7 +272,8 @@ class Winograd(Transform):
             # GEMM (slice, t, group) at index (s * 36 + t) * G + g: into dU, or its partial sums
             self._position_gemm(queue, t.groups, S * T2, Kg, Cg, L, Op(ws, z, L, Kg * L, t.K * L),
                                 Op(ws, 0, L, Cg * L, t.C * L), Op(ws, du if S == 1 else part, Cg, Kg * Cg, t.K * Cg),
-                                beta=1.0 if S == 1 and i > 0 else 0.0, b_transp=True, what="grad-weight (Winograd)")
+                                beta=1.0 if S == 1 and i > 0 else 0.0, b_transp=True,
+                                b_panels=self._panels("backward_weight", ws), what="grad-weight (Winograd)")
             if S > 1:
                 sum_partials(queue, self.dtype, idx, Ref(ws, part), S, n, Ref(ws, du), i > 0,
                              "grad-weight (Winograd): sum of slices")
