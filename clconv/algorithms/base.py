@@ -43,8 +43,10 @@ class Algorithm:
         self.g, self.dtype, self.per_group, self.gemm = g, dtype, per_group, gemm
         self.workspace = dict.fromkeys(PASSES, 0)
         # {pass: (offset, elements)} of the workspace where its GEMM packs B in panels (clconv's CPU
-        # kernel, gemm_cpu.panels_size); a pass not named, or of 0 elements, packs none
+        # kernel, gemm_cpu.panels_size); a pass not named, or of 0 elements, packs none. Only there,
+        # and not on per-group queues, whose GEMMs pack nothing
         self.panels = {}
+        self.packs = gemm == "cpu" and not (per_group and g.groups > 1)
 
     def describe(self, pass_name):
         """One line on how ``pass_name`` runs, for ``Plan.explain()``."""
@@ -58,6 +60,14 @@ class Algorithm:
 
     def backward_weight(self, queue, x, dy, dw, ws):
         raise NotImplementedError
+
+    def _reserve_panels(self, pass_name, at, size, workspace_limit):
+        """The pass packs ``size`` elements of panels at ``at``, after the rest of its workspace,
+        where the budget holds them (and none otherwise)."""
+        if (at + size) * self.dtype.itemsize > workspace_limit:
+            size = 0
+        self.panels[pass_name] = (at, size)
+        self.workspace[pass_name] = at + size
 
     def _panels(self, pass_name, ws):
         """Where in ``ws`` the pass's GEMM packs B in panels (an Operand), or None."""

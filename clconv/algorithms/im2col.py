@@ -93,13 +93,12 @@ class Im2col(Algorithm):
             self._fit_bands(workspace_limit, (per_image + partials) * itemsize, partials)
             return
         # clconv's CPU GEMM kernel packs B (col, T) in panels after the rest where its rule says so
-        # (gemm_cpu.panels_size; not on per-group queues, whose GEMMs pack nothing): per image at most
-        # B's rows by its positions, and a block of columns more per matrix
-        packs = gemm == "cpu" and not (per_group and g.groups > 1)
-        panels = ((lambda m, n, k: gemm_cpu.panels_size(device, m, n, k, g.groups, itemsize)) if packs else
+        # (gemm_cpu.panels_size): per image at most B's rows by its positions, and a block of
+        # columns more per matrix
+        panels = ((lambda m, n, k: gemm_cpu.panels_size(device, m, n, k, g.groups, itemsize)) if self.packs else
                   (lambda m, n, k: 0))
         b_rows = (max(self.rows if gemm_cpu.panels_wanted(g.Kg, g.Kd) else 0,
-                      g.K if gemm_cpu.panels_wanted(g.Kd, g.Kg) else 0) if packs else 0)
+                      g.K if gemm_cpu.panels_wanted(g.Kd, g.Kg) else 0) if self.packs else 0)
         with_panels, reserved_panels = per_image + b_rows * g.P, b_rows * 2 * gemm_cpu.vector_width(device, itemsize)
         if (with_panels + reserved + reserved_panels) * itemsize > workspace_limit:   # then without panels
             panels, with_panels, reserved_panels = (lambda m, n, k: 0), per_image, 0
@@ -136,14 +135,12 @@ class Im2col(Algorithm):
             self.split["forward"] = split(g.Kg, g.Kd, g.K)
             forward = per_image * self.forward_chunk + _partials(self.split["forward"], g.K * ld)
         # B in panels (of the unsplit GEMMs) after the rest: where the sizes are 0, not packed
-        self.panels = {"forward": (forward, panels(g.Kg, self.forward_chunk * g.P, g.Kd)),
-                       "backward_input": (self.packed_at + packed, panels(g.Kd, ld, g.Kg))}
+        self._reserve_panels("forward", forward, panels(g.Kg, self.forward_chunk * g.P, g.Kd), workspace_limit)
+        self._reserve_panels("backward_input", self.packed_at + packed, panels(g.Kd, ld, g.Kg), workspace_limit)
         # grad-weight: col^T in panels after the rest (the GEMM's K, positions per slice, short)
-        wgrad = per_image * self.chunk + wgrad_extra
         bt = (gemm_cpu.panels_size(device, g.Kg, g.Kd, self.chunk * g.P // self.slices, g.groups * self.slices,
-                                   itemsize, b_transp=True) if packs else 0)
-        self.panels["backward_weight"] = (wgrad, bt if (wgrad + bt) * itemsize <= workspace_limit else 0)
-        self.workspace = {p: sum(self.panels[p]) for p in self.panels}
+                                   itemsize, b_transp=True) if self.packs else 0)
+        self._reserve_panels("backward_weight", per_image * self.chunk + wgrad_extra, bt, workspace_limit)
 
     def _fit_bands(self, workspace_limit, whole, partials):
         """One image's workspace (``whole`` bytes) is above the budget: the passes run image by

@@ -107,21 +107,17 @@ class Pointwise(Algorithm):
         first = {"forward": _partials(self.split["forward"], g.N * g.K * g.P),
                  "backward_input": (_partials(self.split["backward_input"], g.N * g.C * g.P)
                                     + (g.K * g.Cg if gemm == "cpu" else 0))}
-        mk = {"forward": (g.Kg, g.Cg), "backward_input": (g.Cg, g.Kg)}
-        self.panels = {}
-        for p, (m, k) in mk.items():
+        for p, (m, k) in {"forward": (g.Kg, g.Cg), "backward_input": (g.Cg, g.Kg)}.items():
             size = (gemm_cpu.panels_size(device, m, g.P, k, g.groups * g.N, item)
-                    if gemm == "cpu" and self.split[p] == 1 and not (per_group and g.groups > 1) else 0)
-            self.panels[p] = (first[p], size if (first[p] + size) * item <= workspace_limit else 0)
-            self.workspace[p] = sum(self.panels[p])
+                    if self.packs and self.split[p] == 1 else 0)
+            self._reserve_panels(p, first[p], size, workspace_limit)
         self.workspace["backward_weight"] = (_partials(self.slices, g.K * g.Cg) if self.blocked else
                                              self.images * self.split["backward_weight"] * g.K * g.Cg
                                              if self._weight is None else self._weight.workspace["backward_weight"])
-        if self.blocked and gemm == "cpu" and not (per_group and g.groups > 1):   # X^T in panels (K blocks)
-            at = self.workspace["backward_weight"]
-            size = gemm_cpu.panels_size(device, g.Kg, g.Cg, g.P, g.groups, item, g.N, b_transp=True)
-            self.panels["backward_weight"] = (at, size if (at + size) * item <= workspace_limit else 0)
-            self.workspace["backward_weight"] = sum(self.panels["backward_weight"])
+        if self.blocked and self.packs:   # X^T in panels (K blocks)
+            self._reserve_panels("backward_weight", self.workspace["backward_weight"],
+                                 gemm_cpu.panels_size(device, g.Kg, g.Cg, g.P, g.groups, item, g.N, b_transp=True),
+                                 workspace_limit)
 
     @property
     def blocked(self):

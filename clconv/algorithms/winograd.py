@@ -107,10 +107,10 @@ class Winograd(Transform):
         # grad-weight split-K over the tiles: slices of a chunk divide its tiles exactly
         self.max_slices = max_slices(T2 * g.K * g.Cg, g.N * self._tiles_per_image("backward_weight"))
         # grad-weight on clconv's CPU GEMM kernel: V^T in panels where its rule says so, for L tiles
-        # per slice over ``count`` GEMMs (gemm_cpu.panels_size; not on per-group queues)
-        packs = gemm == "cpu" and not (per_group and g.groups > 1)
+        # per slice over ``count`` GEMMs (gemm_cpu.panels_size)
         self._bt_panels = ((lambda L, count: gemm_cpu.panels_size(device, g.Kg, g.Cg, L, count, dtype.itemsize,
-                                                                   b_transp=True)) if packs else (lambda L, count: 0))
+                                                                   b_transp=True)) if self.packs else
+                           (lambda L, count: 0))
         # tile rows per piece, and why, for the passes whose one image is above the budget
         self.ranges, self.cuts = {}, {}
         self._fit_chunks(workspace_limit,
@@ -118,8 +118,8 @@ class Winograd(Transform):
                          # U (or dU, and the partial sums)
                          fixed=lambda p, t: T2 * t.K * t.Cg * (1 + self._partials(p)),
                          widest=lambda p, t: T2 * max(t.C, t.K) * self._tiles_per_image(p))
-        end = self.workspace["backward_weight"]
-        self.panels["backward_weight"] = (self.layout["backward_weight"][-1], end - self.layout["backward_weight"][-1])
+        at = self.layout["backward_weight"][-1]   # the panels are the layout's last region
+        self.panels["backward_weight"] = (at, self.workspace["backward_weight"] - at)
 
     def _partials(self, pass_name):
         """Partial sums of dU the pass keeps, in units of dU: the most split-K slices, or none."""

@@ -157,18 +157,17 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     if a_transp and not b_transp and a_packed is not None:
         a = _pack(queue, dtype, gi, gj, m, k, a, a_packed, what)
         a_transp = False
-    # B^T packed (in panels): outer products on the panels, not dot products
-    packs_bt = b_transp and not a_transp and b_panels is not None
     c_transp = a_transp and b_transp
+    panels = b_panels is not None
+    assert not (panels and c_transp), "B in panels: op(A) = A^T with op(B) = B^T runs transposed, unpacked"
     steps = (kb.a_step, kb.b_step)
     if c_transp:   # C^T (N x M) = B (stored N x K) @ A (stored K x M): both untransposed
         m, n, a, b, a_transp, b_transp, steps = n, m, b, a, False, False, steps[::-1]
     itemsize = np.dtype(dtype).itemsize
-    t = tile(queue.device, m, n, k, gi * gj, itemsize, b_transp and not packs_bt, kb.count)
+    # B^T in panels runs as outer products on them, not dot products
+    t = tile(queue.device, m, n, k, gi * gj, itemsize, b_transp and not panels, kb.count)
     ops = (a, b, c)
     shapes = ((k, m) if a_transp else (m, k), (n, k) if b_transp else (k, n), (n, m) if c_transp else (m, n))
-    panels = b_panels is not None
-    assert not (panels and c_transp), "B in panels: op(A) = A^T with op(B) = B^T runs transposed, unpacked"
     size = -(-n // t.cols) * t.cols * k * kb.count   # of one matrix in panels
     idx = index_type(panels and b_panels.off + size * (gi if b.per_group else 1) * (gj if b.per_image else 1),
                      *(x.at(gi - 1, gj - 1) + (kb.count - 1) * step + (rows - 1) * x.ld + cols
@@ -176,7 +175,8 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     defines = dict(IDX=idx, VW=t.vw, INNER=int(t.inner), MR=t.mr, NV=t.nv, NR=t.cols, TM=t.tm, KC=t.kc,
                    A_TRANSP=int(a_transp), C_TRANSP=int(c_transp))
     if panels:
-        b = _pack_b(queue, dtype, gi, gj, n, k, kb.count, b, steps[1], b_panels, size, defines, b_transp, what)
+        b = _pack_b(queue, dtype, gi, gj, n, k, kb.count, b, steps[1], b_panels, size, t.cols, defines, b_transp,
+                    what)
         b_transp = False
         steps, ops = (steps[0], 0), (a, b, c)
     kernel = get_kernel(queue.context, "gemm_cpu.cl", "gemm_cpu", dtype, **defines)
@@ -200,10 +200,10 @@ def _pack(queue, dtype, gi, gj, m, k, a, packed, what):
     return out
 
 
-
-def _pack_b(queue, dtype, gi, gj, n, k, kb, b, b_kb, packed, size, defines, transposed, what):
+def _pack_b(queue, dtype, gi, gj, n, k, kb, b, b_kb, packed, size, cols, defines, transposed, what):
     """B (stored K x N, or N x K where ``transposed``; ``kb`` blocks of K ``b_kb`` apart) of each
-    distinct matrix of ``b`` packed in panels of ``size`` elements at ``packed`` (pack_b_panels,
+    distinct matrix of ``b`` packed in panels of ``cols`` columns, ``size`` elements a matrix, at
+    ``packed`` (pack_b_panels,
     pack_bt_panels): the Operand the GEMM then reads."""
     gi_b, gj_b = (gi if b.per_group else 1), (gj if b.per_image else 1)
     out = type(b)(packed.buf, packed.off, 0, size * gj_b if b.per_group else 0, size if b.per_image else 0)
@@ -212,7 +212,7 @@ def _pack_b(queue, dtype, gi, gj, n, k, kb, b, b_kb, packed, size, defines, tran
     rows = -(-(kb * k) // PACK_ROWS)
     if transposed:
         kernel = get_kernel(queue.context, "gemm_cpu.cl", "pack_bt_panels", dtype, **defines)
-        launch(queue, kernel, (rows, size // (kb * k * defines["NV"] * defines["VW"]), gi_b * gj_b), (1, 1, 1),
+        launch(queue, kernel, (rows, -(-n // cols), gi_b * gj_b), (1, 1, 1),
                *args, what=what + " (B^T in panels)")
     else:
         kernel = get_kernel(queue.context, "gemm_cpu.cl", "pack_b_panels", dtype, **defines)
