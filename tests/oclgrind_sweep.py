@@ -28,8 +28,11 @@ from numpy.lib.stride_tricks import as_strided
 import clconv
 from clconv import reference
 from clconv.algorithms import fc, im2col, pointwise
-from clconv.gemm import clblast as blas, k_slices
+from clconv.gemm import clblast as blas, gemm_cpu, k_slices
 from helpers import QueueAs
+
+PANEL_RULES = {rule: getattr(gemm_cpu, rule) for rule in ("PANEL_MIN_ROWS", "PANEL_MIN_DEPTH", "PANEL_MIN_ROW_BYTES",
+                                                         "BT_PANEL_MIN_ROWS")}
 
 # (name, input shape, weight shape, options, algorithm, queues, workspace limit in bytes or None)
 SWEEP = [
@@ -119,6 +122,14 @@ SWEEP = [
     ("cpu_gemm_fc_groups", (3, 4, 3, 2), (6, 2, 3, 2), dict(groups=2, gemm="cpu"), "fc", "single", None),
     ("cpu_gemm_winograd", (1, 4, 5, 6), (4, 2, 3, 3), dict(padding=1, groups=2, gemm="cpu"), "winograd",
      "single", None),
+    # B packed in panels (forward, grad-input) and B^T packed transposed (grad-weight): the packing
+    # rules lowered to every product ("panels")
+    ("cpu_gemm_im2col_panels", (2, 4, 9, 7), (6, 2, 3, 3), dict(stride=(2, 1), padding=1, groups=2, gemm="cpu",
+                                                                panels=True), "im2col", "single", None),
+    ("cpu_gemm_1x1_panels", (3, 6, 5, 7), (10, 3, 1, 1), dict(groups=2, gemm="cpu", panels=True), "1x1", "single",
+     None),
+    ("cpu_gemm_winograd_panels", (1, 6, 5, 6), (10, 3, 3, 3), dict(padding=1, groups=2, gemm="cpu", panels=True),
+     "winograd", "single", None),
     # the kernels made for CPU devices (their row forms): Oclgrind calls itself a GPU, so these
     # plans are built on the queue as a CPU device would report it (helpers.QueueAs)
     ("cpu_direct_depthwise_s2_overpad", (2, 3, 9, 11), (6, 1, 3, 3), dict(stride=2, padding=((2, 1), (1, 3)),
@@ -204,6 +215,9 @@ def main():
         engine = opts.pop("gemm", "clblast")
         as_cpu = opts.pop("cpu", False)
         slices = opts.pop("slices", None)   # split-K slices the GEMM rule gives, forced (None: the rule's)
+        lowered = 1 if opts.pop("panels", False) else None   # the packing rules' thresholds, lowered
+        for rule, value in PANEL_RULES.items():
+            setattr(gemm_cpu, rule, lowered or value)
         for module in (fc, im2col, pointwise):
             module.k_slices = (lambda *args, n=slices, **kw: n) if slices else k_slices
         if engine != "clblast" and "--host-gemm" not in sys.argv:
