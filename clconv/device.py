@@ -167,6 +167,17 @@ def vectorizes_work_items(device):
     return bool(device.type & cl.device_type.GPU) or device.platform.name.startswith("Intel(R) OpenCL")
 
 
+def multiply_add_builtin(device):
+    """Whether clconv's kernels write a multiply-add as OpenCL's fma() for this device (MADD in
+    kernels/clconv.h), not as ``a * b + c``. Intel's CPU runtime (2026.2) left ``a * b + c`` as a
+    multiply and an add on a 2-core AMD EPYC (Zen 3, AVX2), where fma() gives one FMA
+    instruction: the CPU GEMM's outer products 66-73 -> 115-171 GFLOP/s (measured FMA peak 193;
+    mad() the same within noise, but fma() is rounded once by definition). PoCL 3.0 contracts
+    ``a * b + c`` to an FMA but calls its mad() and fma() builtins as functions (the same GEMM
+    134-145 -> 20 GFLOP/s with either); GPUs contract it."""
+    return bool(device.type & cl.device_type.CPU) and device.platform.name.startswith("Intel(R) OpenCL")
+
+
 SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 

@@ -16,6 +16,8 @@ import numpy as np
 import pyopencl as cl
 from pyopencl.tools import context_dependent_memoize
 
+from .device import multiply_add_builtin
+
 
 class ClconvError(RuntimeError):
     """A device-side failure (build, launch, CLBlast, out of memory), with its context."""
@@ -46,9 +48,10 @@ def index_type(*element_counts):
     return "int" if max(element_counts, default=0) <= INT32_MAX else "long"
 
 
-def program_source(filename, dtype, defines):
-    """The source built for ``kernels/filename``: our #defines for ``dtype`` and ``defines``
-    ((name, value) pairs), the shared header, then the file."""
+def program_source(filename, dtype, defines, device=None):
+    """The source built for ``kernels/filename``: our #defines for ``dtype``, ``device`` (how its
+    compiler wants a multiply-add written) and ``defines`` ((name, value) pairs), the shared
+    header, then the file."""
     path = kernel_dir() / filename
     real, store = _C_TYPES[dtype]
     if store == "half" and filename not in _STORAGE_AWARE:
@@ -59,6 +62,8 @@ def program_source(filename, dtype, defines):
                   "#define SAVE(p, i, v) vstore_half_rte((v), (i), (p))"]
     if dtype == np.float64:
         lines.insert(0, "#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
+    if device is not None and multiply_add_builtin(device):
+        lines.append("#define MADD(a, b, c) fma((a), (b), (c))")
     lines += [f"#define {name} {value}" for name, value in defines]
     return "\n".join(lines) + "\n" + _header_text() + path.read_text()
 
@@ -71,7 +76,7 @@ def _header_text():
 @context_dependent_memoize
 def _build(context, filename, dtype, defines):
     path = kernel_dir() / filename
-    source = program_source(filename, dtype, defines)
+    source = program_source(filename, dtype, defines, context.devices[0])
     # Oclgrind's checks cannot follow LLVM's `freeze` instruction, which the optimiser
     # emits for our div/mod index arithmetic: build unoptimised there.
     oclgrind = context.devices[0].platform.name == "Oclgrind"

@@ -11,6 +11,12 @@
 #ifndef IDX            // index type: int when every index formed is below 2^31, else long
 #define IDX long
 #endif
+#ifndef MADD           // a * b + c as one FMA: OpenCL C contracts the expression by default, and PoCL
+                       // 3.0 calls its mad() and fma() builtins as functions, not inlined (seen in its
+                       // objects); where a runtime does not contract it, the builder defines fma()
+                       // (clconv.device.multiply_add_builtin)
+#define MADD(a, b, c) ((a) * (b) + (c))
+#endif
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 #define REAL4 CAT(REAL, 4)

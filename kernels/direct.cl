@@ -472,8 +472,8 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
                             const int d = t - o * SH;   // tap row d / DH of output row oy0 + o
                             if (d < 0 || d % DH || d / DH >= KH) continue;
                             _Pragma("unroll") for (int b = 0; b < KB; ++b)
-                                acc[b][o][u] = (REALV)w[w_off + WBASE(k0 + b, c) + TAP(d / DH, j)] * v.v
-                                               + acc[b][o][u];
+                                acc[b][o][u] = MADD((REALV)w[w_off + WBASE(k0 + b, c) + TAP(d / DH, j)], v.v,
+                                                    acc[b][o][u]);
                         }
                     }
             }
@@ -503,7 +503,7 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
                             const int d = t - r * SH;   // (folds: t and r are unrolled)
                             if (d < 0 || d % DH || d / DH >= KH) continue;
                             _Pragma("unroll") for (int b = 0; b < KB; ++b)
-                                acc[b][r] = (REALV)w[w_off + WBASE(k0 + b, c) + TAP(d / DH, j)] * v + acc[b][r];
+                                acc[b][r] = MADD((REALV)w[w_off + WBASE(k0 + b, c) + TAP(d / DH, j)], v, acc[b][r]);
                         }
                     }
                 }
@@ -547,7 +547,7 @@ void direct_weight_rows(__global const REAL* restrict x, const IDX x_off,
                     const int iy = oy * SH - PT + i * DH;
                     if (iy < 0 || iy >= H) continue;
                     _Pragma("unroll") for (int j = 0; j < KW; ++j)
-                        acc[i * KW + j] = gr * row_values(xc + iy * W, ox0 * SW - PL + j * DW, W) + acc[i * KW + j];
+                        acc[i * KW + j] = MADD(gr, row_values(xc + iy * W, ox0 * SW - PL + j * DW, W), acc[i * KW + j]);
                 }
             }
         }
@@ -619,7 +619,7 @@ void direct_input_rows(__global const REAL* restrict w, const IDX w_off,
                                 const int d = iy0 + r + PT - oy * SH;   // = i * DH, tap row i reading row iy0 + r
                                 if (d < 0 || d % DH || d / DH >= KH) continue;
                                 _Pragma("unroll") for (int b = 0; b < CB; ++b)
-                                    acc[b][r] = (REALV)wk[b * KH * KW + d / DH * KW + j] * v + acc[b][r];
+                                    acc[b][r] = MADD((REALV)wk[b * KH * KW + d / DH * KW + j], v, acc[b][r]);
                             }
                         }
                     }
@@ -656,7 +656,7 @@ void direct_input_rows(__global const REAL* restrict w, const IDX w_off,
                             if (nx % SW) continue;
                             const REALV v = span_values(dk + ny / SH * OW, nx / SW + u0, OW);
                             _Pragma("unroll") for (int b = 0; b < CB; ++b)
-                                acc[b] = (REALV)wk[b * KH * KW + i * KW + j] * v + acc[b];
+                                acc[b] = MADD((REALV)wk[b * KH * KW + i * KW + j], v, acc[b]);
                         }
                     }
                 }

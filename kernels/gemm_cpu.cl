@@ -60,11 +60,6 @@
 #define C_TRANSP 0     // op(A) = A^T with op(B) = B^T as C^T = B A this way)
 #endif
 
-#ifndef MADD           // a * b + c: OpenCL C contracts it to one FMA instruction by default. PoCL 3.0
-                       // calls its fma() builtin as a function, not inlined (seen in its objects)
-#define MADD(a, b, c) ((a) * (b) + (c))
-#endif
-
 // Vector loads and stores as VW consecutive scalars, which the compiler merges into one
 // unaligned access: PoCL 3.0 calls its vloadn/vstoren builtins (and min, fma) as functions,
 // not inlined (seen in its objects).
