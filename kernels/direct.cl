@@ -435,6 +435,28 @@ inline REALV row_values(__global const REAL* restrict xr, const int ix0, const i
 #if RNV
 #define RLEN ((RNV * VW - 1) * SW + (KW - 1) * DW + 1)
 #endif
+// Longer rows with LPAD > 0 first copy the work-item's input rows, zero-padded on every side,
+// into LPAD values of local memory (LR rows of each of the group's channels, one row as long as
+// every vector of a row needs), and read every vector from there: no padding checks, one vector
+// load each, where a vector at a row's edge otherwise is loaded lane by lane with a test each.
+#ifndef LPAD
+#define LPAD 0
+#endif
+#define LR ((((RB) + RR - 1) / RR * RR - 1) * SH + (KH - 1) * DH + 1)
+
+// VW values of a zero-padded row in local memory from column q0, SW apart (as row_values).
+inline REALV band_values(__local const REAL* restrict br, const int q0)
+{
+    lanes v;
+#if SW == 2
+    REAL r[2 * VW];
+    _Pragma("unroll") for (int q = 0; q < 2 * VW; ++q) r[q] = br[q0 + q];
+    _Pragma("unroll") for (int q = 0; q < VW; ++q) v.s[q] = r[2 * q];
+#else
+    _Pragma("unroll") for (int q = 0; q < VW; ++q) v.s[q] = br[q0 + q * SW];
+#endif
+    return v.v;
+}
 #if BUILDS(DIRECT_ROWS)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void direct_rows(__global const REAL* restrict x, const IDX x_off,
@@ -486,6 +508,29 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
                                       acc[b][o][u], OW - u * VW, flags);
     }
 #else   // RR output rows at once (one where RR is 1)
+#if LPAD
+    __local REAL band[LPAD];   // channel c's input row iy0 + r at band[(c * LR + r) * lw]
+    const int lw = (OW + VW - 1) / VW * VW * SW + (KW - 1) * DW;   // columns -PL .. lw - PL - 1
+    const int iy0 = (int)get_global_id(0) * RB * SH - PT;
+    for (int c = 0; c < CG; ++c) {
+        __global const REAL* xc = x + x_off + ((IDX)n * C + c0 + c) * H * W;
+        for (int r = 0; r < LR; ++r) {
+            __local REAL* br = band + (c * LR + r) * lw;
+            const int iy = iy0 + r;
+            if (iy < 0 || iy >= H) {
+                for (int q = 0; q < lw; ++q) br[q] = 0;
+                continue;
+            }
+            for (int q = 0; q < lw; ++q) {
+                const int ix = q - PL;
+                br[q] = ix >= 0 && ix < W ? xc[iy * W + ix] : (REAL)0;
+            }
+        }
+    }
+#define INPUT_VECTOR(c, iy, ix0) band_values(band + ((c) * LR + (iy) - iy0) * lw, (ix0) + PL)
+#else
+#define INPUT_VECTOR(c, iy, ix0) row_values(xc + (iy) * W, (ix0), W)
+#endif
     for (int oy0 = get_global_id(0) * RB; oy0 < oy_end; oy0 += RR) {
         for (int ox0 = 0; ox0 < OW; ox0 += VW) {
             REALV acc[KB][RR];
@@ -498,7 +543,7 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
                     const int iy = oy0 * SH - PT + t;
                     if (iy < 0 || iy >= H) continue;
                     _Pragma("unroll") for (int j = 0; j < KW; ++j) {
-                        const REALV v = row_values(xc + iy * W, ox0 * SW - PL + j * DW, W);
+                        const REALV v = INPUT_VECTOR(c, iy, ox0 * SW - PL + j * DW);
                         _Pragma("unroll") for (int r = 0; r < RR; ++r) {
                             const int d = t - r * SH;   // (folds: t and r are unrolled)
                             if (d < 0 || d % DH || d / DH >= KH) continue;

@@ -27,12 +27,13 @@ from numpy.lib.stride_tricks import as_strided
 
 import clconv
 from clconv import reference
-from clconv.algorithms import fc, im2col, pointwise
+from clconv.algorithms import direct, fc, im2col, pointwise
 from clconv.gemm import clblast as blas, gemm_cpu, k_slices
 from helpers import QueueAs
 
 PANEL_RULES = {rule: getattr(gemm_cpu, rule) for rule in ("PANEL_MIN_ROWS", "PANEL_MIN_DEPTH", "PANEL_MIN_ROW_BYTES",
                                                          "BT_PANEL_MIN_ROWS")}
+BAND_BYTES = direct.BAND_BYTES
 
 # (name, input shape, weight shape, options, algorithm, queues, workspace limit in bytes or None)
 SWEEP = [
@@ -143,6 +144,12 @@ SWEEP = [
      "single", None),
     ("cpu_direct_groups_d2", (1, 4, 10, 13), (8, 2, 3, 3), dict(padding=2, dilation=2, groups=2, cpu=True),
      "direct", "single", None),
+    # the zero-padded input band in local memory (the long rows above take it too): bands of fewer
+    # rows than a plane's, stride 2, a filter taller than the image
+    ("cpu_direct_band_of_fewer_rows", (4, 8, 13, 29), (8, 1, 7, 7), dict(padding=3, groups=8, cpu=True,
+                                                                         band_bytes=3200), "direct", "single", None),
+    ("cpu_direct_band_s2_tall_filter", (1, 4, 5, 23), (4, 2, 7, 5), dict(stride=2, padding=(3, 2), groups=2,
+                                                                         cpu=True), "direct", "single", None),
     ("cpu_winograd_3x3_dilated", (2, 3, 9, 14), (4, 3, 3, 3), dict(padding=(1, 2), dilation=(1, 2), cpu=True),
      "winograd", "single", None),
     ("cpu_winograd_5x5_split_k", (2, 1, 32, 30), (2, 1, 5, 5), dict(padding=2, cpu=True), "winograd", "single",
@@ -216,6 +223,7 @@ def main():
         as_cpu = opts.pop("cpu", False)
         slices = opts.pop("slices", None)   # split-K slices the GEMM rule gives, forced (None: the rule's)
         lowered = 1 if opts.pop("panels", False) else None   # the packing rules' thresholds, lowered
+        direct.BAND_BYTES = opts.pop("band_bytes", BAND_BYTES)   # direct_rows' input band, made smaller
         for rule, value in PANEL_RULES.items():
             setattr(gemm_cpu, rule, lowered or value)
         for module in (fc, im2col, pointwise):

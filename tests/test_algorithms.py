@@ -8,6 +8,7 @@ import pytest
 
 import clconv
 from clconv import reference
+from clconv.algorithms import direct
 from clconv.algorithms.direct import Direct
 from clconv.device import has_fp64
 from clconv.geometry import conv_geometry
@@ -505,6 +506,33 @@ def test_direct_rows_load_short_rows_once(case, short, queue):
     line, rows = p.explain().splitlines()[1], p._choice["forward"][0].rows["forward"][1]
     assert ("each input row loaded once, zero-padded" in line) == short
     assert ("output rows summed at once" in line) == (rows > 1)   # (rows per work-item: the device's cores)
+    assert_close(p.forward(x, w, b, queue=queue), reference.conv2d(x, w, b, **case.options), np.float32, "forward")
+    assert_close(p.backward_input(w, dy, queue=queue), reference.conv2d_input(x.shape, w, dy, **case.options),
+                 np.float32, "grad-input")
+
+
+@pytest.mark.parametrize("case,band,rows,band_bytes", [
+    (Case("depthwise_7x7_on_13x29", 4, 6, 13, 29, 6, 7, 7, padding=3, groups=6), True, 13, None),
+    # bands of 8 of a plane's 13 rows where the whole plane's would not fit (the last one partly past it)
+    (Case("depthwise_7x7_band_of_8_rows", 4, 6, 13, 29, 6, 7, 7, padding=3, groups=6), True, 8, 3200),
+    # groups of 3 channels (not a vector's multiple), stride 2, dilation 2; a filter taller than the image
+    (Case("g2_of_3_s2_d2", 4, 6, 23, 37, 4, 3, 3, stride=2, padding=2, dilation=2, groups=2), True, None, None),
+    (Case("depthwise_9x9_on_4x11", 4, 4, 4, 11, 4, 9, 9, padding=4, groups=4), True, None, None),
+    # stride 2, 3x3 and few loads at a row's edge: reading in place costs less than the copy
+    (Case("depthwise_s2_wide", 4, 4, 9, 150, 4, 3, 3, stride=2, padding=1, groups=4), False, None, None),
+], ids=repr)
+def test_direct_rows_zero_padded_band(case, band, rows, band_bytes, queue, monkeypatch):
+    """On CPUs, direct_rows over rows longer than a vector copies its input rows, zero-padded, into
+    local memory where that pays (direct.BAND_MIN_USES, BAND_MIN_EDGES), in bands of fewer rows than
+    a plane where a plane's do not fit BAND_BYTES. Forward and grad-input against the reference."""
+    if band_bytes:
+        monkeypatch.setattr(direct, "BAND_BYTES", band_bytes)
+    x, w, b, dy = case.data()
+    p = clconv.Plan(conv_geometry(x.shape, w.shape, **case.options), np.float32,
+                    QueueAs(queue, type=cl.device_type.CPU, max_compute_units=1), algorithm="direct", selfcheck=False)
+    assert ("copied zero-padded into local memory" in p.explain().splitlines()[1]) == band
+    if rows:
+        assert p._choice["forward"][0].rows["forward"][1] == rows
     assert_close(p.forward(x, w, b, queue=queue), reference.conv2d(x, w, b, **case.options), np.float32, "forward")
     assert_close(p.backward_input(w, dy, queue=queue), reference.conv2d_input(x.shape, w, dy, **case.options),
                  np.float32, "grad-input")
