@@ -1,6 +1,6 @@
 """Benchmark clconv on the reference workloads, side by side with its peers.
 
-    python -m bench [--workload NAME ...] [--size cpu|gpu] [--repeat R] [--json PATH] [--no-peers]
+    python -m bench [--workload NAME ...] [--size cpu|gpu] [--repeat R] [--json PATH] [--no-peers | --torch-only]
                     [--algorithm NAME] [--queues single|per-group] [--plot PNG]
 
 For every workload in bench/workloads.json (the 'gpu' sizes on a GPU, else the
@@ -88,7 +88,7 @@ def gemm_peer(g, queue):
     return fns
 
 
-def run_workload(w, size, queue, repeat, with_peers, log, algorithm="auto", queues="single"):
+def run_workload(w, size, queue, repeat, with_peers, log, algorithm="auto", queues="single", others=True):
     s = dict(w[size])
     g = conv_geometry((s["N"], s["C"], s["H"], s["W"]), (s["K"], s["C"] // s["groups"], s["kh"], s["kw"]),
                       s["stride"], s["padding"], s["dilation"], s["groups"])
@@ -150,7 +150,7 @@ def run_workload(w, size, queue, repeat, with_peers, log, algorithm="auto", queu
                                                   reference.conv2d_weight(x, wt.shape, dy, **opts))}
     for p in PASSES:
         result["passes"][p]["error"] = errors[p]
-    if with_peers:
+    if with_peers and others:   # (others: the peers besides PyTorch)
         for label, fns, sync in _peers(g, queue, host, dev, outs, log):
             for p, fn in fns.items():
                 try:
@@ -226,6 +226,8 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=10, help="timed runs per pass (default 10)")
     ap.add_argument("--json", help="output path (default bench/results/<device>-<date>.json)")
     ap.add_argument("--no-peers", action="store_true", help="time clconv only")
+    ap.add_argument("--torch-only", action="store_true", help="of the peers, time PyTorch only (the one the "
+                    "targets are set against; a CLBlast loop takes seconds per call on CPUs)")
     ap.add_argument("--algorithm", default="auto", help="force an algorithm (see clconv.plan)")
     ap.add_argument("--queues", default="single", choices=("single", "per-group"), help="GEMM queues per group")
     ap.add_argument("--plot", help="also draw a PNG chart to this path (needs matplotlib)")
@@ -243,7 +245,8 @@ def main(argv=None):
         for w in bar:
             bar.set_postfix_str(w["name"])
             results.append(run_workload(w, size, queue, args.repeat, not args.no_peers,
-                                        lambda msg: tqdm.write(msg, file=sys.stdout), args.algorithm, args.queues))
+                                        lambda msg: tqdm.write(msg, file=sys.stdout), args.algorithm, args.queues,
+                                        not args.torch_only))
     print(table(results))
     today = datetime.date.today().isoformat()
     path = Path(args.json) if args.json else \
