@@ -564,49 +564,6 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
 }
 #endif
 
-// grad-weight stage 1 for CPU devices: work-item (k, s) sums dy[n, k, oy, ox] *
-// x[n, c, ...] for every tap of filter k over slice s of the N * OH output rows, VW columns at
-// a time into one vector per tap of a channel (channel by channel, so the accumulators stay
-// in registers), then across the vectors: part[(k * S + s) * TAPS + tap], as stage 1 above.
-#if BUILDS(DIRECT_WEIGHT_ROWS)
-__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void direct_weight_rows(__global const REAL* restrict x, const IDX x_off,
-                        __global const REAL* restrict dy, const IDX dy_off,
-                        __global REAL* restrict part, const int S, GEOMETRY)
-{
-    const int k = get_global_id(0) / S, s = get_global_id(0) % S;
-    const int c0 = (k / KG) * CG, rows = N * OH, per = (rows + S - 1) / S;
-    const int begin = per * s, end = min(rows, begin + per);
-    for (int c = 0; c < CG; ++c) {
-        REALV acc[KH * KW];
-        _Pragma("unroll") for (int t = 0; t < KH * KW; ++t) acc[t] = 0;
-        for (int row = begin; row < end; ++row) {
-            const int n = row / OH, oy = row - n * OH;
-            __global const REAL* g = dy + dy_off + ((IDX)n * K + k) * OH * OW + oy * OW;
-            __global const REAL* xc = x + x_off + ((IDX)n * C + c0 + c) * H * W;
-            for (int ox0 = 0; ox0 < OW; ox0 += VW) {
-                lanes gv;   // zero past the row's end, so those columns add nothing
-                _Pragma("unroll") for (int q = 0; q < VW; ++q) gv.s[q] = ox0 + q < OW ? g[ox0 + q] : (REAL)0;
-                const REALV gr = gv.v;
-                _Pragma("unroll") for (int i = 0; i < KH; ++i) {
-                    const int iy = oy * SH - PT + i * DH;
-                    if (iy < 0 || iy >= H) continue;
-                    _Pragma("unroll") for (int j = 0; j < KW; ++j)
-                        acc[i * KW + j] = MADD(gr, row_values(xc + iy * W, ox0 * SW - PL + j * DW, W), acc[i * KW + j]);
-                }
-            }
-        }
-        _Pragma("unroll") for (int t = 0; t < KH * KW; ++t) {
-            lanes a;
-            a.v = acc[t];
-            REAL sum = 0;
-            _Pragma("unroll") for (int q = 0; q < VW; ++q) sum += a.s[q];
-            part[((IDX)k * S + s) * TAPS + c * KH * KW + t] = sum;
-        }
-    }
-}
-#endif
-
 // VW consecutive values p[o0 .. o0 + VW - 1], zero outside 0 .. n - 1.
 inline REALV span_values(__global const REAL* restrict p, const int o0, const int n)
 {
@@ -618,6 +575,75 @@ inline REALV span_values(__global const REAL* restrict p, const int o0, const in
     }
     return v.v;
 }
+
+// grad-weight stage 1 for CPU devices: work-item (k, s) sums dy[n, k, oy, ox] *
+// x[n, c, ...] for every tap of filter k over slice s of the N * OH output rows, VW columns at
+// a time into one vector per tap of a channel (channel by channel, so the accumulators stay
+// in registers), then across the vectors: part[(k * S + s) * TAPS + tap], as stage 1 above.
+// With LPAD > 0 the input rows under up to BR output rows of one image are first copied,
+// zero-padded, into local memory (as direct_rows' band) and every input vector is read there.
+#ifndef BR             // output rows of one image direct_weight_rows' band serves
+#define BR 1
+#endif
+#if BUILDS(DIRECT_WEIGHT_ROWS)
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void direct_weight_rows(__global const REAL* restrict x, const IDX x_off,
+                        __global const REAL* restrict dy, const IDX dy_off,
+                        __global REAL* restrict part, const int S, GEOMETRY)
+{
+    const int k = get_global_id(0) / S, s = get_global_id(0) % S;
+    const int c0 = (k / KG) * CG, rows = N * OH, per = (rows + S - 1) / S;
+    const int begin = per * s, end = min(rows, begin + per);
+#if LPAD   // input row iy0 + r at band[r * lw], columns -PL .. lw - PL - 1
+    __local REAL band[LPAD];
+    const int lw = (OW + VW - 1) / VW * VW * SW + (KW - 1) * DW;
+#define WEIGHT_INPUT(iy, ix0) band_values(band + ((iy) - iy0) * lw, (ix0) + PL)
+#else
+#define WEIGHT_INPUT(iy, ix0) row_values(xc + (iy) * W, (ix0), W)
+#endif
+    for (int c = 0; c < CG; ++c) {
+        REALV acc[KH * KW];
+        _Pragma("unroll") for (int t = 0; t < KH * KW; ++t) acc[t] = 0;
+        for (int row = begin; row < end; ) {
+            const int n = row / OH, oy_begin = row - n * OH;
+            const int oy_end = min(min(OH, oy_begin + BR), end - n * OH);   // this image's rows, BR at most
+            __global const REAL* xc = x + x_off + ((IDX)n * C + c0 + c) * H * W;
+#if LPAD
+            const int iy0 = oy_begin * SH - PT;
+            for (int r = 0; r < (oy_end - oy_begin - 1) * SH + (KH - 1) * DH + 1; ++r) {
+                const int iy = iy0 + r;
+                if (iy < 0 || iy >= H) continue;   // (never read)
+                __local REAL* br = band + r * lw;
+                for (int q = 0; q < lw; ++q) {
+                    const int ix = q - PL;
+                    br[q] = ix >= 0 && ix < W ? xc[iy * W + ix] : (REAL)0;
+                }
+            }
+#endif
+            for (int oy = oy_begin; oy < oy_end; ++oy) {
+                __global const REAL* g = dy + dy_off + ((IDX)n * K + k) * OH * OW + oy * OW;
+                for (int ox0 = 0; ox0 < OW; ox0 += VW) {
+                    const REALV gr = span_values(g, ox0, OW);   // zero past the row's end: adds nothing
+                    _Pragma("unroll") for (int i = 0; i < KH; ++i) {
+                        const int iy = oy * SH - PT + i * DH;
+                        if (iy < 0 || iy >= H) continue;
+                        _Pragma("unroll") for (int j = 0; j < KW; ++j)
+                            acc[i * KW + j] = MADD(gr, WEIGHT_INPUT(iy, ox0 * SW - PL + j * DW), acc[i * KW + j]);
+                    }
+                }
+            }
+            row += oy_end - oy_begin;
+        }
+        _Pragma("unroll") for (int t = 0; t < KH * KW; ++t) {
+            lanes a;
+            a.v = acc[t];
+            REAL sum = 0;
+            _Pragma("unroll") for (int q = 0; q < VW; ++q) sum += a.s[q];
+            part[((IDX)k * S + s) * TAPS + c * KH * KW + t] = sum;
+        }
+    }
+}
+#endif
 
 // direct_input's sum for CPU devices: work-item (band, (n * C + c) / CB) computes RB input-gradient
 // rows from band * RB of the CB planes (n, c .. c + CB - 1), channels of one group, which read

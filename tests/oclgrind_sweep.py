@@ -148,6 +148,9 @@ SWEEP = [
     # rows than a plane's, stride 2, a filter taller than the image
     ("cpu_direct_band_of_fewer_rows", (4, 8, 13, 29), (8, 1, 7, 7), dict(padding=3, groups=8, cpu=True,
                                                                          band_bytes=3200), "direct", "single", None),
+    # grad-weight's band: bands of 8 and 3 rows, a work-item's slice ending inside an image
+    ("cpu_direct_band_weight_rows", (3, 4, 11, 13), (4, 1, 3, 3), dict(padding=1, groups=4, cpu=True,
+                                                                       band_bytes=720), "direct", "single", None),
     ("cpu_direct_band_s2_tall_filter", (1, 4, 5, 23), (4, 2, 7, 5), dict(stride=2, padding=(3, 2), groups=2,
                                                                          cpu=True), "direct", "single", None),
     ("cpu_winograd_3x3_dilated", (2, 3, 9, 14), (4, 3, 3, 3), dict(padding=(1, 2), dilation=(1, 2), cpu=True),

@@ -538,6 +538,29 @@ def test_direct_rows_zero_padded_band(case, band, rows, band_bytes, queue, monke
                  np.float32, "grad-input")
 
 
+@pytest.mark.parametrize("case,band_rows,band_bytes", [
+    # two slices of 33 rows: the first ends inside the second image, in bands of 8 and 3 rows
+    (Case("depthwise_band_of_8_rows", 3, 4, 11, 13, 4, 3, 3, padding=1, groups=4), 8, 720),
+    (Case("depthwise_7x7_on_7x7", 2, 4, 7, 7, 4, 7, 7, padding=3, groups=4), 7, None),   # rows of one vector
+    (Case("g2_of_3_s2_d2", 4, 6, 23, 37, 4, 3, 3, stride=2, padding=2, dilation=2, groups=2), 12, None),
+    (Case("depthwise_s2_wide", 4, 4, 9, 150, 4, 3, 3, stride=2, padding=1, groups=4), None, None),
+], ids=repr)
+def test_direct_weight_rows_zero_padded_band(case, band_rows, band_bytes, queue, monkeypatch):
+    """On CPUs, direct_weight_rows copies the input rows under up to BR output rows of an image,
+    zero-padded, into local memory where that pays (as direct_rows), BR as many of an image's rows as
+    fit BAND_BYTES; a work-item's slice of rows may end inside an image. Against the reference."""
+    if band_bytes:
+        monkeypatch.setattr(direct, "BAND_BYTES", band_bytes)
+    x, w, b, dy = case.data()
+    p = clconv.Plan(conv_geometry(x.shape, w.shape, **case.options), np.float32,
+                    QueueAs(queue, type=cl.device_type.CPU, max_compute_units=1), algorithm="direct", selfcheck=False)
+    algo = p._choice["backward_weight"][0]
+    assert (algo._weight_band() or (None,))[0] == band_rows
+    assert (f"under up to {band_rows} output row(s)" in p.explain()) == bool(band_rows)
+    assert_close(p.backward_weight(x, dy, queue=queue), reference.conv2d_weight(x, w.shape, dy, **case.options),
+                 np.float32, "grad-weight")
+
+
 @pytest.mark.parametrize("case", [STEM, GROUPED_KG4], ids=repr)
 def test_direct_staged_float64(case, queue):
     if not has_fp64(queue.device):

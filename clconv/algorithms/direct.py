@@ -103,6 +103,11 @@ ROW_BLOCK = 8
 # fewer than BAND_MIN_EDGES of the row's vector loads would be at an edge, it costs more than it
 # saves (mobilenet_v2's 3x3 stride-2 depthwise on 112x112 maps, 1 load in 21 at an edge: 1.18x the
 # time on Intel's runtime, 0.92x on PoCL; the same on 28x28 maps, 4 in 6 at an edge: 0.59x, 0.73x).
+# The CPU grad-weight rows (direct_weight_rows) take a band by the same rule, the input rows under as
+# many of an image's output rows as fit: same machine, the networks' depthwise grad-weights against
+# reading in place, Intel's runtime 0.23-0.51x the time on stride 1 (3x3 on 7x7 to 28x28 maps
+# 0.36-0.51x, 5x5 and 7x7 0.23-0.33x), stride 2 0.77-0.81x but 1.11x on 3x3 over 56x56 maps; PoCL
+# 0.23-0.54x, stride 2 0.44-0.96x.
 BAND_BYTES = 32768
 BAND_MIN_USES = 4
 BAND_MIN_EDGES = 0.25
@@ -231,6 +236,10 @@ class Direct(Algorithm):
         g = self.g
         if pass_name == "backward_weight":
             kind = "" if self.staged else " (rows of output, vectors along them)"
+            band = None if self.staged else self._weight_band()
+            if band:
+                kind += (f", the input rows under up to {band[0]} output row(s) of an image first copied zero-padded "
+                         "into local memory (a vector load each)")
             return (f"direct grad-weight{kind}, {g.K} x {self.slices} partial sums of {self.taps} taps, "
                     "then an ordered sum")
         tx, ty, ph, pw, ry = self.tiles[pass_name]
@@ -274,7 +283,7 @@ class Direct(Algorithm):
         work-item where RB rows' zero-padded input band would not fit :meth:`_band_bytes` (the
         most multiple of the row block that fits)."""
         kb, rb = rows
-        if not self._band_pays(g, kb):
+        if self._short_rows(g, kb) or not self._band_pays(g, kb):
             return rows
         rr = min(rb, self._row_block(g, kb))
         row = g.Cg * self._band_width(g) * self.dtype.itemsize
@@ -286,10 +295,8 @@ class Direct(Algorithm):
         return -(-g.OW // self.vw) * self.vw * g.stride[1] + (g.kw - 1) * g.dilation[1]
 
     def _band_pays(self, g, kb):
-        """Whether direct_rows over geometry ``g`` with ``kb`` filters copies its input rows into a
-        zero-padded band (BAND_MIN_USES, BAND_MIN_EDGES), space permitting: not for short rows."""
-        if self._short_rows(g, kb):
-            return False
+        """Whether a row kernel over geometry ``g`` with ``kb`` filters per input value copies its
+        input rows into a zero-padded band (BAND_MIN_USES, BAND_MIN_EDGES), space permitting."""
         (sh, sw), dw, pl = g.stride, g.dilation[1], g.pads[1][0]
         if kb * g.kh * g.kw >= BAND_MIN_USES * sh * sw:
             return True
@@ -301,13 +308,24 @@ class Direct(Algorithm):
     def _band_values(self, g, kb, rb):
         """Values of direct_rows' zero-padded input band over geometry ``g`` with ``kb`` filters
         and ``rb`` rows per work-item; 0 where it takes none (:meth:`_band_pays`, or above
-        :meth:`_band_bytes`)."""
-        if not self._band_pays(g, kb):
+        :meth:`_band_bytes`; short rows load theirs once anyway)."""
+        if self._short_rows(g, kb) or not self._band_pays(g, kb):
             return 0
         rr = min(rb, self._row_block(g, kb))
         rows = (-(-rb // rr) * rr - 1) * g.stride[0] + (g.kh - 1) * g.dilation[0] + 1
         values = g.Cg * rows * self._band_width(g)
         return values if values * self.dtype.itemsize <= self._band_bytes() else 0
+
+    def _weight_band(self):
+        """(BR, values) of direct_weight_rows' zero-padded input band: the most output rows of an
+        image whose input rows fit :meth:`_band_bytes` (all of them at most), and the values they
+        take; None where it takes none (:meth:`_band_pays`, or not one row's)."""
+        g = self.g
+        if not self._band_pays(g, 1):
+            return None
+        taps = (g.kh - 1) * g.dilation[0] + 1
+        rows = min(g.OH, (self._band_bytes() // (self._band_width(g) * self.dtype.itemsize) - taps) // g.stride[0] + 1)
+        return (rows, ((rows - 1) * g.stride[0] + taps) * self._band_width(g)) if rows > 0 else None
 
     def _band_bytes(self):
         """The most bytes of direct_rows' input band: BAND_BYTES, within half the device's local memory."""
@@ -356,6 +374,9 @@ class Direct(Algorithm):
         band = self._band_values(g, kb, rb) if name == "direct_rows" else 0
         if band:
             short["LPAD"] = pow2_at_least(band)   # (one build for rows up to that long)
+        weight_band = self._weight_band() if name == "direct_weight_rows" else None
+        if weight_band:
+            short.update(BR=weight_band[0], LPAD=pow2_at_least(weight_band[1]))
         tx, ty, ph, pw, ry = tile or self.tiles["forward"]
         constants = self.specs[id(g)][1]
         # the forward's weights staged in local memory where a filter has several channels
