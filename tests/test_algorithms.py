@@ -759,13 +759,27 @@ def test_implicit_im2col_where_taps_do_not_overlap(case, implicit, slices, queue
 
 
 @pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])
-def test_auto_direct_for_wider_groups_on_cpus_only(gpu, queue):
-    """Groups of more than 64 taps (here 8 channels x 3x3): "auto" takes direct kernels for the
-    forward and grad-input on CPUs, im2col for grad-weight and for every pass on GPUs."""
-    case = next(c for c in EXTRA if c.name == "grouped_cg8_s2")
+@pytest.mark.parametrize("case,cpu_weight,why", [
+    (next(c for c in EXTRA if c.name == "grouped_cg8_s2"), "im2col", "grad-weight of 72 taps per group at stride 2"),
+    (Case("grouped_cg8_s1", 2, 16, 9, 11, 4, 3, 3, padding=1, groups=2), "direct", None),
+    (Case("grouped_cg24_s1", 1, 48, 7, 9, 4, 3, 3, padding=1, groups=2), "im2col",
+     "grad-weight of 216 taps per group above 144"),
+], ids=repr)
+def test_auto_direct_for_wider_groups_on_cpus_only(case, cpu_weight, why, gpu, queue):
+    """Groups of more than 64 taps: "auto" takes direct kernels for the forward and grad-input on
+    CPUs, and for grad-weight at stride 1 up to 144 taps (else im2col); im2col for every pass on GPUs.
+    Every pass against the reference."""
     on = QueueAs(queue, type=cl.device_type.GPU if gpu else cl.device_type.CPU)
     p = clconv.Plan(conv_geometry(case.input_shape, case.weight_shape, **case.options), np.float32, on,
                     selfcheck=False)
     want = "im2col" if gpu else "direct"
-    assert p.algorithms == {"forward": want, "backward_input": want, "backward_weight": "im2col"}
-    assert "72 taps per group, above 64" in p.explain()
+    assert p.algorithms == {"forward": want, "backward_input": want, "backward_weight": "im2col" if gpu else cpu_weight}
+    taps = case.weight_shape[1] * 9
+    assert (f"{taps} taps per group, above 64" if gpu else why or "backward_weight [direct]") in p.explain()
+    x, w, b, dy = case.data()
+    opts = case.options
+    assert_close(p.forward(x, w, b, queue=queue), reference.conv2d(x, w, b, **opts), np.float32, "forward")
+    assert_close(p.backward_input(w, dy, queue=queue), reference.conv2d_input(x.shape, w, dy, **opts), np.float32,
+                 "grad-input")
+    assert_close(p.backward_weight(x, dy, queue=queue), reference.conv2d_weight(x, w.shape, dy, **opts), np.float32,
+                 "grad-weight")

@@ -20,6 +20,7 @@ from .base import Algorithm, pow2_at_least
 MAX_TAPS = 64         # Cg * kh * kw above this (groups > 1): on GPUs, and for grad-weight everywhere, a
                       # GEMM pays again, and grad-weight's private accumulators (one per tap) grow
 CPU_MAX_TAPS = 216    # up to this on CPUs, forward and grad-input: the most taps a group may have
+CPU_MAX_WEIGHT_TAPS = 144   # and for a stride-1 grad-weight on CPUs (see Direct.preferred)
 MAX_FILTERS = 64      # Kg above this: a GEMM over the group's filters pays again
 MAX_DENSE_CHANNELS = 4     # a dense convolution (groups == 1) of at most this many input channels,
 MAX_DENSE_TAPS = 4 * 7 * 7   # and taps, applies whatever its filters (stems)
@@ -174,10 +175,17 @@ class Direct(Algorithm):
         if g.groups == 1 and (pass_name != "forward" or not gpu):
             return False, ("a few-channel dense convolution's grad passes and CPU forward: im2col measured "
                            "faster (7x7 stem: H200 grad-input 1.6x, grad-weight 4x; PoCL forward 2.5x)")
-        if g.groups > 1 and g.Cg * g.kh * g.kw > MAX_TAPS:
-            if gpu or pass_name == "backward_weight":
-                return False, (f"{g.Cg * g.kh * g.kw} taps per group, above {MAX_TAPS}: im2col's GEMMs pay again "
-                               "(on GPUs; and for grad-weight on CPUs, 0.6-1.3x direct's time)")
+        taps = g.Cg * g.kh * g.kw
+        if g.groups > 1 and taps > MAX_TAPS:
+            if gpu:
+                return False, f"{taps} taps per group, above {MAX_TAPS}: im2col's GEMMs pay again on GPUs"
+            if pass_name == "backward_weight" and (g.stride != (1, 1) or taps > CPU_MAX_WEIGHT_TAPS):
+                # 2-core AMD EPYC, batch 4, RegNet's groups of 8 channels (3x3), against the direct
+                # grad-weight rows with their band: stride 2 im2col 0.59-0.95x direct's time; stride 1
+                # direct 0.58-0.80x im2col's on PoCL and Intel's runtime (groups of 16: 0.72x, 1.01x)
+                return False, (f"grad-weight of {taps} taps per group "
+                               f"{'at stride 2' if g.stride != (1, 1) else f'above {CPU_MAX_WEIGHT_TAPS}'}: "
+                               "im2col's GEMMs measured faster on CPUs")
             # strided grad-input too: RegNet's groups of 8-24 channels, 3x3, on PoCL and Intel's runtime at
             # batch 4: forward 1.2-4.5x, grad-input 1.8-9x faster than im2col; groups of 16-24 channels at
             # stride 1 as fast as Winograd or faster (Intel 1.0-1.5x, PoCL 1.2-2.9x)
