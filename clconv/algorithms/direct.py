@@ -17,8 +17,8 @@ from ..device import cpu_vector_width
 from ..programs import get_kernel, launch, reduction_work_group
 from .base import Algorithm, pow2_at_least
 
-MAX_TAPS = 64         # Cg * kh * kw above this (groups > 1): on GPUs, and for grad-weight everywhere, a
-                      # GEMM pays again, and grad-weight's private accumulators (one per tap) grow
+MAX_TAPS = 64         # Cg * kh * kw above this (groups > 1): on GPUs, and for most CPU grad-weights, a
+                      # GEMM pays again, and the GPU grad-weight's private accumulators (one per tap) grow
 CPU_MAX_TAPS = 216    # up to this on CPUs, forward and grad-input: the most taps a group may have
 CPU_MAX_WEIGHT_TAPS = 144   # and for a stride-1 grad-weight on CPUs (see Direct.preferred)
 MAX_FILTERS = 64      # Kg above this: a GEMM over the group's filters pays again
