@@ -444,6 +444,18 @@ inline REALV row_values(__global const REAL* restrict xr, const int ix0, const i
 #endif
 #define LR ((((RB) + RR - 1) / RR * RR - 1) * SH + (KH - 1) * DH + 1)
 
+// Values per band row: every vector of an output row's columns, -PL .. BAND_WIDTH - PL - 1.
+#define BAND_WIDTH (((OW) + VW - 1) / VW * VW * SW + (KW - 1) * DW)
+
+// Input row xr (W values) into band row br, zero-padded (its lw columns start at -PL).
+inline void band_row(__local REAL* restrict br, __global const REAL* restrict xr, const int lw, const int W)
+{
+    for (int q = 0; q < lw; ++q) {
+        const int ix = q - PL;
+        br[q] = ix >= 0 && ix < W ? xr[ix] : (REAL)0;
+    }
+}
+
 // VW values of a zero-padded row in local memory from column q0, SW apart (as row_values).
 inline REALV band_values(__local const REAL* restrict br, const int q0)
 {
@@ -510,22 +522,12 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
 #else   // RR output rows at once (one where RR is 1)
 #if LPAD
     __local REAL band[LPAD];   // channel c's input row iy0 + r at band[(c * LR + r) * lw]
-    const int lw = (OW + VW - 1) / VW * VW * SW + (KW - 1) * DW;   // columns -PL .. lw - PL - 1
-    const int iy0 = (int)get_global_id(0) * RB * SH - PT;
+    const int lw = BAND_WIDTH, iy0 = (int)get_global_id(0) * RB * SH - PT;
     for (int c = 0; c < CG; ++c) {
         __global const REAL* xc = x + x_off + ((IDX)n * C + c0 + c) * H * W;
-        for (int r = 0; r < LR; ++r) {
-            __local REAL* br = band + (c * LR + r) * lw;
-            const int iy = iy0 + r;
-            if (iy < 0 || iy >= H) {
-                for (int q = 0; q < lw; ++q) br[q] = 0;
-                continue;
-            }
-            for (int q = 0; q < lw; ++q) {
-                const int ix = q - PL;
-                br[q] = ix >= 0 && ix < W ? xc[iy * W + ix] : (REAL)0;
-            }
-        }
+        for (int r = 0; r < LR; ++r)
+            if (iy0 + r >= 0 && iy0 + r < H)   // (rows outside the image are never read)
+                band_row(band + (c * LR + r) * lw, xc + (iy0 + r) * W, lw, W);
     }
 #define INPUT_VECTOR(c, iy, ix0) band_values(band + ((c) * LR + (iy) - iy0) * lw, (ix0) + PL)
 #else
@@ -596,7 +598,7 @@ void direct_weight_rows(__global const REAL* restrict x, const IDX x_off,
     const int begin = per * s, end = min(rows, begin + per);
 #if LPAD   // input row iy0 + r at band[r * lw], columns -PL .. lw - PL - 1
     __local REAL band[LPAD];
-    const int lw = (OW + VW - 1) / VW * VW * SW + (KW - 1) * DW;
+    const int lw = BAND_WIDTH;
 #define WEIGHT_INPUT(iy, ix0) band_values(band + ((iy) - iy0) * lw, (ix0) + PL)
 #else
 #define WEIGHT_INPUT(iy, ix0) row_values(xc + (iy) * W, (ix0), W)
@@ -610,15 +612,9 @@ void direct_weight_rows(__global const REAL* restrict x, const IDX x_off,
             __global const REAL* xc = x + x_off + ((IDX)n * C + c0 + c) * H * W;
 #if LPAD
             const int iy0 = oy_begin * SH - PT;
-            for (int r = 0; r < (oy_end - oy_begin - 1) * SH + (KH - 1) * DH + 1; ++r) {
-                const int iy = iy0 + r;
-                if (iy < 0 || iy >= H) continue;   // (never read)
-                __local REAL* br = band + r * lw;
-                for (int q = 0; q < lw; ++q) {
-                    const int ix = q - PL;
-                    br[q] = ix >= 0 && ix < W ? xc[iy * W + ix] : (REAL)0;
-                }
-            }
+            for (int r = 0; r < (oy_end - oy_begin - 1) * SH + (KH - 1) * DH + 1; ++r)
+                if (iy0 + r >= 0 && iy0 + r < H)   // (rows outside the image are never read)
+                    band_row(band + r * lw, xc + (iy0 + r) * W, lw, W);
 #endif
             for (int oy = oy_begin; oy < oy_end; ++oy) {
                 __global const REAL* g = dy + dy_off + ((IDX)n * K + k) * OH * OW + oy * OW;

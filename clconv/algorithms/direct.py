@@ -294,12 +294,23 @@ class Direct(Algorithm):
         if self._short_rows(g, kb) or not self._band_pays(g, kb):
             return rows
         rr = min(rb, self._row_block(g, kb))
-        row = g.Cg * self._band_width(g) * self.dtype.itemsize
-        fits = ((self._band_bytes() // row - (g.kh - 1) * g.dilation[0] - 1) // g.stride[0] + 1) // rr * rr
+        fits = self._rows_fitting(g, g.Cg) // rr * rr
         return (kb, min(rb, fits)) if fits > 0 else rows
 
+    def _rows_fitting(self, g, channels):
+        """The most output rows over geometry ``g`` whose zero-padded input rows of ``channels``
+        channels fit :meth:`_band_bytes` (0 or less where not one row's do)."""
+        row = channels * self._band_width(g) * self.dtype.itemsize
+        return (self._band_bytes() // row - (g.kh - 1) * g.dilation[0] - 1) // g.stride[0] + 1
+
+    @staticmethod
+    def _band_rows(g, rows):
+        """Input rows under ``rows`` consecutive output rows over geometry ``g``."""
+        return (rows - 1) * g.stride[0] + (g.kh - 1) * g.dilation[0] + 1
+
     def _band_width(self, g):
-        """Values per row of direct_rows' zero-padded input band: every vector of an output row."""
+        """Values per row of the row kernels' zero-padded input band: every vector of an output
+        row (BAND_WIDTH in kernels/direct.cl)."""
         return -(-g.OW // self.vw) * self.vw * g.stride[1] + (g.kw - 1) * g.dilation[1]
 
     def _band_pays(self, g, kb):
@@ -320,8 +331,7 @@ class Direct(Algorithm):
         if self._short_rows(g, kb) or not self._band_pays(g, kb):
             return 0
         rr = min(rb, self._row_block(g, kb))
-        rows = (-(-rb // rr) * rr - 1) * g.stride[0] + (g.kh - 1) * g.dilation[0] + 1
-        values = g.Cg * rows * self._band_width(g)
+        values = g.Cg * self._band_rows(g, -(-rb // rr) * rr) * self._band_width(g)
         return values if values * self.dtype.itemsize <= self._band_bytes() else 0
 
     def _weight_band(self):
@@ -331,9 +341,8 @@ class Direct(Algorithm):
         g = self.g
         if not self._band_pays(g, 1):
             return None
-        taps = (g.kh - 1) * g.dilation[0] + 1
-        rows = min(g.OH, (self._band_bytes() // (self._band_width(g) * self.dtype.itemsize) - taps) // g.stride[0] + 1)
-        return (rows, ((rows - 1) * g.stride[0] + taps) * self._band_width(g)) if rows > 0 else None
+        rows = min(g.OH, self._rows_fitting(g, 1))
+        return (rows, self._band_rows(g, rows) * self._band_width(g)) if rows > 0 else None
 
     def _band_bytes(self):
         """The most bytes of direct_rows' input band: BAND_BYTES, within half the device's local memory."""
