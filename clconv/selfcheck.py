@@ -120,8 +120,8 @@ def store(device, algorithm, engine, dtype, results):
 
 def verdict(make_plan, queue, algorithm, engine, dtype):
     """(ok, message) for ``algorithm`` with GEMM ``engine`` in ``dtype`` on ``queue``'s device:
-    from this process, else the tuning cache, else checked now (:func:`run` with ``make_plan``)
-    and kept. A failure warns once per process, naming the device and the error."""
+    from this process, else the tuning cache, else checked now (:func:`run` with ``make_plan``,
+    on a new queue of ``queue``'s context and device) and kept. A failure warns once per process, naming the device and the error."""
     if not enabled():
         return True, "known-answer check off (CLCONV_SELFCHECK=0)"
     device = queue.device
@@ -134,8 +134,9 @@ def verdict(make_plan, queue, algorithm, engine, dtype):
             found = _verdicts[k] = (entry["ok"], str(entry.get("message", "")))
         else:
             found = None
-    if found is None:
-        found = store(device, algorithm, engine, dtype, run(make_plan, queue, algorithm, engine, dtype))
+    if found is None:   # on a queue of its own: the caller's may wait on work (a user event) the check cannot see
+        own = cl.CommandQueue(queue.context, device)
+        found = store(device, algorithm, engine, dtype, run(make_plan, own, algorithm, engine, dtype))
     if not found[0]:
         warnings.warn(f"clconv: {algorithm} (GEMMs on {engine}, {np.dtype(dtype).name}) failed its known-answer check "
                       f"on {device.name.strip()} ({device.platform.name.strip()}, driver {device.driver_version}): "

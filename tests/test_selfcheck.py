@@ -88,3 +88,18 @@ def test_every_case_applies_to_its_algorithm():
         g = conv_geometry(xs, ws, opts.get("stride", 1), opts.get("padding", 0), opts.get("dilation", 1),
                           opts.get("groups", 1))
         assert ALGORITHMS[name].applies(g)[0], label
+
+
+def test_the_check_does_not_wait_on_the_callers_queue(queue, fresh_verdicts):
+    """A plan's first use on a queue held back by a user event (work the check cannot see) runs
+    the check on a queue of its own: the plan comes back while the caller's queue still waits."""
+    import pyopencl as cl
+    held = cl.CommandQueue(queue.context, queue.device)
+    gate = cl.UserEvent(queue.context)
+    cl.enqueue_barrier(held, wait_for=[gate])
+    try:
+        assert set(_plan(held).algorithms.values()) == {"direct"}
+        assert any(k.startswith("selfcheck|") and "|direct|" in k for k in tuning.load())
+    finally:
+        gate.set_status(cl.command_execution_status.COMPLETE)
+        held.finish()
