@@ -17,7 +17,7 @@ from .gemm import choose as choose_gemm, gemm_cpu
 from .geometry import PASSES
 from .programs import ClconvError, relaunch
 from .replay import Replays
-from .validate import check_grad_output_array, finish, on_queue, prepare, queue_context
+from .validate import check_grad_output_array, finish, prepare, queue_context, replay_layout
 
 QUEUES = ("single", "per-group")
 
@@ -69,9 +69,11 @@ class Plan:
                       for p, (algo, _) in self._choice.items()}
         # per pass: its arguments' names and expected sizes, and the result's size, checked on every call
         self._shapes = {p: (tuple(sizes), tuple(sizes.values()), out) for p, (sizes, out) in g.pass_shapes().items()}
-        # the same for the quick test of a replayed call, the result among the arguments
-        # (optional there: None asks for a new one)
-        self._plain_args = {p: ((*names, "out"), (*shapes, out)) for p, (names, shapes, out) in self._shapes.items()}
+        # the same for the quick test of a replayed call, with their C-contiguous strides, the
+        # result among the arguments (optional there: None asks for a new one)
+        self._plain_args = {p: ((*names, "out"), (*shapes, out),
+                                tuple(memory.layout(s, self.dtype)[0] for s in (*shapes, out)))
+                            for p, (names, shapes, out) in self._shapes.items()}
         self._replays = Replays()
 
     def _build(self, cls, per_group):
@@ -228,8 +230,9 @@ class Plan:
         allocator = allocator or self.allocator
         names, shapes, out_shape = self._shapes[pass_name]
         home = queue or getattr(arrays[0], "queue", None)
-        if home is not None and self._plain(pass_name, home, arrays, out):
-            launches = self._replays.fast(key, home, arrays, out)
+        layout = None if home is None else self._layout(pass_name, home, arrays, out)
+        if layout is not None:
+            launches = self._replays.fast(key, home, layout)
             if launches is not None:
                 result = memory.empty(home, self.context, out_shape, self.dtype, allocator) if out is None else out
                 _, what, nbytes = self._runs[pass_name]
@@ -243,17 +246,18 @@ class Plan:
         if self.geometry.N:
             refs = [None if dev[n] is None else ref(dev[n]) for n in names] + [ref(dev["out"])]
             replayed = self.enqueue(pass_name, queue, *refs, allocator=allocator, relu=relu)
-            if replayed is not None and self._plain(pass_name, queue, arrays, out):
-                self._replays.arm(key, queue, arrays, out, replayed)
+            layout = None if replayed is None else self._layout(pass_name, queue, arrays, out)
+            if layout is not None:
+                self._replays.arm(key, queue, layout, replayed)
         elif pass_name == "backward_weight":
             storage.zero(queue, dev["out"])
         return finish(queue, dev, out, numpy_mode)
 
-    def _plain(self, pass_name, queue, arrays, out):
-        """Whether a call of ``pass_name``'s arrays and ``out`` (None: a new result) are plain
-        device arrays on ``queue`` (:func:`clconv.validate.on_queue`), as a replayed call needs."""
-        names, shapes = self._plain_args[pass_name]
-        return on_queue(queue, self.dtype, names, (*arrays, out), shapes)
+    def _layout(self, pass_name, queue, arrays, out):
+        """The layout of a call of ``pass_name``'s arrays and ``out`` (None: a new result) when
+        they are plain device arrays on ``queue``, as a replayed call needs, else None
+        (:func:`clconv.validate.replay_layout`)."""
+        return replay_layout(queue, self.dtype, (*arrays, out), *self._plain_args[pass_name])
 
 
 def _launches(names):

@@ -120,16 +120,34 @@ def cached_plan(g, dtype, queue, algorithm="auto", queues="single", gemm="auto")
 _CALLS_KEPT = 256
 _calls = {}   # the functional API's call arguments -> plan
 
+# The functional API reads CLCONV_GEMM on every call. os.environ.get costs about 1 us when the
+# variable is unset (two exceptions inside the mapping), as much as the rest of the plan's
+# look-up: the call is keyed by the raw value in the mapping's own dict, which os.environ keeps
+# in step with every change made through it.
+_ENVIRON = getattr(os.environ, "_data", None)
+_GEMM_VARIABLE = os.environ.encodekey("CLCONV_GEMM") if _ENVIRON is not None else None
+
+
+def _gemm_call_key(gemm):
+    """A functional call's GEMM request as its plan is looked up: "auto" with CLCONV_GEMM's raw
+    value (the plan resolves it; :func:`_gemm_request`)."""
+    if gemm != "auto":
+        return gemm
+    return "auto", (_ENVIRON.get(_GEMM_VARIABLE) if _ENVIRON is not None else os.environ.get("CLCONV_GEMM"))
+
 
 def plan_for_call(input_shape, weight_shape, stride, padding, dilation, groups, dtype, queue, arrays, algorithm,
                   queues, gemm):
-    """The plan of a functional call, looked up by the call's own arguments (its shapes, the
-    repr of its options, which tells 1 from True and (1, 1) from [1, 1], dtype, context,
-    algorithm, queues and GEMM request): a call seen before skips the geometry's checks and
-    the plan cache's key. ``queue``: the call's, else the first device array's, else the default."""
+    """The plan of a functional call, looked up by the call's own arguments (its shapes, its
+    options as given, dtype, queue, algorithm, queues and GEMM request): a call seen before
+    skips the geometry's checks and the plan cache's key. Options of other types than int are
+    keyed by their repr, which tells 1 from True and (1, 1) from [1, 1]. ``queue``: the call's,
+    else the first device array's, else the default."""
     queue = tuple(queue) if is_several(queue) else pick_queue(queue, *arrays)
-    key = (_queues_key(queue), tuple(input_shape), tuple(weight_shape),
-           repr((stride, padding, dilation, groups)), dtype, algorithm, queues, _gemm_request(gemm))
+    options = (stride, padding, dilation, groups)
+    if not type(stride) is type(padding) is type(dilation) is type(groups) is int:
+        options = repr(options)
+    key = (queue, tuple(input_shape), tuple(weight_shape), options, dtype, algorithm, queues, _gemm_call_key(gemm))
     p = _calls.get(key)
     if p is None:
         g = conv_geometry(input_shape, weight_shape, stride, padding, dilation, groups)

@@ -12,8 +12,8 @@ clconv's own kernels (CLBlast GEMMs, per-group queues) are not kept and run in f
 
 The usual call (device arrays on their own queue, a new result or ``out=``) goes shorter still:
 once its pass has been replayed, the plan keeps the bound launches under the call's layout
-(:func:`layout`: the arrays' offsets and which share a buffer) and :meth:`Replays.fast` finds
-them from the arrays themselves, before any other work of the call (``clconv.Plan._call``).
+(:func:`clconv.validate.replay_layout`: the arrays' offsets and which share a buffer) and
+:meth:`Replays.fast` finds them from it, before any other work of the call (``clconv.Plan._call``).
 """
 import threading
 from collections import OrderedDict
@@ -59,39 +59,19 @@ class Replays:
                     self._entries.popitem(last=False)
         return None
 
-    def arm(self, pass_key, queue, arrays, out, launches):
+    def arm(self, pass_key, queue, layout, launches):
         """Keep ``launches`` (a replay's, from :meth:`run`) for :meth:`fast` calls of ``pass_key``
-        on ``queue`` with arrays and ``out`` (None: a new result) laid out as these."""
+        on ``queue`` whose arrays have ``layout`` (:func:`clconv.validate.replay_layout`)."""
         with self._lock:
             if len(self._fast) >= KEPT:
                 self._fast.clear()
-            self._fast[pass_key, queue, layout((*arrays, out))] = launches
+            self._fast[pass_key, queue, layout] = launches
 
-    def fast(self, pass_key, queue, arrays, out):
-        """The launches :meth:`arm` kept for a call of ``pass_key`` on ``queue`` with
-        ``arrays`` and ``out`` (plain device arrays on ``queue``; None: a new result), or None;
-        to be relaunched (:func:`clconv.programs.relaunch`) with the arrays' buffers, the
-        result's and the workspace."""
-        return self._fast.get((pass_key, queue, layout((*arrays, out))))
-
-
-def layout(arrays):
-    """What a replay's arguments depend on in device arrays of known shapes: per array (None,
-    no bias or a new result, stays None) its byte offset and the position, among the arrays
-    before it that are not None, of the first sharing its buffer (their count if none does)."""
-    key, bufs = [], []
-    for a in arrays:   # a plain loop: this runs on every call
-        if a is None:
-            key.append(None)
-            continue
-        buf, first = a.base_data, 0
-        for seen in bufs:
-            if seen is buf:
-                break
-            first += 1
-        bufs.append(buf)
-        key.append((a.offset, first))
-    return tuple(key)
+    def fast(self, pass_key, queue, layout):
+        """The launches :meth:`arm` kept for a call of ``pass_key`` on ``queue`` whose arrays
+        have ``layout``, or None; to be relaunched (:func:`clconv.programs.relaunch`) with the
+        arrays' buffers, the result's and the workspace."""
+        return self._fast.get((pass_key, queue, layout))
 
 
 def _signature(pass_key, queue, refs, ws_size):

@@ -102,17 +102,36 @@ def all_plain(dtype, context, arrays, shapes, out, out_shape):
             and not any(a is not None and _overlap(a, out) for a in arrays.values()))
 
 
-def on_queue(queue, dtype, names, arrays, shapes):
-    """Whether every array (``names``, ``arrays`` and their expected ``shapes`` in argument
-    order; None where allowed, and for "out") is a C-contiguous, aligned pyopencl Array of
-    ``dtype`` and its shape on ``queue`` itself: then it is in the queue's context and there is
-    nothing of another queue to wait for. A replayed call whose arrays are laid out as before
-    (:func:`clconv.replay.layout`: the offsets, and so any overlap, of an earlier call that
-    passed every check) needs no other check (``clconv.Plan._call``)."""
-    for name, a, shape in zip(names, arrays, shapes):
-        if not (a is None and (name in OPTIONAL or name == "out") or _plain(a, dtype, shape) and a.queue is queue):
-            return False
-    return True
+def replay_layout(queue, dtype, arrays, names, shapes, strides):
+    """The layout of a call's arrays (``arrays``, their ``names``, expected ``shapes`` and
+    C-contiguous ``strides`` in argument order; None where allowed, and for "out") when every
+    one is an aligned pyopencl Array of ``dtype``, its shape and those strides, on ``queue``
+    itself (then it is in the queue's context and there is nothing of another queue to wait
+    for), else None. The layout is what a replay's arguments depend on in such arrays: per
+    array (None stays None) its byte offset and the position, among the arrays before it that
+    are not None, of the first sharing its buffer (their count if none does). A replayed call
+    whose arrays are laid out as an earlier call's that passed every check needs no other check
+    (``clconv.Plan._call``, :mod:`clconv.replay`). The strides are compared rather than asking
+    pyopencl's flags, which a new array works out on first use (about 1 us). One loop: this
+    runs on every call."""
+    key, bufs = [], []
+    for a, name, shape, step in zip(arrays, names, shapes, strides):
+        if a is None:
+            if name in OPTIONAL or name == "out":
+                key.append(None)
+                continue
+            return None
+        if not (type(a) is cla.Array and a.queue is queue and a.shape == shape and a.strides == step
+                and a.dtype == dtype and not a.offset % dtype.itemsize):
+            return None
+        buf, first = a.base_data, 0
+        for seen in bufs:
+            if seen is buf:
+                break
+            first += 1
+        bufs.append(buf)
+        key.append((a.offset, first))
+    return tuple(key)
 
 
 def _plain(a, dtype, shape):

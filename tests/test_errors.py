@@ -16,6 +16,14 @@ def arr(queue, shape, dtype=np.float32):
 
 fwd = clconv.conv2d
 
+
+def replayed(e, **options):
+    """e's plain call three times, so that the next call of its layout takes the replayed path
+    (its checks there are the quick ones of clconv.validate.replay_layout)."""
+    for _ in range(3):
+        fwd(e.x, e.w, groups=2, **options)
+    return e
+
 # (id, call(e, out) with e the Env below, expected exception, text the message must hold)
 BAD_CASES = [
     ("input_rank", lambda e, out: fwd(arr(e.queue, (4, 7, 6)), e.w, groups=2, out=out), ValueError, "[4, 7, 6]"),
@@ -67,6 +75,12 @@ BAD_CASES = [
     ("plan_weight_none", lambda e, out: clconv.plan(X, W, groups=2, queue=e.queue).backward_input(None, e.dy),
      TypeError, "weight must be"),
     ("out_not_an_array", lambda e, out: fwd(e.x, e.w, groups=2, out=[0.0]), TypeError, "out must be"),
+    ("stride_bool_after_the_int", lambda e, out: fwd(replayed(e, stride=1).x, e.w, stride=True, groups=2, out=out),
+     TypeError, "True"),
+    ("non_contiguous_after_replays", lambda e, out: fwd(arr(replayed(e).queue, (2, 4, 6, 7)).transpose((0, 1, 3, 2)),
+                                                        e.w, groups=2), ValueError, "contiguous"),
+    ("dtype_mismatch_after_replays", lambda e, out: fwd(replayed(e).x, arr(e.queue, W, np.float64), groups=2),
+     TypeError, "float64"),
     ("unknown_algorithm", lambda e, out: clconv.plan(X, W, groups=2, algorithm="cudnn"), ValueError, "cudnn"),
 ]
 
