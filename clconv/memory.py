@@ -68,36 +68,17 @@ def layout(shape, dtype):
     return tuple(reversed(strides)), int(np.prod(shape, dtype=object))
 
 
-# What pyopencl's Array constructor sets, and of that what differs between two new arrays of one
-# shape and dtype. Even its fast form costs about 2 us a call (keyword binding, checks); an array
-# made as a copy of the attributes of one it made costs half that. Should a pyopencl version set
-# other attributes, every array comes from the constructor.
-_ARRAY_ATTRIBUTES = {"queue", "context", "shape", "dtype", "strides", "events", "nbytes", "size", "allocator",
-                     "base_data", "offset", "_flags"}
-_PER_ARRAY = ("queue", "context", "allocator", "base_data", "events", "_flags")
-_templates = {}   # (shape, dtype) -> the attributes shared by its new arrays, or None: use the constructor
-
-
 def empty(queue, context, shape, dtype, allocator=None):
     """A new C-contiguous Array of ``shape`` and ``dtype`` (both already checked) on ``queue``
-    (of ``context``), its memory from ``allocator`` or the queue's pool: the first of its shape
-    and dtype from pyopencl's fast constructor (the checked one costs about 14 us a call), the
-    next as a copy of that one's shape attributes."""
-    allocator = allocator or pool(queue)
-    template = _templates.get((shape, dtype))
-    if template is not None:
-        a = object.__new__(cla.Array)
-        a.__dict__ = {**template, "queue": queue, "context": context, "allocator": allocator,
-                      "base_data": allocator(template["nbytes"]) if template["nbytes"] else None, "events": [],
-                      "_flags": None}
-        return a
+    (of ``context``), its memory from ``allocator`` or the queue's pool. Built through
+    pyopencl's fast constructor, which skips re-checking the shape: the checked one costs
+    about 14 us a call, half the host time of a small pass. (Arrays made as copies of the
+    attributes of a constructed one, 0.3-0.5 us faster, ended tests/test_memory.py's two-queue
+    case on the H200 in a segmentation fault in the second queue's finish(), the cause not
+    found: the constructor stays.)"""
     strides, size = layout(shape, dtype)
-    a = cla.Array(None, shape, dtype, allocator=allocator, strides=strides, _fast=True, _size=size, _context=context,
-                  _queue=queue)
-    if len(_templates) < 1024:
-        _templates[shape, dtype] = ({k: v for k, v in vars(a).items() if k not in _PER_ARRAY}
-                                    if set(vars(a)) == _ARRAY_ATTRIBUTES else None)
-    return a
+    return cla.Array(None, shape, dtype, allocator=allocator or pool(queue), strides=strides, _fast=True,
+                     _size=size, _context=context, _queue=queue)
 
 
 def keep_until_done(queue, arrays):

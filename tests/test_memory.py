@@ -6,7 +6,7 @@ import pyopencl.array as cla
 import pytest
 
 import clconv
-from clconv import memory, reference
+from clconv import reference
 from helpers import CASES, QueueAs, assert_close
 
 CASE = CASES[1]   # grouped, strided; with im2col a workspace in every pass
@@ -56,23 +56,6 @@ def test_module_steps_reuse_pooled_memory(queue):
         conv.backward(xd, dyd)
     queue.finish()
     assert _blocks() == before
-
-
-def test_new_results_are_arrays_as_pyopencl_makes_them(queue):
-    """clconv.memory.empty's arrays (after the first of a shape, copies of its shape's attributes)
-    have what pyopencl's constructor gives an array, each its own buffer and events."""
-    shape, dtype = (3, 5, 7, 2), np.dtype(np.float32)
-    made = [memory.empty(queue, queue.context, shape, dtype) for _ in range(3)]
-    expected = cla.empty(queue, shape, dtype, allocator=memory.pool(queue))
-    for a in made:
-        assert set(vars(a)) == set(vars(expected))
-        assert all(getattr(a, k) == getattr(expected, k) for k in ("shape", "dtype", "strides", "nbytes", "size", "offset"))
-        assert a.queue is queue and a.context == queue.context and a.flags.c_contiguous and a.events == []
-    assert len({a.base_data.int_ptr for a in made}) == 3 and made[1].events is not made[2].events
-    for i, a in enumerate(made):
-        a.set(np.full(shape, i, dtype))
-    assert [a.get().max() for a in made] == [0, 1, 2]
-    assert memory.empty(queue, queue.context, (2, 0, 3), dtype).base_data is None   # pyopencl's empty arrays
 
 
 def test_a_result_is_not_overwritten_by_the_next_call(queue):
