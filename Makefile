@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 APT_PACKAGES := libclblast-dev ocl-icd-opencl-dev opencl-headers clinfo oclgrind mesa-opencl-icd
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup system venv vendors demo test pytest check-kernels clean
+.PHONY: setup system venv vendors demo test pytest pytest-first pytest-others check-kernels clean
 
 setup: system venv
 
@@ -46,23 +46,40 @@ export RUSTICL_ENABLE ?= llvmpipe
 demo: setup
 	$(PY) -m clconv.demo
 
-# The Oclgrind sweeps and the pytest suites run side by side: each is mostly one busy thread
-# (Oclgrind's simulation; the runtimes' kernel builds), so on two cores this saves the sweeps' time.
+# Three jobs side by side: the Oclgrind sweeps, the suite on the first device and the suites on
+# the others. Each is mostly one busy thread (Oclgrind's simulation; the runtimes' kernel builds,
+# single-threaded), so on two cores the jobs share what one of them alone leaves idle. -k: every
+# job runs to its end whatever another's outcome; any failure fails the target.
 test: setup
-	@$(MAKE) --no-print-directory -j2 check-kernels pytest
+	@$(MAKE) --no-print-directory -k -j3 check-kernels pytest-first pytest-others
 
-# The whole suite on each device of TEST_DEVICES: the three CPU runtimes, PoCL, Intel's and
-# Mesa's rusticl (llvmpipe, with the compiler path rusticl takes for AMD and Intel GPUs), or the
-# one CLCONV_DEVICE names (a GPU, say). Every device runs; any failure fails the target; each
-# run lists its ten slowest tests (where the suite's time goes: it must stay within 30 minutes cold).
-# With PoCL, the spread tests run once more over two root PoCL devices (POCL_DEVICES), which
-# a process only gets if PoCL is told before it loads.
+# The suite on each device of TEST_DEVICES: the three CPU runtimes, PoCL, Intel's and Mesa's
+# rusticl (llvmpipe, with the compiler path rusticl takes for AMD and Intel GPUs), or the one
+# CLCONV_DEVICE names (a GPU, say). The first device runs every test; the others every test but
+# the end-to-end runs marked whole_program (the command line, benchmarks, training, MPI ranks:
+# 13 of rusticl's 26 cold minutes), whose kernels the other tests check one by one on every
+# device. Each run lists its ten slowest tests (where the suite's time goes: make test must stay
+# within 30 minutes cold); its output is shown when it ends, not interleaved with the others'.
+# With PoCL, the spread tests run once more over two root PoCL devices (POCL_DEVICES), which a
+# process only gets if PoCL is told before it loads.
 TEST_DEVICES ?= $(or $(CLCONV_DEVICE),pocl intel rusticl)
-pytest: setup
-	@status=0; for d in $(TEST_DEVICES); do echo "pytest on CLCONV_DEVICE=$$d"; \
-	  CLCONV_DEVICE=$$d $(PY) -m pytest -q --durations=10 tests || status=1; \
-	  if [ $$d = pocl ]; then echo "pytest tests/test_spread.py on two root PoCL devices"; \
-	    POCL_DEVICES="pthread pthread" CLCONV_DEVICE=pocl $(PY) -m pytest -q tests/test_spread.py || status=1; fi; \
+FIRST_DEVICE := $(firstword $(TEST_DEVICES))
+OTHER_DEVICES := $(wordlist 2,$(words $(TEST_DEVICES)),$(TEST_DEVICES))
+LOGS := build/pytest
+
+pytest: pytest-first pytest-others
+
+pytest-first: setup
+	@mkdir -p $(LOGS); status=0; log=$(LOGS)/$(FIRST_DEVICE).log; \
+	CLCONV_DEVICE=$(FIRST_DEVICE) $(PY) -m pytest -q --durations=10 tests > $$log 2>&1 || status=1; \
+	if [ $(FIRST_DEVICE) = pocl ]; then echo "pytest tests/test_spread.py on two root PoCL devices" >> $$log; \
+	  POCL_DEVICES="pthread pthread" CLCONV_DEVICE=pocl $(PY) -m pytest -q tests/test_spread.py >> $$log 2>&1 || status=1; fi; \
+	echo "pytest on CLCONV_DEVICE=$(FIRST_DEVICE), all tests"; cat $$log; exit $$status
+
+pytest-others: setup
+	@mkdir -p $(LOGS); status=0; for d in $(OTHER_DEVICES); do log=$(LOGS)/$$d.log; \
+	  CLCONV_DEVICE=$$d $(PY) -m pytest -q --durations=10 -m "not whole_program" tests > $$log 2>&1 || status=1; \
+	  echo "pytest on CLCONV_DEVICE=$$d, all but whole_program"; cat $$log; \
 	done; exit $$status
 
 # Every kernel and algorithm under Oclgrind; fails unless its log stays empty.

@@ -78,6 +78,7 @@ def test_bad_options_are_said_without_a_traceback(queue):
         assert proc.returncode == 2 and "Traceback" not in proc.stderr and "no-such-workload" in proc.stderr, args
 
 
+@pytest.mark.whole_program
 def test_bench_writes_json_and_chart(tmp_path):
     pytest.importorskip("matplotlib")
     out = run(["-m", "clconv", "bench", "--workload", "stem_7x7_s2", "--repeat", "3", "--no-peers",
@@ -91,6 +92,7 @@ def test_bench_writes_json_and_chart(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20000
 
 
+@pytest.mark.whole_program
 def test_tuning_cache_round_trip_across_processes(tmp_path):
     env = {"CLCONV_CACHE_DIR": str(tmp_path)}
     out = run(["-m", "clconv", "tune", "--workload", "depthwise_s2"], env=env)

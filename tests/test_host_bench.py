@@ -2,9 +2,12 @@
 counts from profiling events are the ones the plan names."""
 import json
 
+import pytest
+
 from clconv.bench import host
 
 
+@pytest.mark.whole_program
 def test_host_benchmark_writes_its_json(tmp_path):
     out = tmp_path / "host.json"
     assert host.main(["--rounds", "1", "--json", str(out)]) == 0

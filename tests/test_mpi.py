@@ -55,6 +55,7 @@ def test_a_rank_leaving_a_layer_out_aborts_every_rank(ranks):
     assert run.returncode != 0 and " ok" not in run.stdout and "MISMATCH" not in run.stdout, run.stdout + run.stderr
 
 
+@pytest.mark.whole_program
 def test_digits_under_two_ranks_follow_one_process(tmp_path):
     """The same batches split over two ranks: the same losses and accuracies as one process,
     up to float32 rounding of the sums."""

@@ -46,6 +46,7 @@ def test_layers_file_is_consistent(data):
         assert nb.kind(lay) in nb.KINDS, lay["id"]
 
 
+@pytest.mark.whole_program
 def test_benchmark_writes_its_json(tiny, data, tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "run.json"

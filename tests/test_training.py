@@ -53,6 +53,7 @@ def test_training_steps_match_pytorch(queue):
         assert_close(conv.bias.get(), layer.bias.detach().numpy(), np.float32, f"layer {i} bias")
 
 
+@pytest.mark.whole_program
 def test_a_few_epochs_learn_the_digits(queue):
     history = digits.train(epochs=3, queue=queue, progress=False)
     assert history["loss"][-1] < history["loss"][0] and history["accuracy"][-1] > 0.85, history
