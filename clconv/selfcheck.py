@@ -121,7 +121,8 @@ def store(device, algorithm, engine, dtype, results):
 def verdict(make_plan, queue, algorithm, engine, dtype):
     """(ok, message) for ``algorithm`` with GEMM ``engine`` in ``dtype`` on ``queue``'s device:
     from this process, else the tuning cache, else checked now (:func:`run` with ``make_plan``,
-    on a new queue of ``queue``'s context and device) and kept. A failure warns once per process, naming the device and the error."""
+    on a new queue of ``queue``'s context and device) and kept. A failure warns once per
+    process, naming the device and the error."""
     if not enabled():
         return True, "known-answer check off (CLCONV_SELFCHECK=0)"
     device = queue.device
