@@ -24,6 +24,7 @@ def replayed(e, **options):
         fwd(e.x, e.w, groups=2, **options)
     return e
 
+
 # (id, call(e, out) with e the Env below, expected exception, text the message must hold)
 BAD_CASES = [
     ("input_rank", lambda e, out: fwd(arr(e.queue, (4, 7, 6)), e.w, groups=2, out=out), ValueError, "[4, 7, 6]"),

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyopencl as cl
 import pytest
 
 import clconv
@@ -93,7 +94,6 @@ def test_every_case_applies_to_its_algorithm():
 def test_the_check_does_not_wait_on_the_callers_queue(queue, fresh_verdicts):
     """A plan's first use on a queue held back by a user event (work the check cannot see) runs
     the check on a queue of its own: the plan comes back while the caller's queue still waits."""
-    import pyopencl as cl
     held = cl.CommandQueue(queue.context, queue.device)
     gate = cl.UserEvent(queue.context)
     cl.enqueue_barrier(held, wait_for=[gate])
