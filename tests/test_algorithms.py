@@ -46,6 +46,10 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
 ]
 
 
+# cases on CLBlast's kernels carry the clblast mark (setup.cfg says where make test runs them)
+ENGINE_MARKS = {"clblast": pytest.mark.clblast, "clconv": (), "auto": ()}
+
+
 def applicable():
     """(case, algorithm, GEMM engine): the GEMM algorithms once with each engine."""
     for case in CASES + EXTRA:
@@ -54,7 +58,7 @@ def applicable():
             if cls.applies(g)[0]:
                 for engine in ("clblast", "clconv") if name != "direct" else ("auto",):
                     yield pytest.param(case, name, engine, id=f"{name}-{case.name}" + (
-                        f"-{engine}_gemm" if engine != "auto" else ""))
+                        f"-{engine}_gemm" if engine != "auto" else ""), marks=ENGINE_MARKS[engine])
 
 
 @pytest.mark.parametrize("case,algorithm,engine", list(applicable()))
@@ -152,7 +156,8 @@ def _grouped_runs():
 
 
 @pytest.mark.parametrize("case,algorithm", list(_grouped_runs()), ids=repr)
-@pytest.mark.parametrize("engine", ["clblast", "clconv"], ids=lambda e: f"{e}_gemm")
+@pytest.mark.parametrize("engine", [pytest.param(e, marks=ENGINE_MARKS[e]) for e in ("clblast", "clconv")],
+                         ids=lambda e: f"{e}_gemm")
 def test_per_group_queues_are_bit_identical(case, algorithm, engine, queue, monkeypatch):
     monkeypatch.setenv("CLCONV_GEMM", engine)
     x, w, b, dy = case.data()
@@ -194,6 +199,7 @@ def test_split_k_grad_weight_with_chunks(images_per_chunk, queue):
                  "grad-weight")
 
 
+@pytest.mark.clblast
 @pytest.mark.parametrize("images", [5, 2])
 def test_1x1_grad_weight_per_image_partials_in_chunks(images, queue):
     """Off clconv's GPU kernel: one partial sum per image (no layout copies), as many images per

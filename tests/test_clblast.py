@@ -10,6 +10,8 @@ import pytest
 from clconv.gemm.clblast import gemm_strided_batched
 from helpers import assert_close
 
+pytestmark = pytest.mark.clblast
+
 M, N, K, COUNT = 512, 1024, 512, 2
 
 

@@ -10,6 +10,8 @@ import pytest
 from clconv import tuning
 from clconv.gemm import clblast_params
 
+pytestmark = pytest.mark.clblast
+
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE = SimpleNamespace(local_mem_size=48 * 1024, max_work_group_size=1024)
 

@@ -220,6 +220,7 @@ def test_cpu_kernel_small_and_thin_products(m, n, k, a_transp, b_transp, dtype, 
     check_grid(queue, run, dtype, "vector", a_transp, b_transp, m, n, k, seed=m * n * k)
 
 
+@pytest.mark.clblast
 @pytest.mark.parametrize(**LAYOUTS)
 def test_clblast_grid_of_products_at_offsets(a_transp, b_transp, queue):
     """CLBlast's grid through clconv.gemm.clblast (a loop over one axis, the other batched)."""
