@@ -3,12 +3,13 @@ of tile rows (Winograd), every pass, against the float64 reference, the same bit
 import re
 
 import numpy as np
+import pyopencl as cl
 import pyopencl.array as cla
 import pytest
 
 import clconv
 from clconv import reference
-from helpers import Case, assert_close
+from helpers import Case, QueueAs, assert_close
 
 TILED = [
     Case("tiles_k3_p1", 2, 3, 17, 13, 5, 3, 3, padding=1),
@@ -83,6 +84,24 @@ def _check_passes(p, case, queue):
     assert_close(yr, np.maximum(reference.conv2d(x, w, b, **opts), 0), np.float32, "forward + ReLU")
     assert_close(dx, reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "grad-input")
     assert_close(dw, reference.conv2d_weight(x, w.shape, dy, **opts), np.float32, "grad-weight")
+
+
+@pytest.mark.parametrize("case", TILED, ids=repr)
+@pytest.mark.parametrize("budget", ["images", "rows", "columns"])
+def test_gpu_col2im_in_tiles(case, budget, queue):
+    """The GPU form of col2im (taps and strides built in; tiles with a negative top or left
+    padding) on any device: the grad-input of plans made for a GPU, against the reference."""
+    x, w, b, dy = case.data()
+    opts = case.options
+    gpu = QueueAs(queue, type=cl.device_type.GPU)
+    full = clconv.Plan(clconv.conv_geometry(x.shape, w.shape, **opts), np.float32, gpu, algorithm="im2col",
+                       selfcheck=False)
+    row = _row_bytes(full)
+    limit = {"images": None, "rows": 3 * row, "columns": max(row // 3, 2 * row // full.geometry.OW)}[budget]
+    p = clconv.Plan(full.geometry, np.float32, gpu, algorithm="im2col", workspace_limit=limit, selfcheck=False)
+    assert p.algorithms["backward_input"] == "im2col" and (limit is None) == (" tiles of " not in p.explain())
+    assert_close(p.backward_input(w, dy, queue=queue), reference.conv2d_input(x.shape, w, dy, **opts), np.float32,
+                 "grad-input")
 
 
 def test_auto_runs_what_no_whole_image_fits(queue):

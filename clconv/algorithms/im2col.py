@@ -266,15 +266,19 @@ class Im2col(Algorithm):
         pixel, channel, image); on CPUs col2im_rows, a work-item per (input row, channel) summing
         VW pixels at a time."""
         g = self.g
-        args = (ws, col, dx.buf, dx.off + n0 * g.C * g.H * g.W, *self._geometry_args(B, tile), first * g.W,
-                int(accumulate))
-        what = "col2im (tile)" if tile else "col2im"
+        geometry = self._geometry_args(B, tile)
+        dx_at, what = dx.off + n0 * g.C * g.H * g.W, "col2im (tile)" if tile else "col2im"
         if self.vw:
             knl = get_kernel(queue.context, "im2col.cl", "col2im_rows", self.dtype, IDX=idx, VW=self.vw)
-            launch(queue, knl, (B * (last - first), g.C), (1, 1), *args, what=what)
+            launch(queue, knl, (B * (last - first), g.C), (1, 1), ws, col, dx.buf, dx_at, *geometry, first * g.W,
+                   int(accumulate), what=what)
             return
-        launch(queue, self._kernel(queue, "col2im", idx), ((last - first) * g.W, g.C, B), (64, 1, 1), *args,
-               what=what)
+        # the GPU form: taps, strides and dilations built in (kernels/im2col.cl says why)
+        _, _, _, _, kh, kw, rows, cols, sh, sw, pt, pl, dh, dw = geometry
+        knl = get_kernel(queue.context, "im2col.cl", "col2im", self.dtype, IDX=idx, COL_KH=kh, COL_KW=kw,
+                         COL_SH=sh, COL_SW=sw, COL_DH=dh, COL_DW=dw)
+        launch(queue, knl, ((last - first) * g.W, g.C, B), (64, 1, 1), ws, col, dx.buf, dx_at, B, g.C, g.H, g.W,
+               rows, cols, pt, pl, first * g.W, int(accumulate), what=what)
 
     def _to_columns(self, queue, idx, dy, n0, B, ws, t):
         """dY of images n0 ... n0+B-1 (B, K, P) as (K, B*P): (buffer, offset) of T, or of dY
