@@ -57,6 +57,9 @@
 #ifndef C_FOLD         // > 0: C's columns run over several images, C_FOLD positions each: column n is
 #define C_FOLD 0       // position n % C_FOLD of image n / C_FOLD, whose rows start c_sj values apart
 #endif                 // (an NCHW output written in place; the grid has one matrix along j)
+#ifndef B_FOLD         // > 0: the same for B (stored K x N): column n is position n % B_FOLD of image
+#define B_FOLD 0       // n / B_FOLD, whose rows start b_sj values apart (an NCHW operand read in place)
+#endif
 
 #define WX (TN / RN)                // work-items along N
 #define WY (TM / RM)                // work-items along M
@@ -88,6 +91,9 @@
 #if K_FOLD && (IM2COL || (K_FOLD % 4 && (VA != 1 || VB != 1)))
 #error "a folded K is not read through im2col, and four-wide only where its blocks are whole vectors"
 #endif
+#if B_FOLD && (K_FOLD || IM2COL || B_TRANSP || (B_FOLD % 4 && VB != 1))
+#error "a folded B is stored K x N, read in place, four-wide only where its images' rows are whole vectors"
+#endif
 
 // Read e (< TM*TK/VA) of an A slice starts at (A_M(e), A_K(e)), in the order that keeps
 // global reads contiguous: along k when A is stored M x K, along m when stored K x M.
@@ -113,6 +119,9 @@
 #if K_FOLD
 #define A_AT(m, k) ((IDX)((k) / K_FOLD) * a_sq + A_AT_OFF(m, (k) % K_FOLD))
 #define B_AT(k, n) ((IDX)((k) / K_FOLD) * b_sq + B_AT_OFF((k) % K_FOLD, n))
+#elif B_FOLD
+#define A_AT(m, k) A_AT_OFF(m, k)
+#define B_AT(k, n) ((IDX)((n) / B_FOLD) * b_sj + B_AT_OFF(k, (n) % B_FOLD))
 #else
 #define A_AT(m, k) A_AT_OFF(m, k)
 #define B_AT(k, n) B_AT_OFF(k, n)
@@ -201,7 +210,7 @@ void gemm_gpu(const int M, const int N, const int K, const REAL alpha, const REA
     const int n0 = id % NT * TN, m0 = id / NT % MT * TM, z = id / NT / MT;
     const int i = z / GJ, j = z - i * GJ;
     a += a_off + i * a_si + j * a_sj;
-    b += b_off + i * b_si + j * b_sj;
+    b += b_off + i * b_si + (B_FOLD ? 0 : j * b_sj);
     c += c_off + i * c_si + (C_FOLD ? 0 : j * c_sj);
 
     AV ra[A_PER];

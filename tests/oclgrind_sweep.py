@@ -100,6 +100,13 @@ SWEEP = [
     # taps no wider than the stride: im2col read in place whatever the channels
     ("own_gemm_implicit_im2col_apart", (2, 6, 7, 9), (5, 6, 2, 2), dict(stride=(2, 3), gemm="clconv"), "im2col",
      "single", None),
+    # grad-input's GEMM reading grad_output in place, its images' positions folded into the columns
+    # (48 per image: four-wide reads; 35: a value at a time), then col2im with the taps built in
+    ("own_gemm_im2col_folded_grad_output", (3, 10, 8, 6), (4, 5, 3, 3), dict(padding=1, groups=2, gemm="clconv"),
+     "im2col", "single", None),
+    ("own_gemm_im2col_folded_grad_output_odd", (2, 6, 9, 7), (5, 6, 3, 2), dict(stride=(1, 2), padding=(1, 2),
+                                                                               dilation=(2, 1), gemm="clconv"),
+     "im2col", "single", None),
     # grad-weight over small maps: every image's positions one continuous K (25: read a value at a time;
     # 12: four-wide)
     ("own_gemm_1x1_continuous_k", (4, 3, 5, 5), (5, 3, 1, 1), dict(gemm="clconv"), "1x1", "single", None),

@@ -307,6 +307,37 @@ def test_gpu_kernel_folded_c_and_continuous_k(positions, queue):
     assert np.array_equal(got[~written], host[~written], equal_nan=True), "written outside the images' rows"
 
 
+@pytest.mark.parametrize("positions", [7, 8], ids=["7_positions", "8_positions"])   # scalar, four-wide reads
+@pytest.mark.parametrize("groups", [1, 2])
+def test_gpu_kernel_folded_b(positions, groups, queue):
+    """B's columns over images (b_fold, as grad-input reads an NCHW grad_output): image q's K x p
+    rows start ``per_image`` * q on, NaN in the gaps, each group's K rows ``per_group`` further,
+    A^T stored as it is; against NumPy, with a K that is no multiple of the slices."""
+    rng = np.random.default_rng(5)
+    m, k, p, images = 37, 11, positions, 3
+    n = images * p
+    aligned = p % 4 == 0
+    per_image = groups * k * p + (4 if aligned else 3)   # a gap after each image
+    a_off, b_off = 4, 4 + -(-groups * k * m // 4) * 4 + 4
+    c_off = b_off + images * per_image + 4
+    host = np.full(c_off + groups * m * n, np.nan, np.float32)
+    a = rng.standard_normal((groups, k, m)).astype(np.float32)   # stored K x M: op(A) = A^T
+    b = rng.standard_normal((images, groups, k, p)).astype(np.float32)
+    host[a_off:][:a.size] = a.ravel()
+    for q in range(images):
+        host[b_off + q * per_image:][:groups * k * p] = b[q].ravel()
+    buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+    assert gemm_gpu.read_width(queue.device, 4, b_off, k * p, 0, p, groups, 1) == (4 if aligned else 1)
+    gemm.grid_gemm(queue, "gpu", np.dtype(np.float32), groups, 1, m, n, k, Operand(buf, a_off, m, k * m),
+                   Operand(buf, b_off, p, k * p, per_image), Operand(buf, c_off, n, m * n), a_transp=True,
+                   b_fold=p, what="test")
+    got = np.empty(groups * m * n, np.float32)
+    cl.enqueue_copy(queue, got, buf, src_offset=4 * c_off)
+    for g in range(groups):
+        want = a[g].T.astype(np.float64) @ np.concatenate([b[q, g] for q in range(images)], axis=1)
+        assert_close(got.reshape(groups, m, n)[g], want, np.float32, f"group {g}")
+
+
 # what clconv.gemm asks of a device
 Device = namedtuple("Device", "name type max_compute_units max_work_group_size max_work_item_sizes local_mem_size "
                                "mem_base_addr_align")

@@ -210,12 +210,19 @@ class Im2col(Algorithm):
             text += (f" (one image per chunk on clconv's CPU GEMM, from {CPU_IMAGE_POSITIONS} positions and "
                      f"{CPU_IMAGE_WORK / 1e6:g} MFLOP per compute unit and image: its GEMM writes the output in place, "
                      "no layout copy)")
+        if pass_name == "backward_input" and self._folds_grad_output():
+            text += ", grad_output read in place (its images' positions folded into the GEMM's columns, no layout copy)"
         if pass_name == "backward_weight" and self.slices > 1:
             text += f", split-K into {self.slices} slices summed in order"
         elif self.split.get(pass_name, 1) > 1:
             text += (f", split-K into {self.split[pass_name]} slices of K={mnk[2] // self.split[pass_name]} summed in "
                      "order (the grid alone would leave the GPU's compute units idle)")
         return text
+
+    def _folds_grad_output(self):
+        """Whether grad-input's GEMM reads dY as it is, its images' positions folded into the
+        columns (clconv's GPU GEMM kernel, unsplit), not through the layout copy T."""
+        return self.gemm == "gpu" and self.split["backward_input"] == 1 and not self.band
 
     def _implicit(self):
         """Whether forward and grad-weight read im2col in place, on the GPU GEMM kernel (not in
@@ -357,8 +364,14 @@ class Im2col(Algorithm):
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
             col, ld = g.K * nb * g.P, nb * g.P
-            t_buf, t = self._to_columns(queue, idx, dy, n0, nb, ws, 0)
             S = self.split["backward_input"]
+            if self._folds_grad_output():   # dY read in place: column b * P + p is (image b, position p)
+                self._gemm(queue, Kd, ld, Kg, Op(w.buf, w.off, Kd, Kg * Kd),
+                           Op(dy.buf, dy.off + n0 * g.K * g.P, g.P, Kg * g.P, g.K * g.P), Op(ws, col, ld, Kd * ld),
+                           a_transp=True, b_fold=g.P, what="grad-input (grad_output read in place)")
+                self._col2im(queue, idx, ws, col, dx, n0, nb, 0, g.H, False)
+                continue
+            t_buf, t = self._to_columns(queue, idx, dy, n0, nb, ws, 0)
             if S > 1:   # slice s: W[g][s-th Kg/S filters]^T @ T[g][those filters], partials after T and col
                 ks, part = Kg // S, (g.K + self.rows) * B * g.P
                 self._gemm(queue, Kd, ld, ks, Op(w.buf, w.off, Kd, Kg * Kd, ks * Kd), Op(t_buf, t, ld, Kg * ld, ks * ld),
