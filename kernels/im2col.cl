@@ -38,14 +38,15 @@ __kernel void im2col(__global const REAL* restrict x, const IDX x_off,
     }
 }
 
-// Adjoint of im2col. One work-item per input pixel (b, c, y, x) gathers every
-// column entry that im2col read from it and OVERWRITES dx with the sum (or, with
-// ``accumulate``, adds it: a tile of output rows after the first): no atomics, a fixed
-// summation order. 3-D range as im2col's: pixels of one image from pixel q0 on (a
-// tile's input rows), channels, images. The taps, strides and dilations are compile-time
-// constants (COL_*), so that the remainders and quotients by the strides are shifts and
-// multiplies: with them as arguments, each pixel's eight divisions made col2im 4-8x slower
-// than its memory traffic on an H200 (a 1x1 stride-2 grad-input's, 0.25 ms of its 0.5).
+// Adjoint of im2col. One work-item per input pixel (b, y, x) and COL_CHANNELS channels gathers
+// every column entry that im2col read from each of those pixels and OVERWRITES dx with the sum
+// (or, with ``accumulate``, adds it: a tile of output rows after the first): no atomics, a fixed
+// summation order. 3-D range: pixels of one image from pixel q0 on (a tile's input rows),
+// blocks of channels, images. The taps, strides and dilations are compile-time constants
+// (COL_*), so that the remainders and quotients by the strides are shifts and multiplies. On an
+// H200, with them as arguments and a channel per work-item, col2im moved 0.5-1.3 TB/s: each
+// pixel's divisions by runtime strides, then the rate at which the GPU starts work-groups of
+// so little work each (a 1x1 stride-2 grad-input's col2im, 0.25 ms of its 0.5).
 #ifndef COL_KH         // col2im: taps
 #define COL_KH 3
 #endif
@@ -64,17 +65,19 @@ __kernel void im2col(__global const REAL* restrict x, const IDX x_off,
 #ifndef COL_DW
 #define COL_DW 1
 #endif
+#ifndef COL_CHANNELS   // channels per work-item
+#define COL_CHANNELS 4
+#endif
 __kernel void col2im(__global const REAL* restrict col, const IDX col_off,
                      __global REAL* restrict dx, const IDX dx_off,
                      const int B, const int C, const int H, const int W,
                      const int OH, const int OW, const int PT, const int PL,
                      const int q0, const int accumulate)
 {
-    const int q = q0 + get_global_id(0), c = get_global_id(1), b = get_global_id(2);
-    if (q >= H * W || c >= C || b >= B) return;
+    const int q = q0 + get_global_id(0), c0 = get_global_id(1) * COL_CHANNELS, b = get_global_id(2);
+    if (q >= H * W || c0 >= C || b >= B) return;
     const int y = q / W, xx = q - y * W;
     const IDX ld = (IDX)B * OH * OW;
-    const IDX src = col_off + (IDX)c * COL_KH * COL_KW * ld + (IDX)b * OH * OW;
     // Only taps t with (position + pad - t * D) a non-negative multiple of the stride read
     // this pixel; undilated, they are t = (position + pad) % S, then every S-th. A tile of
     // outputs has a shifted, possibly negative, top padding (and so y + PT): the first tap is
@@ -83,25 +86,41 @@ __kernel void col2im(__global const REAL* restrict col, const IDX col_off,
     const int tx = xx + PL + (PL < 0 ? COL_SW * ((COL_SW - 1 - PL) / COL_SW) : 0);
     const int i0 = COL_DH == 1 ? ty % COL_SH : 0, di = COL_DH == 1 ? COL_SH : 1;
     const int j0 = COL_DW == 1 ? tx % COL_SW : 0, dj = COL_DW == 1 ? COL_SW : 1;
-    REAL acc = (REAL)0;
-    for (int i = i0; i < COL_KH; i += di) {
-        int oy = y + PT - i * COL_DH;             // = oy * SH when tap i reads row y
-        if (oy < 0) break;                        // only falls as i grows
-        if (COL_DH != 1 && oy % COL_SH) continue; // (undilated, the first tap and step keep it a multiple)
-        oy /= COL_SH;
-        if (oy >= OH) continue;
-        const IDX row = src + (IDX)i * COL_KW * ld;
-        for (int j = j0; j < COL_KW; j += dj) {
-            int ox = xx + PL - j * COL_DW;
-            if (ox < 0) break;
-            if (COL_DW != 1 && ox % COL_SW) continue;
-            ox /= COL_SW;
-            if (ox < OW) acc += col[row + j * ld + oy * OW + ox];
+    const int channels = min(COL_CHANNELS, C - c0);
+    for (int cc = 0; cc < channels; ++cc) {
+        const int c = c0 + cc;
+        const IDX src = col_off + (IDX)c * COL_KH * COL_KW * ld + (IDX)b * OH * OW;
+        REAL acc = (REAL)0;
+        for (int i = i0; i < COL_KH; i += di) {
+            int oy = y + PT - i * COL_DH;             // = oy * SH when tap i reads row y
+            if (oy < 0) break;                        // only falls as i grows
+            if (COL_DH != 1 && oy % COL_SH) continue; // (undilated, the first tap and step keep it a multiple)
+            oy /= COL_SH;
+            if (oy >= OH) continue;
+            const IDX row = src + (IDX)i * COL_KW * ld;
+            for (int j = j0; j < COL_KW; j += dj) {
+                int ox = xx + PL - j * COL_DW;
+                if (ox < 0) break;
+                if (COL_DW != 1 && ox % COL_SW) continue;
+                ox /= COL_SW;
+                if (ox < OW) acc += col[row + j * ld + oy * OW + ox];
+            }
         }
+        const IDX at = dx_off + ((IDX)b * C + c) * H * W + q;
+        if (accumulate)
+            dx[at] += acc;
+        else
+            dx[at] = acc;
     }
-    const IDX at = dx_off + ((IDX)b * C + c) * H * W + q;
-    dx[at] = accumulate ? dx[at] + acc : acc;
 }
+
+// The layout kernels for GPUs. 2-D range: dim 0 over the (b, p) positions, LAYOUT_VALUES of them
+// per work-item, each a work-group's width after the one before (so that every load and store
+// of a warp is contiguous); dim 1 over k. One value per work-item ran at 1.5 TB/s on an H200,
+// limited by how fast the GPU starts work-groups.
+#ifndef LAYOUT_VALUES
+#define LAYOUT_VALUES 4
+#endif
 
 // (B, K, P) -> (K, B*P): grad_output in the column layout, so that grad-weight
 // is one GEMM per group over all B*P positions of the chunk.
@@ -109,27 +128,35 @@ __kernel void nchw_to_cnhw(__global const REAL* restrict src, const IDX src_off,
                            __global REAL* restrict dst, const IDX dst_off,
                            const int B, const int K, const int P)
 {
-    const int q = get_global_id(0);   // b * P + p
-    const int k = get_global_id(1);
-    if (q >= B * P || k >= K) return;
-    const int b = q / P, p = q - b * P;
-    dst[dst_off + (IDX)k * (B * (IDX)P) + q] = src[src_off + ((IDX)b * K + k) * P + p];
+    const int k = get_global_id(1), width = get_local_size(0);
+    const int first = get_group_id(0) * width * LAYOUT_VALUES + get_local_id(0);
+    if (k >= K) return;
+    for (int v = 0; v < LAYOUT_VALUES; ++v) {
+        const int q = first + v * width;   // b * P + p
+        if (q >= B * P) return;
+        const int b = q / P, p = q - b * P;
+        dst[dst_off + (IDX)k * (B * (IDX)P) + q] = src[src_off + ((IDX)b * K + k) * P + p];
+    }
 }
 
 // (K, B*P) -> (B, K, P), the epilogue (``flags``: bias[k], ReLU) applied: the forward GEMM's
-// result back into NCHW. 2-D range: dim 0 over (b, p), dim 1 over k.
+// result back into NCHW.
 __kernel void cnhw_to_nchw(__global const REAL* restrict src, const IDX src_off,
                            __global REAL* restrict dst, const IDX dst_off,
                            __global const REAL* restrict bias, const IDX bias_off, const int flags,
                            const int B, const int K, const int P)
 {
-    const int q = get_global_id(0);
-    const int k = get_global_id(1);
-    if (q >= B * P || k >= K) return;
-    const int b = q / P, p = q - b * P;
-    REAL v = src[src_off + (IDX)k * (B * (IDX)P) + q];
-    if (flags & EPI_BIAS) v += bias[bias_off + k];
-    dst[dst_off + ((IDX)b * K + k) * P + p] = EPILOGUE(flags, v);
+    const int k = get_global_id(1), width = get_local_size(0);
+    const int first = get_group_id(0) * width * LAYOUT_VALUES + get_local_id(0);
+    if (k >= K) return;
+    const REAL add = (flags & EPI_BIAS) ? bias[bias_off + k] : (REAL)0;
+    for (int v = 0; v < LAYOUT_VALUES; ++v) {
+        const int q = first + v * width;
+        if (q >= B * P) return;
+        const int b = q / P, p = q - b * P;
+        const REAL value = src[src_off + (IDX)k * (B * (IDX)P) + q] + add;
+        dst[dst_off + ((IDX)b * K + k) * P + p] = EPILOGUE(flags, value);
+    }
 }
 
 // ---- CPU devices ----------------------------------------------------------------------

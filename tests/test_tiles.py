@@ -86,11 +86,23 @@ def _check_passes(p, case, queue):
     assert_close(dw, reference.conv2d_weight(x, w.shape, dy, **opts), np.float32, "grad-weight")
 
 
-@pytest.mark.parametrize("case", TILED, ids=repr)
-@pytest.mark.parametrize("budget", ["images", "rows", "columns"])
-def test_gpu_col2im_in_tiles(case, budget, queue):
-    """The GPU form of col2im (taps and strides built in; tiles with a negative top or left
-    padding) on any device: the grad-input of plans made for a GPU, against the reference."""
+def _tiled(name):
+    return next(c for c in TILED if c.name == name)
+
+
+# (case, budget), few: each geometry builds its own GPU GEMM kernels, slow to build on CPU runtimes
+GPU_FORMS = [(Case("layouts_c6_p1", 3, 6, 9, 7, 5, 3, 3, padding=1), "images"),   # 63 positions per image
+             (_tiled("tiles_d2_s3x1"), "images"),                                  # 56: four-wide reads
+             (_tiled("tiles_k1_s2"), "columns"), (_tiled("tiles_depthwise_s2"), "columns"),
+             (_tiled("tiles_s2_asym_g2"), "rows"), (_tiled("tiles_k5_overpad"), "rows")]
+
+
+@pytest.mark.parametrize("case,budget", GPU_FORMS, ids=lambda v: v if isinstance(v, str) else repr(v))
+def test_gpu_forms_in_tiles(case, budget, queue):
+    """The GPU forms of im2col's kernels on any device, in plans made for a GPU: col2im with its
+    taps and strides built in (tiles: a negative top or left padding), grad-input's GEMM reading
+    grad_output in place; with whole images, every pass (the layout kernels, several positions
+    per work-item, across images), against the reference."""
     x, w, b, dy = case.data()
     opts = case.options
     gpu = QueueAs(queue, type=cl.device_type.GPU)
@@ -99,9 +111,13 @@ def test_gpu_col2im_in_tiles(case, budget, queue):
     row = _row_bytes(full)
     limit = {"images": None, "rows": 3 * row, "columns": max(row // 3, 2 * row // full.geometry.OW)}[budget]
     p = clconv.Plan(full.geometry, np.float32, gpu, algorithm="im2col", workspace_limit=limit, selfcheck=False)
-    assert p.algorithms["backward_input"] == "im2col" and (limit is None) == (" tiles of " not in p.explain())
+    assert set(p.algorithms.values()) == {"im2col"} and (limit is None) == (" tiles of " not in p.explain())
     assert_close(p.backward_input(w, dy, queue=queue), reference.conv2d_input(x.shape, w, dy, **opts), np.float32,
                  "grad-input")
+    if limit is None:   # (tiles: grad-input's col2im; the H200's run of this module covers the rest)
+        assert_close(p.forward(x, w, b, queue=queue), reference.conv2d(x, w, b, **opts), np.float32, "forward")
+        assert_close(p.backward_weight(x, dy, queue=queue), reference.conv2d_weight(x, w.shape, dy, **opts),
+                     np.float32, "grad-weight")
 
 
 def test_auto_runs_what_no_whole_image_fits(queue):

@@ -36,6 +36,8 @@ from .base import Algorithm
 from .partials import fit_slices, largest_divisor_at_most, max_slices, partials_size as _partials, sum_partials
 
 TILE = (64, 4)             # work-group shape of the 2-D layout kernels
+COL2IM_CHANNELS = 4        # channels per work-item of col2im's GPU form (kernels/im2col.cl says why)
+LAYOUT_VALUES = 4          # positions per work-item of the GPU layout kernels (kernels/im2col.cl says why)
 GPU_MIN_SLICE, GPU_MAX_SLICES = 64, 256   # grad-weight split-K on GPUs (see Im2col)
 IMPLICIT_MAX_CHANNELS = 4  # input channels per group up to which im2col is read in place (see above)
 # The forward on clconv's CPU GEMM kernel in chunks of one image from this many output positions
@@ -252,7 +254,7 @@ class Im2col(Algorithm):
                 + (pt - oy0 * g.stride[0], pl - ox0 * g.stride[1]) + g.dilation)
 
     def _kernel(self, queue, name, idx):
-        return get_kernel(queue.context, "im2col.cl", name, self.dtype, IDX=idx)
+        return get_kernel(queue.context, "im2col.cl", name, self.dtype, IDX=idx, LAYOUT_VALUES=LAYOUT_VALUES)
 
     def _im2col(self, queue, idx, x, n0, B, ws, col, tile=None):
         """col of images n0 ... n0+B-1 (or of a ``tile`` of image n0, see _geometry_args): on GPUs a
@@ -283,9 +285,9 @@ class Im2col(Algorithm):
         # the GPU form: taps, strides and dilations built in (kernels/im2col.cl says why)
         _, _, _, _, kh, kw, rows, cols, sh, sw, pt, pl, dh, dw = geometry
         knl = get_kernel(queue.context, "im2col.cl", "col2im", self.dtype, IDX=idx, COL_KH=kh, COL_KW=kw,
-                         COL_SH=sh, COL_SW=sw, COL_DH=dh, COL_DW=dw)
-        launch(queue, knl, ((last - first) * g.W, g.C, B), (64, 1, 1), ws, col, dx.buf, dx_at, B, g.C, g.H, g.W,
-               rows, cols, pt, pl, first * g.W, int(accumulate), what=what)
+                         COL_SH=sh, COL_SW=sw, COL_DH=dh, COL_DW=dw, COL_CHANNELS=COL2IM_CHANNELS)
+        launch(queue, knl, ((last - first) * g.W, -(-g.C // COL2IM_CHANNELS), B), (64, 1, 1), ws, col, dx.buf, dx_at,
+               B, g.C, g.H, g.W, rows, cols, pt, pl, first * g.W, int(accumulate), what=what)
 
     def _to_columns(self, queue, idx, dy, n0, B, ws, t):
         """dY of images n0 ... n0+B-1 (B, K, P) as (K, B*P): (buffer, offset) of T, or of dY
@@ -305,7 +307,7 @@ class Im2col(Algorithm):
         if self.vw:
             launch(queue, self._kernel(queue, name + "_rows", idx), (B * g.K,), (1,), *args, what=what)
         else:
-            launch(queue, self._kernel(queue, name, idx), (B * g.P, g.K), TILE, *args, what=what)
+            launch(queue, self._kernel(queue, name, idx), (-(-B * g.P // LAYOUT_VALUES), g.K), TILE, *args, what=what)
 
     def forward(self, queue, x, w, bias, y, ws, relu=False):
         g, B = self.g, self.forward_chunk
