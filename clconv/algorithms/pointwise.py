@@ -31,7 +31,7 @@ outputs summed in order. Such grids come from small images with many channels.
 """
 from ..bias import after_gemm, before_gemm
 from ..buffers import Ref, idx_for
-from ..gemm import MIN_K_SLICE, Im2colB, KBlocks, Operand as Op, best_slices, gemm_cpu, k_slices
+from ..gemm import MIN_K_SLICE, KBlocks, Operand as Op, best_slices, gemm_cpu, k_slices
 from ..programs import INT32_MAX
 from .base import Algorithm
 from .im2col import Im2col
@@ -46,7 +46,7 @@ from .partials import MAX_SLICES, MIN_SLICE, fit_slices, max_slices, partials_si
 # / 0.86-1.45x (a block's K slices are cut shorter to keep every block's slice of B in cache).
 CPU_BLOCKS_BELOW = 700
 # Forward and grad-input on the GPU kernel over maps of fewer than FOLD_BELOW positions: one
-# GEMM over every image's positions (B read through a 1x1 im2col, C stored image by image), not
+# GEMM over every image's positions (B read and C stored image by image: b_fold, c_fold), not
 # a ragged GEMM per image of 25-49 columns. H200, the networks' 1x1 layers, folded / per image
 # (geometric mean): P < 64 forward 0.87, grad-input 0.99 at batch 32 (0.90, 0.86 at batch 1);
 # P < 200 at batch 32 forward 0.95 but grad-input 1.08 (folded B is read a value at a time).
@@ -153,30 +153,27 @@ class Pointwise(Algorithm):
                 f"{1 if g.groups == 1 else g.N} batched launch(es), M={m} N={g.P} K={k}, no im2col"
                 + split.format(k // S))
 
-    def _columns(self, channels, per_matrix):
+    def _columns(self):
         """(columns, images, GEMM options) of forward and grad-input, whose B is the input or
-        grad_output (``channels`` per image, ``per_matrix`` per group or slice): folded, one GEMM's
-        columns are every image's positions, B read through a 1x1 im2col and C stored image by
-        image; otherwise a GEMM per image."""
+        grad_output: folded, one GEMM's columns are every image's positions, B read and C stored
+        image by image; otherwise a GEMM per image."""
         g = self.g
         if not self.fold:
             return g.P, g.N, {}
-        fold = Im2colB(g.H, g.W, channels * g.P, g.P, g.W, 1, 1, 1, 1, 0, 0, 1, 1, 0,
-                       (g.N - 1) * channels * g.P + per_matrix * g.P)
-        return g.N * g.P, 1, dict(im2col=fold, c_fold=g.P)
+        return g.N * g.P, 1, dict(b_fold=g.P, c_fold=g.P)
 
     def forward(self, queue, x, w, bias, y, ws, relu=False):
         g, S = self.g, self.split["forward"]
         beta = before_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
         if S > 1:   # slice s: W[:, s-th K/S channels] @ X[those channels]; one group
             ks, n = g.C // S, g.N * g.K * g.P
-            cols, images, fold = self._columns(g.C, ks)
+            cols, images, fold = self._columns()
             self._gemm(queue, g.K, cols, ks, Op(w.buf, w.off, g.C, ks), Op(x.buf, x.off, g.P, ks * g.P, g.C * g.P),
                        Op(ws, 0, g.P, n, g.K * g.P), images=images, slices=S, what="forward (1x1, split-K)", **fold)
             sum_partials(queue, self.dtype, idx_for(self.dtype, x, w, y, bias, Ref(ws, 0)), Ref(ws, 0), S, n, y,
                          beta != 0, "forward (1x1, sum of slices)")
         else:
-            cols, images, fold = self._columns(g.C, g.Cg)
+            cols, images, fold = self._columns()
             self._gemm(queue, g.Kg, cols, g.Cg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
                        Op(x.buf, x.off, g.P, g.Cg * g.P, g.C * g.P), Op(y.buf, y.off, g.P, g.Kg * g.P, g.K * g.P),
                        images=images, beta=beta, b_panels=self._panels("forward", ws), what="forward (1x1)", **fold)
@@ -186,14 +183,14 @@ class Pointwise(Algorithm):
         g, S = self.g, self.split["backward_input"]
         if S > 1:   # slice s: W[s-th K/S filters]^T @ dY[those filters]; one group
             ks, n = g.K // S, g.N * g.C * g.P
-            cols, images, fold = self._columns(g.K, ks)
+            cols, images, fold = self._columns()
             self._gemm(queue, g.C, cols, ks, Op(w.buf, w.off, g.C, ks * g.C),
                        Op(dy.buf, dy.off, g.P, ks * g.P, g.K * g.P), Op(ws, 0, g.P, n, g.C * g.P), images=images,
                        slices=S, a_transp=True, what="grad-input (1x1, split-K)", **fold)
             sum_partials(queue, self.dtype, idx_for(self.dtype, w, dy, dx, Ref(ws, 0)), Ref(ws, 0), S, n, dx, False,
                          "grad-input (1x1, sum of slices)")
             return
-        cols, images, fold = self._columns(g.K, g.Kg)
+        cols, images, fold = self._columns()
         self._gemm(queue, g.Cg, cols, g.Kg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
                    Op(dy.buf, dy.off, g.P, g.Kg * g.P, g.K * g.P), Op(dx.buf, dx.off, g.P, g.Cg * g.P, g.C * g.P),
                    images=images, a_transp=True, a_packed=Op(ws, 0, 0), b_panels=self._panels("backward_input", ws),
