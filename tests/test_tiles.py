@@ -101,8 +101,8 @@ GPU_FORMS = [(Case("layouts_c6_p1", 3, 6, 9, 7, 5, 3, 3, padding=1), "images"), 
 def test_gpu_forms_in_tiles(case, budget, queue):
     """The GPU forms of im2col's kernels on any device, in plans made for a GPU: col2im with its
     taps and strides built in (tiles: a negative top or left padding), grad-input's GEMM reading
-    grad_output in place; with whole images, every pass (the layout kernels, several positions
-    per work-item, across images), against the reference."""
+    grad_output in place; with whole images, every pass (the layout kernels too), against the
+    reference."""
     x, w, b, dy = case.data()
     opts = case.options
     gpu = QueueAs(queue, type=cl.device_type.GPU)

@@ -37,7 +37,6 @@ from .partials import fit_slices, largest_divisor_at_most, max_slices, partials_
 
 TILE = (64, 4)             # work-group shape of the 2-D layout kernels
 COL2IM_CHANNELS = 4        # channels per work-item of col2im's GPU form (kernels/im2col.cl says why)
-LAYOUT_VALUES = 4          # positions per work-item of the GPU layout kernels (kernels/im2col.cl says why)
 GPU_MIN_SLICE, GPU_MAX_SLICES = 64, 256   # grad-weight split-K on GPUs (see Im2col)
 IMPLICIT_MAX_CHANNELS = 4  # input channels per group up to which im2col is read in place (see above)
 # The forward on clconv's CPU GEMM kernel in chunks of one image from this many output positions
@@ -254,7 +253,7 @@ class Im2col(Algorithm):
                 + (pt - oy0 * g.stride[0], pl - ox0 * g.stride[1]) + g.dilation)
 
     def _kernel(self, queue, name, idx):
-        return get_kernel(queue.context, "im2col.cl", name, self.dtype, IDX=idx, LAYOUT_VALUES=LAYOUT_VALUES)
+        return get_kernel(queue.context, "im2col.cl", name, self.dtype, IDX=idx)
 
     def _im2col(self, queue, idx, x, n0, B, ws, col, tile=None):
         """col of images n0 ... n0+B-1 (or of a ``tile`` of image n0, see _geometry_args): on GPUs a
@@ -307,7 +306,7 @@ class Im2col(Algorithm):
         if self.vw:
             launch(queue, self._kernel(queue, name + "_rows", idx), (B * g.K,), (1,), *args, what=what)
         else:
-            launch(queue, self._kernel(queue, name, idx), (-(-B * g.P // LAYOUT_VALUES), g.K), TILE, *args, what=what)
+            launch(queue, self._kernel(queue, name, idx), (B * g.P, g.K), TILE, *args, what=what)
 
     def forward(self, queue, x, w, bias, y, ws, relu=False):
         g, B = self.g, self.forward_chunk
