@@ -82,8 +82,9 @@ __kernel void col2im(__global const REAL* restrict col, const IDX col_off,
     const IDX ld = (IDX)B * OH * OW;
     // Only taps t with (position + pad - t * D) a non-negative multiple of the stride read
     // this pixel; undilated, they are t = (position + pad) % S, then every S-th. A tile of
-    // outputs has a shifted, possibly negative, top padding (and so y + PT): the first tap is
-    // then still the remainder of a non-negative number, y + PT plus a multiple of the stride.
+    // outputs has a shifted top and left padding, possibly negative (and so position + pad):
+    // the first tap is then the remainder of position + pad plus a multiple of the stride
+    // that makes it non-negative.
     const int ty = y + PT + (PT < 0 ? COL_SH * ((COL_SH - 1 - PT) / COL_SH) : 0);
     const int tx = xx + PL + (PL < 0 ? COL_SW * ((COL_SW - 1 - PL) / COL_SW) : 0);
     const int i0 = COL_DH == 1 ? ty % COL_SH : 0, di = COL_DH == 1 ? COL_SH : 1;

@@ -112,6 +112,7 @@ def test_gpu_forms_in_tiles(case, budget, queue):
     limit = {"images": None, "rows": 3 * row, "columns": max(row // 3, 2 * row // full.geometry.OW)}[budget]
     p = clconv.Plan(full.geometry, np.float32, gpu, algorithm="im2col", workspace_limit=limit, selfcheck=False)
     assert set(p.algorithms.values()) == {"im2col"} and (limit is None) == (" tiles of " not in p.explain())
+    assert (limit is None) == ("grad_output read in place" in p.explain())   # (whole images: the folded GEMM)
     assert_close(p.backward_input(w, dy, queue=queue), reference.conv2d_input(x.shape, w, dy, **opts), np.float32,
                  "grad-input")
     if limit is None:   # (tiles: grad-input's col2im; the H200's run of this module covers the rest)
