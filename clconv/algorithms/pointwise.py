@@ -49,7 +49,11 @@ CPU_BLOCKS_BELOW = 700
 # GEMM over every image's positions (B read and C stored image by image: b_fold, c_fold), not
 # a ragged GEMM per image of 25-49 columns. H200, the networks' 1x1 layers, folded / per image
 # (geometric mean): P < 64 forward 0.87, grad-input 0.99 at batch 32 (0.90, 0.86 at batch 1);
-# P < 200 at batch 32 forward 0.95 but grad-input 1.08 (folded B is read a value at a time).
+# P < 200 at batch 32 forward 0.95 but grad-input 1.08 (folded B read a value at a time). With B
+# read four-wide where P is a multiple of 4 (b_fold), folding the 20 layers of 144 and 196
+# positions too made no difference above the noise: 0.91 against 0.98 of cuDNN's time at batch
+# 32, 1.00 against 0.98 at batch 1, their grad-weights, which folding does not touch, 0.85
+# against 0.92 between the same two runs.
 # Grad-weight over such maps reads its K blocks as one continuous depth.
 FOLD_BELOW = 64
 
