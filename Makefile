@@ -88,7 +88,8 @@ pytest-others: setup
 	  echo "pytest on CLCONV_DEVICE=$$d, $${m:-all tests}"; cat $$log; \
 	done; exit $$status
 
-# Every kernel and algorithm under Oclgrind; fails unless its log stays empty.
+# Every kernel and algorithm under Oclgrind; fails unless its log stays empty. At a lower
+# priority (nice): beside make test's pytest jobs, which are its longest, it ends well within them.
 # Run 1: with CLBlast, data races and out-of-bounds accesses. Run 2: GEMMs on the host
 # (see tests/oclgrind_sweep.py for why), plus uninitialised-memory tracking. The known-answer
 # check is off there: the sweep checks every result itself, on the kernels Oclgrind simulates.
@@ -99,7 +100,7 @@ check-kernels: setup
 	  log=$(OCLGRIND_DIR)/$$mode.log; rm -f $$log; \
 	  if [ $$mode = host-gemm ]; then checks="OCLGRIND_UNINITIALIZED=1"; args=--host-gemm; else checks=; args=; fi; \
 	  echo "Oclgrind sweep ($$mode)"; \
-	  env OCL_ICD_VENDORS=$(CURDIR)/$(OCLGRIND_DIR) CLCONV_DEVICE=oclgrind OCLGRIND_LOG=$$log CLCONV_SELFCHECK=0 \
+	  nice -n 10 env OCL_ICD_VENDORS=$(CURDIR)/$(OCLGRIND_DIR) CLCONV_DEVICE=oclgrind OCLGRIND_LOG=$$log CLCONV_SELFCHECK=0 \
 	      OCLGRIND_DATA_RACES=1 $$checks $(PY) tests/oclgrind_sweep.py $$args > $(OCLGRIND_DIR)/$$mode.out \
 	    || { cat $(OCLGRIND_DIR)/$$mode.out; exit 1; }; \
 	  if [ -s $$log ]; then echo "Oclgrind reported problems ($$log):"; head -60 $$log; exit 1; fi; \
