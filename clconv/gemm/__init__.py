@@ -146,22 +146,22 @@ def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1
         for g, q in enumerate(group_queues(queue, groups)):
             cl.enqueue_barrier(q, wait_for=[ready])
             one = [x._replace(off=x.at(g), per_group=0) for x in ops]
-            _run(q, engine, dtype, 1, images, m, n, k, *one, im2col, k_blocks, (c_fold, b_fold), None, None, flags)
+            _run(q, engine, dtype, 1, images, m, n, k, *one, im2col, k_blocks, c_fold, b_fold, None, None, flags)
             done.append(cl.enqueue_marker(q))
             q.flush()
         cl.enqueue_barrier(queue, wait_for=done)
     else:
-        _run(queue, engine, dtype, groups, images, m, n, k, *ops, im2col, k_blocks, (c_fold, b_fold), a_packed,
+        _run(queue, engine, dtype, groups, images, m, n, k, *ops, im2col, k_blocks, c_fold, b_fold, a_packed,
              b_panels, flags)
 
 
-def _run(queue, engine, dtype, groups, images, m, n, k, a, b, c, im2col, k_blocks, folds, a_packed, b_panels,
-         flags):
+def _run(queue, engine, dtype, groups, images, m, n, k, a, b, c, im2col, k_blocks, c_fold, b_fold, a_packed,
+         b_panels, flags):
     if engine == "cpu":
         gemm_cpu.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, a_packed=a_packed, b_panels=b_panels,
                            k_blocks=k_blocks, **flags)
     elif engine == "gpu":
         gemm_gpu.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, im2col=im2col, k_blocks=k_blocks,
-                           c_fold=folds[0], b_fold=folds[1], **flags)
+                           c_fold=c_fold, b_fold=b_fold, **flags)
     else:
         clblast.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, **flags)

@@ -202,8 +202,8 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     idx = index_type(*(x.at(gi - 1, gj - 1) + (kb.count - 1) * step + span for x, step, span in zip(ops, steps, spans)))
     # an im2col B is gathered one value at a time; a continuous depth is read four-wide only where
     # its blocks are whole vectors (K a multiple of 4), a folded B where its images' rows are
-    va, vb = (1 if (x is b and im2col) or (kb.continuous and k % 4) or (x is b and b_fold and (b_fold % 4 or
-                                                                                                b.per_image % 4))
+    scalar_b = im2col is not None or (b_fold and (b_fold % 4 or b.per_image % 4))
+    va, vb = (1 if (x is b and scalar_b) or (kb.continuous and k % 4)
               else read_width(queue.device, itemsize, x.off, x.per_group, x.per_image, x.ld, gi, gj, step)
               for x, step in zip((a, b), steps))
     fold, depth, blocks = (k, k * kb.count, 1) if kb.continuous else (0, k, kb.count)
