@@ -7,49 +7,7 @@
 //
 // Specialised by the host with prepended #defines; the defaults below are for reading.
 
-// (With a tile of output rows, the host passes OH = the tile's rows and the top padding
-// shifted by its first row: the same kernels cover any band of an image.)
-//
-// 3-D range: dim 0 over the output pixels p of one image, dim 1 over channels c,
-// dim 2 over the B images. Each work-item writes the KH*KW rows of channel c in
-// its column (b, p): the index arithmetic is paid once per pixel, not per tap,
-// and neighbouring work-items write neighbouring columns.
-__kernel void im2col(__global const REAL* restrict x, const IDX x_off,
-                     __global REAL* restrict col, const IDX col_off,
-                     const int B, const int C, const int H, const int W,
-                     const int KH, const int KW, const int OH, const int OW,
-                     const int SH, const int SW, const int PT, const int PL,
-                     const int DH, const int DW)
-{
-    const int p = get_global_id(0), c = get_global_id(1), b = get_global_id(2);
-    const int P = OH * OW;
-    if (p >= P || c >= C || b >= B) return;
-    const int oy = p / OW, ox = p - oy * OW;
-    const IDX ld = (IDX)B * P;
-    const IDX xb = x_off + ((IDX)b * C + c) * H * W;
-    IDX dst = col_off + (IDX)c * KH * KW * ld + (IDX)b * P + p;
-    for (int i = 0; i < KH; ++i) {
-        const int y = oy * SH - PT + i * DH;
-        const bool row_in = y >= 0 && y < H;
-        for (int j = 0; j < KW; ++j, dst += ld) {
-            const int xx = ox * SW - PL + j * DW;
-            col[dst] = (row_in && xx >= 0 && xx < W) ? x[xb + y * W + xx] : (REAL)0;
-        }
-    }
-}
-
-// Adjoint of im2col. One work-item per input pixel (b, y, x) and COL_CHANNELS channels gathers
-// every column entry that im2col read from each of those pixels and OVERWRITES dx with the sum
-// (or, with ``accumulate``, adds it: a tile of output rows after the first): no atomics, a fixed
-// summation order. 3-D range: pixels of one image from pixel q0 on (a tile's input rows),
-// blocks of channels, images. The taps, strides and dilations are compile-time constants
-// (COL_*), so that the remainders and quotients by the strides are shifts and multiplies, and a
-// work-item covers several channels, so that the GPU starts fewer work-groups of so little work
-// each. H200, the networks' im2col grad-inputs at batch 32, col2im's device time: resnet50's
-// 3x3 stride-2 C128 56x56 0.206 ms with runtime strides, 0.131 with them built in, 0.116 with 4
-// channels per work-item; its 1x1 stride-2 C256 56x56 (at most one tap per pixel) 0.245, 0.245,
-// 0.079; the 40 layers' sum 2.19, 1.43 ms with both.
-#ifndef COL_KH         // col2im: taps
+#ifndef COL_KH         // the GPU forms of im2col and col2im: taps
 #define COL_KH 3
 #endif
 #ifndef COL_KW
@@ -70,6 +28,54 @@ __kernel void im2col(__global const REAL* restrict x, const IDX x_off,
 #ifndef COL_CHANNELS   // channels per work-item
 #define COL_CHANNELS 4
 #endif
+
+// (With a tile of output rows, the host passes OH = the tile's rows and the top padding
+// shifted by its first row: the same kernels cover any band of an image.)
+//
+// im2col's GPU form. 2-D range: dim 0 over the B * P columns (b, p) of col, dim 1 over blocks
+// of COL_CHANNELS channels. Each work-item writes the KH*KW rows of its channels in its column:
+// the index arithmetic is paid once per pixel, not per tap, neighbouring work-items write
+// neighbouring columns, and the columns of all images form one range (no work-group runs past
+// the end of each image's pixels). Geometry as constants and several channels per work-item,
+// as in col2im below: H200, the networks' im2col launches at batch 32 (weighted by the layers'
+// counts) 3.91 -> 2.83 ms of device time; inception_v3's 1x7 C160 12x12 forward 0.049 -> 0.022.
+__kernel void im2col(__global const REAL* restrict x, const IDX x_off,
+                     __global REAL* restrict col, const IDX col_off,
+                     const int B, const int C, const int H, const int W,
+                     const int OH, const int OW, const int PT, const int PL)
+{
+    const int q = get_global_id(0), c0 = get_global_id(1) * COL_CHANNELS;
+    const int P = OH * OW;
+    if (q >= B * P || c0 >= C) return;
+    const int b = q / P, p = q - b * P, oy = p / OW, ox = p - oy * OW;
+    const IDX ld = (IDX)B * P;
+    const int channels = min(COL_CHANNELS, C - c0);
+    for (int cc = 0; cc < channels; ++cc) {
+        const int c = c0 + cc;
+        const IDX xb = x_off + ((IDX)b * C + c) * H * W;
+        IDX dst = col_off + (IDX)c * COL_KH * COL_KW * ld + q;
+        for (int i = 0; i < COL_KH; ++i) {
+            const int y = oy * COL_SH - PT + i * COL_DH;
+            const bool row_in = y >= 0 && y < H;
+            for (int j = 0; j < COL_KW; ++j, dst += ld) {
+                const int xx = ox * COL_SW - PL + j * COL_DW;
+                col[dst] = (row_in && xx >= 0 && xx < W) ? x[xb + y * W + xx] : (REAL)0;
+            }
+        }
+    }
+}
+
+// Adjoint of im2col. One work-item per input pixel (b, y, x) and COL_CHANNELS channels gathers
+// every column entry that im2col read from each of those pixels and OVERWRITES dx with the sum
+// (or, with ``accumulate``, adds it: a tile of output rows after the first): no atomics, a fixed
+// summation order. 3-D range: pixels of one image from pixel q0 on (a tile's input rows),
+// blocks of channels, images. The taps, strides and dilations are compile-time constants
+// (COL_*), so that the remainders and quotients by the strides are shifts and multiplies, and a
+// work-item covers several channels, so that the GPU starts fewer work-groups of so little work
+// each. H200, the networks' im2col grad-inputs at batch 32, col2im's device time: resnet50's
+// 3x3 stride-2 C128 56x56 0.206 ms with runtime strides, 0.131 with them built in, 0.116 with 4
+// channels per work-item; its 1x1 stride-2 C256 56x56 (at most one tap per pixel) 0.245, 0.245,
+// 0.079; the 40 layers' sum 2.19, 1.43 ms with both.
 __kernel void col2im(__global const REAL* restrict col, const IDX col_off,
                      __global REAL* restrict dx, const IDX dx_off,
                      const int B, const int C, const int H, const int W,

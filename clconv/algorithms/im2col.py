@@ -36,7 +36,7 @@ from .base import Algorithm
 from .partials import fit_slices, largest_divisor_at_most, max_slices, partials_size as _partials, sum_partials
 
 TILE = (64, 4)             # work-group shape of the 2-D layout kernels
-COL2IM_CHANNELS = 4        # channels per work-item of col2im's GPU form (kernels/im2col.cl says why)
+COL_CHANNELS = 4           # channels per work-item of im2col's and col2im's GPU forms (kernels/im2col.cl says why)
 GPU_MIN_SLICE, GPU_MAX_SLICES = 64, 256   # grad-weight split-K on GPUs (see Im2col)
 IMPLICIT_MAX_CHANNELS = 4  # input channels per group up to which im2col is read in place (see above)
 # The forward on clconv's CPU GEMM kernel in chunks of one image from this many output positions
@@ -257,16 +257,21 @@ class Im2col(Algorithm):
 
     def _im2col(self, queue, idx, x, n0, B, ws, col, tile=None):
         """col of images n0 ... n0+B-1 (or of a ``tile`` of image n0, see _geometry_args): on GPUs a
-        work-item per (output pixel, channel); on CPUs im2col_rows, a work-item per (output row,
-        channel) writing VW columns at a time."""
+        work-item per (image, output pixel) and COL_CHANNELS channels; on CPUs im2col_rows, a
+        work-item per (output row, channel) writing VW columns at a time."""
         g = self.g
-        _, rows, _, cols = tile or (0, g.OH, 0, g.OW)
-        args = (x.buf, x.off + n0 * g.C * g.H * g.W, ws, col, *self._geometry_args(B, tile))
+        geometry = self._geometry_args(B, tile)
+        _, _, _, _, kh, kw, rows, cols, sh, sw, pt, pl, dh, dw = geometry
+        x_at = x.off + n0 * g.C * g.H * g.W
         if self.vw:
             knl = get_kernel(queue.context, "im2col.cl", "im2col_rows", self.dtype, IDX=idx, VW=self.im2col_vw)
-            launch(queue, knl, (B * rows, g.C), (1, 1), *args, what="im2col")
+            launch(queue, knl, (B * rows, g.C), (1, 1), x.buf, x_at, ws, col, *geometry, what="im2col")
             return
-        launch(queue, self._kernel(queue, "im2col", idx), (rows * cols, g.C, B), (64, 1, 1), *args, what="im2col")
+        # the GPU form: taps, strides and dilations built in, as col2im's
+        knl = get_kernel(queue.context, "im2col.cl", "im2col", self.dtype, IDX=idx, COL_KH=kh, COL_KW=kw,
+                         COL_SH=sh, COL_SW=sw, COL_DH=dh, COL_DW=dw, COL_CHANNELS=COL_CHANNELS)
+        launch(queue, knl, (B * rows * cols, -(-g.C // COL_CHANNELS)), (64, 1), x.buf, x_at, ws, col, B, g.C, g.H,
+               g.W, rows, cols, pt, pl, what="im2col")
 
     def _col2im(self, queue, idx, ws, col, dx, n0, B, first, last, accumulate, tile=None):
         """Input rows first ... last-1 of images n0 ... n0+B-1 from col at ``col`` (or of image n0
@@ -284,8 +289,8 @@ class Im2col(Algorithm):
         # the GPU form: taps, strides and dilations built in (kernels/im2col.cl says why)
         _, _, _, _, kh, kw, rows, cols, sh, sw, pt, pl, dh, dw = geometry
         knl = get_kernel(queue.context, "im2col.cl", "col2im", self.dtype, IDX=idx, COL_KH=kh, COL_KW=kw,
-                         COL_SH=sh, COL_SW=sw, COL_DH=dh, COL_DW=dw, COL_CHANNELS=COL2IM_CHANNELS)
-        launch(queue, knl, ((last - first) * g.W, -(-g.C // COL2IM_CHANNELS), B), (64, 1, 1), ws, col, dx.buf, dx_at,
+                         COL_SH=sh, COL_SW=sw, COL_DH=dh, COL_DW=dw, COL_CHANNELS=COL_CHANNELS)
+        launch(queue, knl, ((last - first) * g.W, -(-g.C // COL_CHANNELS), B), (64, 1, 1), ws, col, dx.buf, dx_at,
                B, g.C, g.H, g.W, rows, cols, pt, pl, first * g.W, int(accumulate), what=what)
 
     def _to_columns(self, queue, idx, dy, n0, B, ws, t):
