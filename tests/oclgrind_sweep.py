@@ -101,7 +101,8 @@ SWEEP = [
     ("own_gemm_implicit_im2col_apart", (2, 6, 7, 9), (5, 6, 2, 2), dict(stride=(2, 3), gemm="clconv"), "im2col",
      "single", None),
     # grad-input's GEMM reading grad_output in place, its images' positions folded into the columns
-    # (48 per image: four-wide reads; 35: a value at a time), then col2im with the taps built in
+    # (48 per image: four-wide reads; 35: a value at a time), then col2im with the taps built in;
+    # grad-weight's too, folded into the depth (48 per image; 35: through the layout copy)
     ("own_gemm_im2col_folded_grad_output", (3, 10, 8, 6), (4, 5, 3, 3), dict(padding=1, groups=2, gemm="clconv"),
      "im2col", "single", None),
     ("own_gemm_im2col_folded_grad_output_odd", (2, 6, 9, 7), (5, 6, 3, 2), dict(stride=(1, 2), padding=(1, 2),

@@ -96,6 +96,9 @@ def test_gpu_kernel_grid_of_products_at_offsets(tile, dtype, reads, a_transp, b_
         widths = [gemm_gpu.read_width(queue.device, np.dtype(dtype).itemsize, x.off, x.per_group, x.per_image, x.ld,
                                       GI, GJ) for x in (a, b)]
         assert widths == [4 if reads in ("vector", f"wide_{x}") else 1 for x in "ab"], "the layout gives other reads"
+        # C is written four-wide where it is aligned too, its last run of each row (N = 130) value by value
+        assert gemm_gpu.read_width(queue.device, np.dtype(dtype).itemsize, c.off, c.per_group, c.per_image, c.ld,
+                                   GI, GJ) == (4 if reads == "vector" else 1), "the layout gives other writes"
         gemm_gpu.grid_gemm(queue, np.dtype(dtype), GI, GJ, m, n, k, a, b, c, alpha=alpha, beta=beta,
                            a_transp=a_transp, b_transp=b_transp, what="test")
     m, n, k = 67, 130, 29
@@ -276,19 +279,22 @@ def test_beta_zero_ignores_what_c_held(queue):
 @pytest.mark.parametrize("positions", [7, 8], ids=["7_positions", "8_positions"])   # scalar, four-wide reads
 def test_gpu_kernel_folded_c_and_continuous_k(positions, queue):
     """The GPU kernel's batch modes on a buffer of NaN gaps: C stored image by image (c_fold: the
-    columns of 3 images, their rows ``per_image`` apart) and K blocks read as one depth
+    columns of 3 images, their rows ``per_image`` apart, written four-wide where aligned) and K blocks read as one depth
     (continuous: 3 blocks of A and B at their own steps), against NumPy; nothing outside the
     images' rows is written, nothing outside the blocks read."""
     rng = np.random.default_rng(4)
     m, p, images, blocks, kb = 5, positions, 3, 3, positions
     n = images * p
     aligned = p % 4 == 0   # then every block starts at a multiple of 4: four-wide reads
-    a_step, b_step, c_per_image = m * kb + (4 if aligned else 5), kb * n + (4 if aligned else 7), m * p + 3
+    # (aligned: C's images start at multiples of 4 too, written four-wide)
+    a_step, b_step = m * kb + (4 if aligned else 5), kb * n + (4 if aligned else 7)
+    c_per_image = m * p + (4 if aligned else 3)
     a_off, b_off = 4, 4 + blocks * a_step + (0 if aligned else 1)
     c_off = b_off + blocks * b_step + 4
     widths = [gemm_gpu.read_width(queue.device, 4, off, 0, 0, ld, 1, 1, step)
               for off, ld, step in ((a_off, kb, a_step), (b_off, n, b_step))]
     assert widths == [4, 4] if aligned else widths[0] == 1
+    assert (c_off % 4 == 0 and c_per_image % 4 == 0) == aligned
     host = np.full(c_off + images * c_per_image + 4, np.nan, np.float32)
     a = rng.standard_normal((blocks, m, kb)).astype(np.float32)
     b = rng.standard_normal((blocks, kb, n)).astype(np.float32)
@@ -341,6 +347,45 @@ def test_gpu_kernel_folded_b(positions, groups, queue):
     for g in range(groups):
         want = a[g].T.astype(np.float64) @ np.concatenate([b[q, g] for q in range(images)], axis=1)
         assert_close(got.reshape(groups, m, n)[g], want, np.float32, f"group {g}")
+
+
+@pytest.mark.parametrize("positions,slices", [(7, 2), (8, 2), (8, 4)],
+                         ids=["7_positions", "8_positions", "8_positions_4_slices"])   # scalar, four-wide reads
+@pytest.mark.parametrize("groups", [1, 2])
+def test_gpu_kernel_folded_a(positions, slices, groups, queue):
+    """A's depth over images (a_fold, as grad-weight reads an NCHW grad_output): image q's M x p
+    rows start ``per_image`` * q on, NaN in the gaps, each group's M rows ``per_group`` further;
+    the grid's products along j are split-K slices of that depth, which start inside an image
+    (4 images of 7 positions in 2 slices of 14; 3 of 8 in 2 of 12, four-wide, or in 4 of 6,
+    value by value); B^T stored as it is, its slices one after the other; against NumPy."""
+    rng = np.random.default_rng(6)
+    m, n, p = 37, 11, positions
+    images = 4 if p == 7 else 3
+    depth = images * p
+    k = depth // slices
+    aligned = p % 4 == 0 and k % 4 == 0
+    per_image = groups * m * p + (4 if p % 4 == 0 else 3)   # a gap after each image
+    a_off = 4
+    b_off = a_off + images * per_image + 4
+    c_off = b_off + -(-groups * n * depth // 4) * 4 + 4
+    host = np.full(c_off + groups * slices * m * n, np.nan, np.float32)
+    a = rng.standard_normal((images, groups, m, p)).astype(np.float32)
+    b = rng.standard_normal((groups, n, depth)).astype(np.float32)   # stored N x K: op(B) = B^T
+    for q in range(images):
+        host[a_off + q * per_image:][:groups * m * p] = a[q].ravel()
+    host[b_off:][:b.size] = b.ravel()
+    buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+    gemm.grid_gemm(queue, "gpu", np.dtype(np.float32), groups, slices, m, n, k, Operand(buf, a_off, p, m * p, per_image),
+                   Operand(buf, b_off, depth, n * depth, k), Operand(buf, c_off, n, slices * m * n, m * n),
+                   b_transp=True, a_fold=p, what="test")
+    assert (gemm_gpu.read_width(queue.device, 4, a_off, m * p, per_image, p, groups, 1) == 4) == (p % 4 == 0)
+    got = np.empty(groups * slices * m * n, np.float32).reshape(groups, slices, m, n)
+    cl.enqueue_copy(queue, got, buf, src_offset=4 * c_off)
+    for g in range(groups):
+        whole = np.concatenate([a[q, g] for q in range(images)], axis=1).astype(np.float64)   # M x depth
+        for j in range(slices):
+            want = whole[:, j * k:(j + 1) * k] @ b[g, :, j * k:(j + 1) * k].T
+            assert_close(got[g, j], want, np.float32, f"group {g}, slice {j} ({'four-wide' if aligned else 'scalar'})")
 
 
 # what clconv.gemm asks of a device

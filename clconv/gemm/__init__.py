@@ -111,8 +111,8 @@ def group_queues(queue, count):
 
 
 def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False,
-              b_transp=False, per_group=False, im2col=None, k_blocks=None, c_fold=0, b_fold=0, a_packed=None,
-              b_panels=None, what=""):
+              b_transp=False, per_group=False, im2col=None, k_blocks=None, c_fold=0, b_fold=0, a_fold=0,
+              a_packed=None, b_panels=None, what=""):
     """C[g, i] = alpha * op(A[g, i]) @ op(B[g, i]) + beta * C[g, i] for every (group g, image i),
     row-major; ``a``, ``b``, ``c`` are :class:`Operand` s, op(A) M x K, op(B) K x N.
 
@@ -120,8 +120,9 @@ def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1
     axis: the smaller becomes a (host-side, non-blocking) loop and the larger the batch (the
     other way round where only that batch is one CLBlast reads correctly, see
     :func:`.clblast._in_place`). ``im2col`` (an :class:`Im2colB`): B is read in place through
-    im2col; ``c_fold``, ``b_fold``: C's or B's columns are the positions of several images
-    (:func:`.gemm_gpu.grid_gemm`); these on the GPU kernel only. ``k_blocks`` (a :class:`KBlocks`,
+    im2col; ``c_fold``, ``b_fold``: C's or B's columns are the positions of several images,
+    ``a_fold``: A's depth, the images' products split-K slices of it (:func:`.gemm_gpu.grid_gemm`);
+    these on the GPU kernel only. ``k_blocks`` (a :class:`KBlocks`,
     continuous on the GPU kernel only): each product sums over blocks of K, on clconv's kernels.
     ``a_packed`` (an :class:`Operand` in the caller's workspace, of
     :func:`.gemm_cpu.packed_size` elements): where op(A) = A^T alone, clconv's CPU kernel packs
@@ -133,8 +134,9 @@ def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1
     their own: those queues wait for a marker of everything enqueued on ``queue`` so far, and
     ``queue`` waits for all of them before going on (CLBlast takes no wait list).
     """
-    if (im2col is not None or c_fold or b_fold) and engine != "gpu" or k_blocks is not None and engine == "clblast":
-        raise ClconvError(f"clconv: {what}: an implicit im2col operand or a folded B or C need clconv's GPU GEMM "
+    folded = c_fold or b_fold or a_fold
+    if (im2col is not None or folded) and engine != "gpu" or k_blocks is not None and engine == "clblast":
+        raise ClconvError(f"clconv: {what}: an implicit im2col operand or a folded operand need clconv's GPU GEMM "
                           "kernel, K blocks one of clconv's kernels")
     flags = dict(alpha=alpha, beta=beta, a_transp=a_transp, b_transp=b_transp, what=what)
     ops = (a, b, c)
@@ -146,22 +148,23 @@ def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1
         for g, q in enumerate(group_queues(queue, groups)):
             cl.enqueue_barrier(q, wait_for=[ready])
             one = [x._replace(off=x.at(g), per_group=0) for x in ops]
-            _run(q, engine, dtype, 1, images, m, n, k, *one, im2col, k_blocks, c_fold, b_fold, None, None, flags)
+            _run(q, engine, dtype, 1, images, m, n, k, *one, im2col, k_blocks, c_fold, b_fold, a_fold, None,
+                 None, flags)
             done.append(cl.enqueue_marker(q))
             q.flush()
         cl.enqueue_barrier(queue, wait_for=done)
     else:
-        _run(queue, engine, dtype, groups, images, m, n, k, *ops, im2col, k_blocks, c_fold, b_fold, a_packed,
-             b_panels, flags)
+        _run(queue, engine, dtype, groups, images, m, n, k, *ops, im2col, k_blocks, c_fold, b_fold, a_fold,
+             a_packed, b_panels, flags)
 
 
-def _run(queue, engine, dtype, groups, images, m, n, k, a, b, c, im2col, k_blocks, c_fold, b_fold, a_packed,
+def _run(queue, engine, dtype, groups, images, m, n, k, a, b, c, im2col, k_blocks, c_fold, b_fold, a_fold, a_packed,
          b_panels, flags):
     if engine == "cpu":
         gemm_cpu.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, a_packed=a_packed, b_panels=b_panels,
                            k_blocks=k_blocks, **flags)
     elif engine == "gpu":
         gemm_gpu.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, im2col=im2col, k_blocks=k_blocks,
-                           c_fold=c_fold, b_fold=b_fold, **flags)
+                           c_fold=c_fold, b_fold=b_fold, a_fold=a_fold, **flags)
     else:
         clblast.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, **flags)

@@ -166,7 +166,7 @@ class KBlocks(NamedTuple):
 
 
 def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False, b_transp=False,
-              im2col=None, k_blocks=None, c_fold=0, b_fold=0, what=""):
+              im2col=None, k_blocks=None, c_fold=0, b_fold=0, a_fold=0, what=""):
     """C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j] for i < gi, j < gj, in one launch.
 
     ``a``, ``b``, ``c``: :class:`clconv.gemm.Operand` s (matrix (i, j) at ``at(i, j)``); C
@@ -175,7 +175,10 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     :class:`KBlocks`): op(A[i, j]) @ op(B[i, j]) is the sum over its blocks, each M x K by K x N.
     ``c_fold`` (gj == 1): C's N columns are n / c_fold images of c_fold positions, image q's
     rows starting at ``c.per_image`` * q (an NCHW output, its batch in the GEMM's N). ``b_fold``
-    (gj == 1, B stored K x N, read as it is): the same for B's columns.
+    (gj == 1, B stored K x N, read as it is): the same for B's columns. ``a_fold`` (A stored
+    M x K, read as it is): the same for A's depth, where the gj products along j are split-K
+    slices of one depth of gj * K values (product j's depth k is j * K + k; an NCHW operand,
+    its batch in the GEMM's K).
     """
     if im2col is not None and k_blocks is not None:
         raise ClconvError(f"clconv: {what}: an im2col B is not read in K blocks")
@@ -183,6 +186,8 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     assert not c_fold or (gj == 1 and n % c_fold == 0), "a folded C is one matrix of whole images along j"
     assert not b_fold or (gj == 1 and n % b_fold == 0 and not b_transp and im2col is None and k_blocks is None), \
         "a folded B is one K x N matrix of whole images along j, read as it is"
+    assert not a_fold or ((gj * k) % a_fold == 0 and not (a_transp or b_fold or c_fold) and k_blocks is None), \
+        "a folded A is one M x (gj * K) matrix of whole images, read as it is"
     ops = (a, b, c)
     assert (gi == 1 or c.per_group) and (gj == 1 or c.per_image or c_fold), "GEMMs into one C would race"
     itemsize = np.dtype(dtype).itemsize
@@ -195,22 +200,29 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     spans = [(rows - 1) * x.ld + cols for (rows, cols), x in zip(shapes, ops)]
     if im2col is not None:
         spans[1] = im2col.span
-    for fold, x, i, rows in ((b_fold, b, 1, k), (c_fold, c, 2, m)):
+    for fold, x, i, rows, cols in ((a_fold, a, 0, m, gj * k), (b_fold, b, 1, k, n), (c_fold, c, 2, m, n)):
         if fold:
-            spans[i] = (n // fold - 1) * x.per_image + (rows - 1) * x.ld + fold
+            spans[i] = (cols // fold - 1) * x.per_image + (rows - 1) * x.ld + fold
+    if a_fold:   # (one matrix per group: its j products are slices of it)
+        spans[0] -= (gj - 1) * a.per_image
     steps = (kb.a_step, kb.b_step, 0)
     idx = index_type(*(x.at(gi - 1, gj - 1) + (kb.count - 1) * step + span for x, step, span in zip(ops, steps, spans)))
     # an im2col B is gathered one value at a time; a continuous depth is read four-wide only where
     # its blocks are whole vectors (K a multiple of 4), a folded B where its images' rows are
     scalar_b = im2col is not None or (b_fold and (b_fold % 4 or b.per_image % 4))
-    va, vb = (1 if (x is b and scalar_b) or (kb.continuous and k % 4)
+    # a folded A where its images' rows and its slices are whole vectors (and its image stride)
+    scalar_a = a_fold and (a_fold % 4 or k % 4 or a.per_image % 4)
+    va, vb = (1 if (x is b and scalar_b) or (x is a and scalar_a) or (kb.continuous and k % 4)
               else read_width(queue.device, itemsize, x.off, x.per_group, x.per_image, x.ld, gi, gj, step)
               for x, step in zip((a, b), steps))
+    # C is written four-wide where its rows (and a fold's images) are whole aligned vectors
+    vc = (read_width(queue.device, itemsize, c.off, c.per_group, c.per_image, c.ld, gi, gj)
+          if not c_fold or (c_fold % 4 == 0 and c.per_image % 4 == 0) else 1)
     fold, depth, blocks = (k, k * kb.count, 1) if kb.continuous else (0, k, kb.count)
     kernel = get_kernel(queue.context, "gemm_gpu.cl", "gemm_gpu", dtype, TM=tm, TN=tn, RM=chosen.rm, RN=chosen.rn,
                         TK=chosen.tk, PAD=PAD,
-                        A_TRANSP=int(a_transp), B_TRANSP=int(b_transp), VA=va, VB=vb, IDX=idx,
-                        IM2COL=int(im2col is not None), K_FOLD=fold, C_FOLD=c_fold, B_FOLD=b_fold,
+                        A_TRANSP=int(a_transp), B_TRANSP=int(b_transp), VA=va, VB=vb, VC=vc, IDX=idx,
+                        IM2COL=int(im2col is not None), K_FOLD=fold, C_FOLD=c_fold, B_FOLD=b_fold, A_FOLD=a_fold,
                         **dict(im2col.defines() if im2col else ()))
     groups = -(-m // tm) * -(-n // tn) * gi * gj
     wx, wy = tn // chosen.rn, tm // chosen.rm
