@@ -63,9 +63,9 @@
 #ifndef B_FOLD         // > 0: the same for B (stored K x N): column n is position n % B_FOLD of image
 #define B_FOLD 0       // n / B_FOLD, whose rows start b_sj values apart (an NCHW operand read in place)
 #endif
-#ifndef A_FOLD         // > 0: A (stored M x K) along K the same way: the grid's products along j are split-K
-#define A_FOLD 0       // slices of one depth, product j's depth k at j * K + k, position of it % A_FOLD of
-#endif                 // image of it / A_FOLD, whose rows start a_sj values apart (gi groups, no j offset)
+#ifndef A_FOLD         // > 0: A (stored M x K) read in place over images along K: the grid's products along j
+#define A_FOLD 0       // are split-K slices of one depth, product j's depth k being d = j * K + k, position
+#endif                 // d % A_FOLD of image d / A_FOLD, whose rows start a_sj values apart
 
 #define WX (TN / RN)                // work-items along N
 #define WY (TM / RM)                // work-items along M
