@@ -269,21 +269,27 @@ class Im2col(Algorithm):
     def _kernel(self, queue, name, idx):
         return get_kernel(queue.context, "im2col.cl", name, self.dtype, IDX=idx)
 
+    def _gpu_kernel(self, queue, name, idx, geometry):
+        """The GPU form of im2col or col2im (``name``) for ``geometry`` (_geometry_args): taps,
+        strides and dilations built in, COL_CHANNELS channels per work-item (kernels/im2col.cl
+        says why)."""
+        _, _, _, _, kh, kw, _, _, sh, sw, _, _, dh, dw = geometry
+        return get_kernel(queue.context, "im2col.cl", name, self.dtype, IDX=idx, COL_KH=kh, COL_KW=kw, COL_SH=sh,
+                          COL_SW=sw, COL_DH=dh, COL_DW=dw, COL_CHANNELS=COL_CHANNELS)
+
     def _im2col(self, queue, idx, x, n0, B, ws, col, tile=None):
         """col of images n0 ... n0+B-1 (or of a ``tile`` of image n0, see _geometry_args): on GPUs a
         work-item per (image, output pixel) and COL_CHANNELS channels; on CPUs im2col_rows, a
         work-item per (output row, channel) writing VW columns at a time."""
         g = self.g
         geometry = self._geometry_args(B, tile)
-        _, _, _, _, kh, kw, rows, cols, sh, sw, pt, pl, dh, dw = geometry
+        _, _, _, _, _, _, rows, cols, _, _, pt, pl, _, _ = geometry
         x_at = x.off + n0 * g.C * g.H * g.W
         if self.vw:
             knl = get_kernel(queue.context, "im2col.cl", "im2col_rows", self.dtype, IDX=idx, VW=self.im2col_vw)
             launch(queue, knl, (B * rows, g.C), (1, 1), x.buf, x_at, ws, col, *geometry, what="im2col")
             return
-        # the GPU form: taps, strides and dilations built in, as col2im's
-        knl = get_kernel(queue.context, "im2col.cl", "im2col", self.dtype, IDX=idx, COL_KH=kh, COL_KW=kw,
-                         COL_SH=sh, COL_SW=sw, COL_DH=dh, COL_DW=dw, COL_CHANNELS=COL_CHANNELS)
+        knl = self._gpu_kernel(queue, "im2col", idx, geometry)
         launch(queue, knl, (B * rows * cols, -(-g.C // COL_CHANNELS)), (64, 1), x.buf, x_at, ws, col, B, g.C, g.H,
                g.W, rows, cols, pt, pl, what="im2col")
 
@@ -300,10 +306,8 @@ class Im2col(Algorithm):
             launch(queue, knl, (B * (last - first), g.C), (1, 1), ws, col, dx.buf, dx_at, *geometry, first * g.W,
                    int(accumulate), what=what)
             return
-        # the GPU form: taps, strides and dilations built in (kernels/im2col.cl says why)
-        _, _, _, _, kh, kw, rows, cols, sh, sw, pt, pl, dh, dw = geometry
-        knl = get_kernel(queue.context, "im2col.cl", "col2im", self.dtype, IDX=idx, COL_KH=kh, COL_KW=kw,
-                         COL_SH=sh, COL_SW=sw, COL_DH=dh, COL_DW=dw, COL_CHANNELS=COL_CHANNELS)
+        _, _, _, _, _, _, rows, cols, _, _, pt, pl, _, _ = geometry
+        knl = self._gpu_kernel(queue, "col2im", idx, geometry)
         launch(queue, knl, ((last - first) * g.W, -(-g.C // COL_CHANNELS), B), (64, 1, 1), ws, col, dx.buf, dx_at,
                B, g.C, g.H, g.W, rows, cols, pt, pl, first * g.W, int(accumulate), what=what)
 
@@ -411,6 +415,7 @@ class Im2col(Algorithm):
             return self._weight_tiles(queue, x, dy, dw, ws)
         idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
         Kg, Kd = g.Kg, g.Kd
+        folds = self._folds_grad_output_weight()   # (decided once per call, not per chunk)
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
             ld = nb * g.P
@@ -427,7 +432,7 @@ class Im2col(Algorithm):
                 b, im2col = Op(ws, col, ld, Kd * ld, L), None
             # A: dY read in place, its images' positions folded into the depth (the slices run on
             # through it), or T, its layout copy
-            if self._folds_grad_output_weight():
+            if folds:
                 a, fold = Op(dy.buf, dy.off + n0 * g.K * g.P, g.P, Kg * g.P, g.K * g.P), g.P
             else:
                 t_buf, t = self._to_columns(queue, idx, dy, n0, nb, ws, self.rows * ld)
