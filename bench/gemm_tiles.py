@@ -1,11 +1,13 @@
 """The GPU GEMM kernel's tiles on the networks' GEMMs: what clconv.gemm.gemm_gpu.tile is fitted to.
 
-    python -m bench.gemm_tiles [--batch N] [--budget S] [--layers PATTERNS] [--json PATH]
+    python -m bench.gemm_tiles [--batch N | --workloads] [--budget S] [--layers PATTERNS] [--json PATH]
 
 For every layer of bench/networks.json but the depthwise ones (no GEMMs), and each pass, a plan
 is made and run once with clconv's GPU GEMM kernel forced to each candidate tile (gemm_gpu.TILES
 and others). Each GEMM that run launched is then timed alone (least of 3, profiling events):
-its shape (M, N, K, products in the grid, K blocks, layouts) and each tile's time. Split-K
+its shape (M, N, K, products in the grid, K blocks, layouts) and each tile's time. With --workloads, the ten
+reference workloads of bench/workloads.json instead (their GPU sizes, each at its own batch):
+large GEMMs, where a tile's speed at saturation decides. Split-K
 depends on the tile (a grid's work-groups), so a shape appears under the tiles that chose it.
 
 Reported, over the shapes timed with every candidate: each tile's geometric-mean time against
@@ -14,6 +16,7 @@ bench/results/<device>-gemm-tiles-b<batch>.json.
 """
 import argparse
 import fnmatch
+import itertools
 import json
 import math
 import time
@@ -29,7 +32,8 @@ from clconv.gemm.gemm_gpu import Tile
 
 from .networks import HERE, geometry, load_layers, options, slug
 
-CANDIDATES = {"128x128": Tile(128, 128), "128x64": Tile(128, 64), "64x64": Tile(64, 64),
+# (64x64 of 8x8 work-items, 8 deep, was best on 1 of 580 shapes at batch 32 and 1 and is no longer timed)
+CANDIDATES = {"128x128": Tile(128, 128), "128x64": Tile(128, 64),
               "64x64_by_4x4": Tile(64, 64, 4, 4, 16), "32x64_by_4x4": Tile(32, 64, 4, 4, 16),
               "64x32_by_4x4": Tile(64, 32, 4, 4, 16), "32x32_by_4x4": Tile(32, 32, 4, 4, 16),
               "64x64_by_8x4": Tile(64, 64, 8, 4, 16), "64x128_by_4x8": Tile(64, 128, 4, 8, 16)}
@@ -64,17 +68,42 @@ def timed_gemms(queue, layer, batch, tile):
                     times.append((event.profile.end - event.profile.start) * 1e-6)
                 gi, gj, m, n, k = args[2:7]
                 blocks = kw.get("k_blocks")
+                folds = "".join(x for x in "abc" if kw.get(f"{x}_fold"))   # operands read or written in place over images
                 found.append(((m, n, k, gi * gj, blocks.count if blocks else 1, kw.get("a_transp", False),
-                               kw.get("b_transp", False), kw.get("im2col") is not None), min(times)))
+                               kw.get("b_transp", False), kw.get("im2col") is not None, folds), min(times)))
     finally:
         gemm_gpu.TILES, gemm_gpu.grid_gemm = rules, run
         gemm_gpu.tile.cache_clear()
     return found
 
 
+def workload_layers():
+    """The reference workloads' GPU sizes as layers of the networks file's form, each with its batch N."""
+    def pair(v):
+        return list(v) if isinstance(v, (list, tuple)) else [v, v]
+    layers = []
+    for work in json.loads((HERE / "workloads.json").read_text())["workloads"]:
+        s = work["gpu"]
+        layers.append({"id": f"workloads:{work['name']}", "N": s["N"], "C": s["C"], "H": s["H"], "W": s["W"], "K": s["K"],
+                       "kh": s["kh"], "kw": s["kw"], "stride": pair(s["stride"]), "padding": pair(s["padding"]),
+                       "dilation": pair(s["dilation"]), "groups": s["groups"]})
+    return layers
+
+
+def interleaved(layers):
+    """The layers one network at a time in turn (first, each network's first layer; then each's
+    second ...), so that a run the budget cuts short has timed every network's layers alike."""
+    by_network = defaultdict(list)
+    for layer in layers:
+        by_network[layer["id"].split(":")[0]].append(layer)
+    rounds = itertools.zip_longest(*by_network.values())
+    return [layer for round_ in rounds for layer in round_ if layer is not None]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.gemm_tiles", description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--workloads", action="store_true", help="the reference workloads (GPU sizes), not the networks")
     ap.add_argument("--budget", type=float, default=480, help="stop after this many seconds (default 480)")
     ap.add_argument("--layers", help="comma-separated glob patterns of layer ids (default: all)")
     ap.add_argument("--json", help="output path")
@@ -85,15 +114,16 @@ def main(argv=None):
         raise SystemExit("no tile of clconv's GPU GEMM kernel fits this device")
     start, times = time.time(), defaultdict(dict)   # shape -> {tile: ms}
     patterns = args.layers.split(",") if args.layers else ["*"]
-    layers = [lay for lay in load_layers()["layers"] if lay["groups"] != lay["C"]
-              and any(fnmatch.fnmatchcase(lay["id"], p) for p in patterns)]
+    found = workload_layers() if args.workloads else load_layers()["layers"]
+    layers = interleaved([lay for lay in found if lay["groups"] != lay["C"]
+                          and any(fnmatch.fnmatchcase(lay["id"], p) for p in patterns)])
     for i, layer in enumerate(layers):
         if time.time() - start > args.budget:
             print(f"budget spent after {i} of {len(layers)} layers")
             break
         for name, tile in CANDIDATES.items():
             if gemm_gpu.fits(queue.device, tile):
-                for shape, ms in timed_gemms(queue, layer, args.batch, tile):
+                for shape, ms in timed_gemms(queue, layer, layer.get("N", args.batch), tile):
                     times[shape][name] = ms
     usable = [tile for tile in CANDIDATES if gemm_gpu.fits(queue.device, CANDIDATES[tile])]
     full = {shape: t for shape, t in times.items() if len(t) == len(usable)}
@@ -112,12 +142,14 @@ def main(argv=None):
     for name, value in sorted(geo.items(), key=lambda kv: kv[1]):
         print(f"  {name:16s} {value:.3f}")
     device = queue.device
-    out = args.json or str(HERE / "results" / f"{slug(device.name)}-gemm-tiles-b{args.batch}.json")
+    which = "workloads" if args.workloads else f"b{args.batch}"
+    out = args.json or str(HERE / "results" / f"{slug(device.name)}-gemm-tiles-{which}.json")
     with open(out, "w") as f:
-        json.dump({"device": device.name.strip(), "batch": args.batch, "tiles": {k: CANDIDATES[k]._asdict() for k in usable},
+        json.dump({"device": device.name.strip(), "batch": "workloads" if args.workloads else args.batch,
+                   "tiles": {k: CANDIDATES[k]._asdict() for k in usable},
                    "geomean_vs_best": geo,
                    "shapes": [{"m": s[0], "n": s[1], "k": s[2], "products": s[3], "k_blocks": s[4], "a_transp": s[5],
-                               "b_transp": s[6], "im2col": s[7], "ms": t, "rule": rule[s]} for s, t in full.items()]},
+                               "b_transp": s[6], "im2col": s[7], "folds": s[8], "ms": t, "rule": rule[s]} for s, t in full.items()]},
                   f, indent=1)
     print("wrote", out)
 

@@ -42,11 +42,17 @@ class Tile(NamedTuple):
 # the GEMMs of the networks benchmark's passes (bench/networks.json) on the H200, each timed
 # with each of nine tiles (python -m bench.gemm_tiles): on 715 shapes at batch 32 and 1 the
 # rule's tile is 3% over the best of these four, 5% over the best of all nine (geometric
-# means). A later run (bench/results/nvidia-h200-gemm-tiles-b1.json, -b32.json: 409 shapes
-# at batch 1, 171 of the first layers at batch 32) gives 9% and 7.5% over the best of nine,
-# where the 8x8 tiles alone are 44-121% over it. Where a grid is large but ragged, the rule
-# can still take a 4x4 tile 7-15% slower than 128x64 (pointwise workload forward, 512 x 784
-# products).
+# means). Later runs (bench/results/nvidia-h200-gemm-tiles-b1.json: 409 shapes at batch 1;
+# -b32.json: 302 at batch 32, clconv of 2026-12-03) give 9% and 8% over the best of eight, where
+# the 8x8 tiles alone are 64-121% over it; on the reference workloads' GEMMs (-workloads.json, 16
+# shapes) this rule is 11% over, 64x64 tiles of 8x4 work-items 2%, 128x128 27%. A rule refitted to
+# those timings (six tiles, a saturation each, K rounded to each tile's slices: 3.6% over the
+# best at batch 32 in the fit, 3-5% on shapes left out of it) measured no better on whole passes
+# (H200, batch 32, 450 layer-passes against this rule: geometric mean 0.998, total time 0.98x),
+# and up to 2.3x slower where the split-K rules, which ask this model for work-groups, then split
+# 1x1 grad-weights less; it would need tiles and splits timed and fitted together. Where a grid
+# is large but ragged, the rule can still take a 4x4 tile 7-15% slower than 128x64 (pointwise
+# workload forward, 512 x 784 products).
 TILES = ((Tile(128, 128), 1.0), (Tile(128, 64), 0.97), (Tile(32, 64, 4, 4, 16), 0.95),
          (Tile(64, 32, 4, 4, 16), 0.95))
 SATURATION = 256         # work-items per compute unit a grid needs to run at its tile's speed
