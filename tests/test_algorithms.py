@@ -266,6 +266,7 @@ def test_cpu_gemm_packs_b_in_panels(case, algorithm, packing, queues, queue, mon
     assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **opts), np.float32, "grad-weight")
 
 
+@pytest.mark.gpu_form
 @pytest.mark.parametrize("slices", [1, 5])
 @pytest.mark.parametrize("case", [
     next(c for c in EXTRA if c.name == "k1x1_g3_batch5"),   # 3 groups, 7 positions per image
@@ -297,6 +298,7 @@ def test_1x1_grad_weight_reads_small_maps_as_one_depth(case, slices, queue, monk
                  "grad-weight")
 
 
+@pytest.mark.gpu_form
 def test_1x1_grad_weight_in_one_slice_where_no_partial_sum_fits(queue):
     """A workspace too small for one partial sum leaves the continuous grad-weight one slice
     (which needs none), not without options."""
@@ -308,6 +310,7 @@ def test_1x1_grad_weight_in_one_slice_where_no_partial_sum_fits(queue):
     assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy), np.float32, "grad-weight")
 
 
+@pytest.mark.gpu_form
 @pytest.mark.parametrize("slices", [1, 3])
 @pytest.mark.parametrize("case,fold_below,folded", [
     (next(c for c in EXTRA if c.name == "k1x1_g3_batch5"), 64, True),   # 3 groups, 7 positions per image
@@ -333,6 +336,7 @@ def test_1x1_folds_small_maps_into_one_gemm(case, fold_below, folded, slices, qu
     assert_passes_match(p, x, w, b, dy, case.options)
 
 
+@pytest.mark.gpu_form
 @pytest.mark.parametrize("case_name,by_images,by_positions,want", [
     ("k1x1_per_image_g2", 1, 1, "no layout copies"),                                  # one GEMM per group
     ("k1x1_per_image_g2", 5, 1, "5 slices of 1 image(s)"),
@@ -485,6 +489,7 @@ def _direct_staged(case, dtype, units, queue):
     return algo
 
 
+@pytest.mark.gpu_form
 @pytest.mark.parametrize("units", [1, 132], ids=lambda u: f"{u}_units")
 @pytest.mark.parametrize("case,expect", [(c, {}) for c in CASES + EXTRA if Direct.applies(
     conv_geometry(c.input_shape, c.weight_shape, **c.options))[0]] + STAGED_EXTRA, ids=repr)
@@ -567,6 +572,7 @@ def test_direct_weight_rows_zero_padded_band(case, band_rows, band_bytes, queue,
                  np.float32, "grad-weight")
 
 
+@pytest.mark.gpu_form
 @pytest.mark.parametrize("case", [STEM, GROUPED_KG4], ids=repr)
 def test_direct_staged_float64(case, queue):
     if not has_fp64(queue.device):
@@ -734,6 +740,7 @@ def test_im2col_split_k(case, slices, queues, queue, monkeypatch):
     assert_passes_match(p, x, w, b, dy, opts, weight=False)
 
 
+@pytest.mark.gpu_form
 @pytest.mark.parametrize("slices", [1, 4])
 @pytest.mark.parametrize("case,implicit", [
     (Case("1x1_s2_odd", 3, 10, 9, 7, 6, 1, 1, stride=2), True),
@@ -764,7 +771,7 @@ def test_implicit_im2col_where_taps_do_not_overlap(case, implicit, slices, queue
     assert_passes_match(p, x, w, b, dy, opts)
 
 
-@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])
+@pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=pytest.mark.gpu_form)], ids=["cpu", "gpu"])
 @pytest.mark.parametrize("case,cpu_weight,why", [
     (next(c for c in EXTRA if c.name == "grouped_cg8_s2"), "im2col", "grad-weight of 72 taps per group at stride 2"),
     (Case("grouped_cg8_s1", 2, 16, 9, 11, 4, 3, 3, padding=1, groups=2), "direct", None),

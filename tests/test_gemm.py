@@ -85,6 +85,7 @@ def check_grid(queue, run, dtype, reads, a_transp, b_transp, m=67, n=130, k=29, 
     return ops
 
 
+@pytest.mark.gpu_form
 @pytest.mark.parametrize(**LAYOUTS)
 @pytest.mark.parametrize("tile,dtype,reads", CASES,
                          ids=[f"{t.tm}x{t.tn}_by_{t.rm}x{t.rn}-{np.dtype(d).name}-{r}" for t, d, r in CASES])
@@ -276,6 +277,7 @@ def test_beta_zero_ignores_what_c_held(queue):
     assert_close(c.reshape(m, n), a.astype(np.float64) @ b, np.float32, "GEMM over NaNs")
 
 
+@pytest.mark.gpu_form
 @pytest.mark.parametrize("positions", [7, 8], ids=["7_positions", "8_positions"])   # scalar, four-wide reads
 def test_gpu_kernel_folded_c_and_continuous_k(positions, queue):
     """The GPU kernel's batch modes on a buffer of NaN gaps: C stored image by image (c_fold: the
@@ -318,6 +320,7 @@ def test_gpu_kernel_folded_c_and_continuous_k(positions, queue):
     assert np.array_equal(got[~written], host[~written], equal_nan=True), "written outside the images' rows"
 
 
+@pytest.mark.gpu_form
 @pytest.mark.parametrize("positions", [7, 8], ids=["7_positions", "8_positions"])   # scalar, four-wide reads
 @pytest.mark.parametrize("groups", [1, 2])
 def test_gpu_kernel_folded_b(positions, groups, queue):
@@ -349,6 +352,7 @@ def test_gpu_kernel_folded_b(positions, groups, queue):
         assert_close(got.reshape(groups, m, n)[g], want, np.float32, f"group {g}")
 
 
+@pytest.mark.gpu_form
 @pytest.mark.parametrize("positions,slices", [(7, 2), (8, 2), (8, 4)],
                          ids=["7_positions", "8_positions", "8_positions_4_slices"])   # scalar, four-wide reads
 @pytest.mark.parametrize("groups", [1, 2])

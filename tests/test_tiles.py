@@ -97,6 +97,7 @@ GPU_FORMS = [(Case("layouts_c6_p1", 3, 6, 9, 7, 5, 3, 3, padding=1), "images"), 
              (_tiled("tiles_s2_asym_g2"), "rows"), (_tiled("tiles_k5_overpad"), "rows")]
 
 
+@pytest.mark.gpu_form
 @pytest.mark.parametrize("case,budget", GPU_FORMS, ids=lambda v: v if isinstance(v, str) else repr(v))
 def test_gpu_forms_in_tiles(case, budget, queue):
     """The GPU forms of im2col's kernels on any device, in plans made for a GPU: col2im with its
