@@ -199,6 +199,30 @@ def test_split_k_grad_weight_with_chunks(images_per_chunk, queue):
                  "grad-weight")
 
 
+@pytest.mark.gpu_form
+@pytest.mark.parametrize("case,slices,folds", [
+    (Case("odd_63_positions", 9, 6, 9, 7, 5, 3, 3, padding=1), 7, True),     # 567 positions: 7 slices of 81, N 54
+    (Case("odd_wide_taps", 9, 8, 9, 7, 5, 3, 3, padding=1), 7, False),       # N 72: the layout copy
+    (Case("whole_vector_slices", 30, 6, 4, 5, 5, 3, 3, padding=1), 6, True),  # 600: 6 slices of 100, not 8 of 75
+], ids=repr)
+def test_im2col_grad_weight_reads_grad_output_in_place(case, slices, folds, queue):
+    """In a plan for a GPU, im2col's grad-weight GEMM reads grad_output as it is, its images'
+    positions folded into the depth: four-wide where the slices are whole vectors, which the
+    slice count prefers (at least half as many), else value by value where the GEMM's N is at
+    most SCALAR_FOLD_MAX_TAPS (else through the layout copy). Against the reference."""
+    x, w, b, dy = case.data()
+    gpu = QueueAs(queue, type=cl.device_type.GPU)
+    p = clconv.Plan(conv_geometry(x.shape, w.shape, **case.options), np.float32, gpu, algorithm="im2col",
+                    selfcheck=False)
+    algo = p._choice["backward_weight"][0]
+    assert algo.gemm == "gpu" and not algo._implicit() and algo.chunk == case.input_shape[0]
+    assert algo.slices == slices
+    text = algo.describe("backward_weight")
+    assert ("folded into the GEMM's depth" in text) == folds and f"split-K into {slices} slices" in text
+    assert_close(p.backward_weight(x, dy, queue=queue), reference.conv2d_weight(x, w.shape, dy, **case.options),
+                 np.float32, "grad-weight")
+
+
 @pytest.mark.clblast
 @pytest.mark.parametrize("images", [5, 2])
 def test_1x1_grad_weight_per_image_partials_in_chunks(images, queue):
@@ -738,6 +762,33 @@ def test_im2col_split_k(case, slices, queues, queue, monkeypatch):
         assert algo.split[pass_name] == want, pass_name
         assert ("slices of K=" in algo.describe(pass_name)) == (want > 1), pass_name
     assert_passes_match(p, x, w, b, dy, opts, weight=False)
+
+
+@pytest.mark.gpu_form
+@pytest.mark.parametrize("case,slices,folds", [
+    (Case("g1_3x3_batch3", 3, 6, 9, 7, 5, 3, 3, padding=1), 1, True),   # 63 positions: C written value by value
+    (Case("g1_3x2_s2x1_batch3", 3, 6, 12, 9, 8, 3, 2, stride=(2, 1), padding=(1, 0)), 3, True),   # 48: four-wide
+    (Case("g2_3x3_s2_batch3", 3, 10, 9, 7, 8, 3, 3, stride=2, padding=(1, 0), groups=2), 3, False),
+], ids=repr)
+def test_im2col_forward_writes_output_in_place(case, slices, folds, queue, monkeypatch):
+    """On clconv's GPU GEMM kernel im2col's forward writes the output as it is, every image's
+    positions folded into the GEMM's columns (no layout copy), unsplit or in split-K slices of one
+    group (each a whole partial output); slices over several groups keep the layout copy.
+    Forward, with bias and through ReLU, against the reference."""
+    from clconv.algorithms import im2col
+    monkeypatch.setattr(im2col, "k_slices", lambda device, engine, m, n, k, count, itemsize=4: slices)
+    x, w, b, _ = case.data()
+    opts = case.options
+    p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="im2col", gemm="gpu")
+    algo = p._choice["forward"][0]
+    assert not algo._implicit() and algo.split["forward"] == slices and algo.chunk == case.input_shape[0]
+    assert ("the output written in place" in algo.describe("forward")) == folds
+    want = reference.conv2d(x, w, b, **opts)
+    assert_close(p.forward(x, w, b), want, np.float32, "forward")
+    split = ["sum_partials"] if slices > 1 else []
+    assert [name.removesuffix("_rows") for name in p.launches("forward")] == (
+        ["im2col", "fill_bias", "gemm_gpu"] + split if folds else ["im2col", "gemm_gpu"] + split + ["cnhw_to_nchw"])
+    assert_close(p.forward(x, w, b, relu=True), np.maximum(want, 0), np.float32, "forward + ReLU")
 
 
 @pytest.mark.gpu_form

@@ -3,7 +3,8 @@
 Workspace for a chunk of B images (see kernels/im2col.cl): col is (C*kh*kw) x (B*P)
 with group g owning rows g*Kd ... (g+1)*Kd - 1, and a (K, B*P) buffer T holds
 output-shaped data in the same column order. Per chunk:
-  forward        im2col; T[g] = W[g] @ col[g]; T -> Y (NCHW, + bias)
+  forward        im2col; T[g] = W[g] @ col[g]; T -> Y (NCHW, + bias), or on clconv's GPU GEMM
+                 kernel Y[g] = W[g] @ col[g] in place (C's columns folded over the images)
   grad-input     dY -> T; col[g] = W[g]^T @ T[g]; col2im (overwrites dX)
   grad-weight    im2col; dY -> T; split-K: partial[s][g] = T[g][:, s] @ col[g][:, s]^T
                  over S slices of the B*P columns, then dW (+)= sum over s, in order
@@ -41,6 +42,7 @@ TILE = (64, 4)             # work-group shape of the 2-D layout kernels
 COL_CHANNELS = 4           # channels per work-item of im2col's and col2im's GPU forms (kernels/im2col.cl says why)
 GPU_MIN_SLICE, GPU_MAX_SLICES = 64, 256   # grad-weight split-K on GPUs (see Im2col)
 IMPLICIT_MAX_CHANNELS = 4  # input channels per group up to which im2col is read in place (see above)
+SCALAR_FOLD_MAX_TAPS = 64  # grad-weight reads grad_output in place value by value up to this N (_folds_grad_output_weight)
 # The forward on clconv's CPU GEMM kernel in chunks of one image from this many output positions
 # per image, where an image's GEMM is at least CPU_IMAGE_WORK FLOP per compute unit: its GEMM
 # writes Y in place (no T and no layout copy), col is one image's, at two launches per image.
@@ -113,9 +115,9 @@ class Im2col(Algorithm):
         self.forward_chunk = (1 if gemm == "cpu" and g.P >= CPU_IMAGE_POSITIONS and per_unit >= CPU_IMAGE_WORK
                               else self.chunk)
         # slices of a full chunk, and of a shorter last one (which can split into more)
-        self.slices = largest_divisor_at_most(self.chunk * g.P, self.max_slices)
+        self.slices = self._slice_count(self.chunk * g.P)
         last = g.N % self.chunk
-        self.last_slices = largest_divisor_at_most(last * g.P, self.max_slices) if last else self.slices
+        self.last_slices = self._slice_count(last * g.P) if last else self.slices
         most = max(self.slices, self.last_slices)
         wgrad_extra = most * g.K * g.Kd if most > 1 else 0
         # forward and grad-input split-K on GPUs, where a chunk's grid of products leaves compute
@@ -144,6 +146,19 @@ class Im2col(Algorithm):
         bt = (gemm_cpu.panels_size(device, g.Kg, g.Kd, self.chunk * g.P // self.slices, g.groups * self.slices,
                                    itemsize, b_transp=True) if self.packs else 0)
         self._reserve_panels("backward_weight", per_image * self.chunk + wgrad_extra, bt, workspace_limit)
+
+    def _slice_count(self, positions):
+        """Grad-weight's split-K slices of a chunk's ``positions``: the most, up to max_slices, that
+        divide them exactly; on clconv's GPU GEMM kernel, whose folded grad_output (see
+        _folds_grad_output_weight) is read four-wide where its slices are whole vectors, the most of
+        lengths a multiple of 4 where they are at least half as many (RegNet's 13 groups of 8
+        channels over 28x28 at batch 32: 224 slices of 112 positions, not 256 of 98)."""
+        most = largest_divisor_at_most(positions, self.max_slices)
+        if self.gemm == "gpu" and self.g.P % 4 == 0:
+            whole = largest_divisor_at_most(positions // 4, self.max_slices)
+            if 2 * whole >= most:
+                return whole
+        return most
 
     def _fit_bands(self, workspace_limit, whole, partials):
         """One image's workspace (``whole`` bytes) is above the budget: the passes run image by
@@ -213,6 +228,8 @@ class Im2col(Algorithm):
             text += (f" (one image per chunk on clconv's CPU GEMM, from {CPU_IMAGE_POSITIONS} positions and "
                      f"{CPU_IMAGE_WORK / 1e6:g} MFLOP per compute unit and image: its GEMM writes the output in place, "
                      "no layout copy)")
+        if pass_name == "forward" and self._folds_output():
+            text += ", the output written in place (its images' positions folded into the GEMM's columns, no layout copy)"
         if pass_name == "backward_input" and self._folds_grad_output():
             text += ", grad_output read in place (its images' positions folded into the GEMM's columns, no layout copy)"
         if pass_name == "backward_weight" and self._folds_grad_output_weight():
@@ -224,6 +241,14 @@ class Im2col(Algorithm):
                      "order (the grid alone would leave the GPU's compute units idle)")
         return text
 
+    def _folds_output(self):
+        """Whether the forward's GEMM writes Y as it is (clconv's GPU GEMM kernel), its images'
+        positions folded into the columns, not T and the layout kernel (split-K: with one group,
+        whose slices are a grid of whole outputs). H200, batch 32, the networks' 26 such forwards
+        against T and the layout kernel, device time: 0.89-1.02x (geometric mean 0.95; inception_v3's
+        1x7 and 7x1 on 12x12 0.94-0.95x, RegNet's grouped 3x3 0.89-0.94x)."""
+        return self.gemm == "gpu" and not self.band and (self.split["forward"] == 1 or self.g.groups == 1)
+
     def _folds_grad_output(self):
         """Whether grad-input's GEMM reads dY as it is, its images' positions folded into the
         columns (clconv's GPU GEMM kernel, unsplit), not through the layout copy T."""
@@ -231,13 +256,19 @@ class Im2col(Algorithm):
 
     def _folds_grad_output_weight(self):
         """Whether grad-weight's GEMM reads dY as it is (clconv's GPU GEMM kernel, whole images),
-        its images' positions folded into the depth, not through the layout copy T: where it
-        reads dY four-wide as it would T (positions and every chunk's split-K slices whole
-        vectors). H200, batch 32, the networks' 26 such grad-weights: device time 8.3 -> 7.1 ms
-        (weighted by the layers' counts; their GEMMs' 5.37 -> 5.38), 1.17 -> 1.01x cuDNN's time."""
+        its images' positions folded into the depth, not through the layout copy T: where it reads
+        dY four-wide as it would T (positions and every chunk's split-K slices whole vectors, which
+        _slice_count prefers), or value by value where the GEMM's N (taps per group) is at most
+        SCALAR_FOLD_MAX_TAPS, so that each work-group row reads dY once or twice. H200, batch 32,
+        device time against the copy: the networks' 26 grad-weights of whole vectors 8.3 -> 7.1 ms
+        (weighted by the layers' counts; their GEMMs' 5.37 -> 5.38), 1.17 -> 1.01x cuDNN's time;
+        RegNet's 28x28 and 56x56 maps in slices of whole vectors 0.58-0.69x; value by value,
+        inception_v3's stem (111x111 outputs, N 27) 0.79x, but resnet50's and convnext_tiny's 7x7
+        outputs of N 1024-4608 taps 1.10-1.15x."""
         g = self.g
         slices = (self.chunk * g.P // self.slices, (g.N % self.chunk or self.chunk) * g.P // self.last_slices)
-        return self.gemm == "gpu" and not self.band and g.P % 4 == 0 and all(L % 4 == 0 for L in slices)
+        vectors = g.P % 4 == 0 and all(L % 4 == 0 for L in slices)
+        return self.gemm == "gpu" and not self.band and (vectors or g.Kd <= SCALAR_FOLD_MAX_TAPS)
 
     def _implicit(self):
         """Whether forward and grad-weight read im2col in place, on the GPU GEMM kernel (not in
@@ -354,27 +385,34 @@ class Im2col(Algorithm):
             return
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
         b = bias if bias is not None else w
+        folds = self._folds_output()
+        S = self.split["forward"]
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
             col, ld = 0, nb * g.P
             self._im2col(queue, idx, x, n0, nb, ws, col)
-            # one image: straight into Y (bias and ReLU around the GEMM); more: into T, then the
-            # layout kernel, which applies them
-            out = Ref(y.buf, y.off + n0 * g.K * g.P) if nb == 1 else Ref(ws, self.rows * ld)
-            beta = before_gemm(queue, self.dtype, out, bias, 1, g.K, g.P, relu) if nb == 1 else 0.0
-            S = self.split["forward"]
+            # one image, or the images folded into the GEMM's columns: straight into Y (bias and
+            # ReLU around the GEMM); else into T, then the layout kernel, which applies them
+            in_place = nb == 1 or folds
+            out = Ref(y.buf, y.off + n0 * g.K * g.P) if in_place else Ref(ws, self.rows * ld)
+            beta = before_gemm(queue, self.dtype, out, bias, nb, g.K, g.P, relu) if in_place else 0.0
+            fold = dict(c_fold=g.P) if folds else {}   # (C's column b * P + p: image b, position p)
             if S > 1:   # slice s: W[g][:, s-th Kd/S rows] @ col[g][those rows], partials after col and T
                 ks, part = Kd // S, (self.rows + g.K) * B * g.P
-                self._gemm(queue, Kg, ld, ks, Op(w.buf, w.off, Kd, Kg * Kd, ks), Op(ws, col, ld, Kd * ld, ks * ld),
-                           Op(ws, part, ld, Kg * ld, g.K * ld), images=S, what="forward (split-K)")
+                if folds:   # (one group: the slices are the grid's products along i, each a whole C)
+                    self._gemm(queue, Kg, ld, ks, Op(w.buf, w.off, Kd, ks), Op(ws, col, ld, ks * ld),
+                               Op(ws, part, g.P, g.K * ld, g.K * g.P), slices=S, what="forward (split-K)", **fold)
+                else:
+                    self._gemm(queue, Kg, ld, ks, Op(w.buf, w.off, Kd, Kg * Kd, ks), Op(ws, col, ld, Kd * ld, ks * ld),
+                               Op(ws, part, ld, Kg * ld, g.K * ld), images=S, what="forward (split-K)")
                 sum_partials(queue, self.dtype, idx, Ref(ws, part), S, g.K * ld, out, beta != 0,
                              "forward (sum of slices)")
             else:
                 self._gemm(queue, Kg, ld, Kd, Op(w.buf, w.off, Kd, Kg * Kd), Op(ws, col, ld, Kd * ld),
-                           Op(out.buf, out.off, ld, Kg * ld), beta=beta, b_panels=self._panels("forward", ws),
-                           what="forward")
-            if nb == 1:
-                after_gemm(queue, self.dtype, out, bias, 1, g.K, g.P, relu)
+                           Op(out.buf, out.off, g.P if folds else ld, Kg * g.P if folds else Kg * ld, g.K * g.P),
+                           beta=beta, b_panels=self._panels("forward", ws), what="forward", **fold)
+            if in_place:
+                after_gemm(queue, self.dtype, out, bias, nb, g.K, g.P, relu)
             else:
                 self._layout(queue, idx, "cnhw_to_nchw", nb, (ws, out.off, y.buf, y.off + n0 * g.K * g.P, b.buf, b.off,
                                                                flags(bias, relu), nb, g.K, g.P), "output layout")
