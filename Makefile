@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 APT_PACKAGES := libclblast-dev ocl-icd-opencl-dev opencl-headers clinfo oclgrind mesa-opencl-icd
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup system venv vendors demo test pytest $(PYTEST_JOBS) check-kernels clean
+.PHONY: setup system venv vendors demo test pytest check-kernels clean
 
 setup: system venv
 
@@ -56,7 +56,8 @@ test: setup
 
 # The suite on each device of TEST_DEVICES: the three CPU runtimes, PoCL, Intel's and Mesa's
 # rusticl (llvmpipe, with the compiler path rusticl takes for AMD and Intel GPUs), or the one
-# CLCONV_DEVICE names (a GPU, say), each as a job of its own (pytest-DEVICE).
+# CLCONV_DEVICE names (a GPU, say), each as a job of its own (pytest-1, pytest-2, ...: a device's
+# own name, such as 0:1, could not name a make target).
 # Two kinds of tests run on one device only: those marked whole_program (end-to-end runs: the
 # command line, benchmarks, training, MPI ranks), whose kernels the other tests check one by one
 # on every device, and those marked clblast (CLBlast's own kernels, for an engine no device takes
@@ -71,7 +72,8 @@ test: setup
 # PoCL, the spread tests run once more over two root PoCL devices (POCL_DEVICES), which a process
 # only gets if PoCL is told before it loads.
 TEST_DEVICES ?= $(or $(CLCONV_DEVICE),pocl intel rusticl)
-PYTEST_JOBS := $(addprefix pytest-,$(TEST_DEVICES))
+PYTEST_JOBS := $(addprefix pytest-,$(shell seq $(words $(TEST_DEVICES))))
+.PHONY: $(PYTEST_JOBS)
 ONCE_DEVICE := $(if $(filter intel,$(TEST_DEVICES)),intel,$(firstword $(TEST_DEVICES)))
 GPU_FORM_DEVICES := $(or $(filter intel rusticl,$(TEST_DEVICES)),$(firstword $(TEST_DEVICES)))
 LOGS := build/pytest
@@ -82,7 +84,7 @@ SELECT = m=; [ $$d = $(ONCE_DEVICE) ] || m="not whole_program and not clblast"; 
 pytest: $(PYTEST_JOBS)
 
 $(PYTEST_JOBS): pytest-%: setup
-	@mkdir -p $(LOGS); status=0; d=$*; log=$(LOGS)/$$d.log; $(SELECT); \
+	@mkdir -p $(LOGS); status=0; d='$(word $*,$(TEST_DEVICES))'; log=$(LOGS)/$$d.log; $(SELECT); \
 	CLCONV_DEVICE=$$d $(PY) -m pytest -q --durations=10 $${m:+-m "$$m"} tests > $$log 2>&1 || status=1; \
 	if [ $$d = pocl ]; then echo "pytest tests/test_spread.py on two root PoCL devices" >> $$log; \
 	  POCL_DEVICES="pthread pthread" CLCONV_DEVICE=pocl $(PY) -m pytest -q tests/test_spread.py >> $$log 2>&1 || status=1; fi; \

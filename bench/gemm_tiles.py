@@ -5,14 +5,15 @@
 For every layer of bench/networks.json but the depthwise ones (no GEMMs), and each pass, a plan
 is made and run once with clconv's GPU GEMM kernel forced to each candidate tile (gemm_gpu.TILES
 and others). Each GEMM that run launched is then timed alone (least of 3, profiling events):
-its shape (M, N, K, products in the grid, K blocks, layouts) and each tile's time. With --workloads, the ten
-reference workloads of bench/workloads.json instead (their GPU sizes, each at its own batch):
-large GEMMs, where a tile's speed at saturation decides. Split-K
-depends on the tile (a grid's work-groups), so a shape appears under the tiles that chose it.
+its shape (M, N, K, products in the grid, K blocks, layouts, operands folded over images) and
+each tile's time. With --workloads, the reference workloads of bench/workloads.json but the
+depthwise ones instead (their GPU sizes, each at its own batch): large GEMMs, where a tile's speed
+at saturation decides. Split-K depends on the tile (a grid's work-groups), so a shape appears
+under the tiles that chose it.
 
 Reported, over the shapes timed with every candidate: each tile's geometric-mean time against
 the shape's best candidate, and the same for the tile the rule picks (gemm_gpu.tile). JSON:
-bench/results/<device>-gemm-tiles-b<batch>.json.
+bench/results/<device>-gemm-tiles-b<batch>.json, or -gemm-tiles-workloads.json.
 """
 import argparse
 import fnmatch
@@ -102,8 +103,9 @@ def interleaved(layers):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.gemm_tiles", description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--workloads", action="store_true", help="the reference workloads (GPU sizes), not the networks")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--batch", type=int, default=32)
+    which.add_argument("--workloads", action="store_true", help="the reference workloads (GPU sizes), not the networks")
     ap.add_argument("--budget", type=float, default=480, help="stop after this many seconds (default 480)")
     ap.add_argument("--layers", help="comma-separated glob patterns of layer ids (default: all)")
     ap.add_argument("--json", help="output path")

@@ -203,7 +203,7 @@ def test_split_k_grad_weight_with_chunks(images_per_chunk, queue):
 @pytest.mark.parametrize("case,slices,folds", [
     (Case("odd_63_positions", 9, 6, 9, 7, 5, 3, 3, padding=1), 7, True),     # 567 positions: 7 slices of 81, N 54
     (Case("odd_wide_taps", 9, 8, 9, 7, 5, 3, 3, padding=1), 7, False),       # N 72: the layout copy
-    (Case("whole_vector_slices", 30, 6, 4, 5, 5, 3, 3, padding=1), 6, True),  # 600: 6 slices of 100, not 8 of 75
+    (Case("whole_vector_slices", 30, 8, 4, 5, 5, 3, 3, padding=1), 6, True),  # 600: 6 slices of 100, not 8 of 75; N 72
 ], ids=repr)
 def test_im2col_grad_weight_reads_grad_output_in_place(case, slices, folds, queue):
     """In a plan for a GPU, im2col's grad-weight GEMM reads grad_output as it is, its images'
@@ -768,7 +768,8 @@ def test_im2col_split_k(case, slices, queues, queue, monkeypatch):
 @pytest.mark.parametrize("case,slices,folds", [
     (Case("g1_3x3_batch3", 3, 6, 9, 7, 5, 3, 3, padding=1), 1, True),   # 63 positions: C written value by value
     (Case("g1_3x2_s2x1_batch3", 3, 6, 12, 9, 8, 3, 2, stride=(2, 1), padding=(1, 0)), 3, True),   # 48: four-wide
-    (Case("g2_3x3_s2_batch3", 3, 10, 9, 7, 8, 3, 3, stride=2, padding=(1, 0), groups=2), 3, False),
+    (Case("g2_c5_3x3_batch3", 3, 10, 9, 7, 8, 3, 3, padding=1, groups=2), 1, True),   # each group's C at its rows
+    (Case("g2_c5_3x3_s2_batch3", 3, 10, 9, 7, 8, 3, 3, stride=2, padding=(1, 0), groups=2), 3, False),
 ], ids=repr)
 def test_im2col_forward_writes_output_in_place(case, slices, folds, queue, monkeypatch):
     """On clconv's GPU GEMM kernel im2col's forward writes the output as it is, every image's

@@ -14,7 +14,7 @@ own queue). Nothing is copied per group: every operand is an offset into its
 shared buffer. A chunk of one image needs no T: (1, K, P) is already (K, P), so
 the forward writes Y in place (its bias filled first), and with one group the
 gradients' GEMMs read dY in place. On clconv's GPU GEMM kernel they can for chunks of any size,
-its images folded into the GEMM's columns or depth (where: _folds_grad_output and
+its images folded into the GEMM's columns or depth (where: _folds_output, _folds_grad_output and
 _folds_grad_output_weight).
 
 Inputs of few channels per group (stems) write no col for forward and grad-weight where
@@ -262,9 +262,9 @@ class Im2col(Algorithm):
         SCALAR_FOLD_MAX_TAPS, so that each work-group row reads dY once or twice. H200, batch 32,
         device time against the copy: the networks' 26 grad-weights of whole vectors 8.3 -> 7.1 ms
         (weighted by the layers' counts; their GEMMs' 5.37 -> 5.38), 1.17 -> 1.01x cuDNN's time;
-        RegNet's 28x28 and 56x56 maps in slices of whole vectors 0.58-0.69x; value by value,
-        inception_v3's stem (111x111 outputs, N 27) 0.79x, but resnet50's and convnext_tiny's 7x7
-        outputs of N 1024-4608 taps 1.10-1.15x."""
+        RegNet's 28x28 and 56x56 maps in slices of whole vectors 0.58-0.69x; value by value (the
+        two interleaved on one machine), inception_v3's stem (111x111 outputs, N 27) 0.150 against
+        0.189 ms, 0.79x, but resnet50's and convnext_tiny's 7x7 outputs of N 1024-4608 taps 1.10-1.15x."""
         g = self.g
         slices = (self.chunk * g.P // self.slices, (g.N % self.chunk or self.chunk) * g.P // self.last_slices)
         vectors = g.P % 4 == 0 and all(L % 4 == 0 for L in slices)

@@ -43,7 +43,8 @@ class Tile(NamedTuple):
 # with each of nine tiles (python -m bench.gemm_tiles): on 715 shapes at batch 32 and 1 the
 # rule's tile is 3% over the best of these four, 5% over the best of all nine (geometric
 # means). Later runs (bench/results/nvidia-h200-gemm-tiles-b1.json: 409 shapes at batch 1;
-# -b32.json: 302 at batch 32, clconv of 2026-12-03) give 9% and 8% over the best of eight, where
+# -b32.json: 302 at batch 32, clconv of 2026-12-03) give 9% over the best of nine and 8% over the
+# best of eight, where
 # the 8x8 tiles alone are 64-121% over it; on the reference workloads' GEMMs (-workloads.json, 16
 # shapes) this rule is 11% over, 64x64 tiles of 8x4 work-items 2%, 128x128 27%. A rule refitted to
 # those timings (six tiles, a saturation each, K rounded to each tile's slices: 3.6% over the
