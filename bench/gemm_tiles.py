@@ -30,8 +30,10 @@ import pyopencl.array as cla
 import clconv
 from clconv.gemm import gemm_gpu
 from clconv.gemm.gemm_gpu import Tile
+from clconv.geometry import pair
 
 from .networks import HERE, geometry, load_layers, options, slug
+from .run import load_workloads
 
 # (64x64 of 8x8 work-items, 8 deep, was best on 1 of 580 shapes at batch 32 and 1 and is no longer timed)
 CANDIDATES = {"128x128": Tile(128, 128), "128x64": Tile(128, 64),
@@ -80,14 +82,11 @@ def timed_gemms(queue, layer, batch, tile):
 
 def workload_layers():
     """The reference workloads' GPU sizes as layers of the networks file's form, each with its batch N."""
-    def pair(v):
-        return list(v) if isinstance(v, (list, tuple)) else [v, v]
     layers = []
-    for work in json.loads((HERE / "workloads.json").read_text())["workloads"]:
+    for work in load_workloads():
         s = work["gpu"]
-        layers.append({"id": f"workloads:{work['name']}", "N": s["N"], "C": s["C"], "H": s["H"], "W": s["W"], "K": s["K"],
-                       "kh": s["kh"], "kw": s["kw"], "stride": pair(s["stride"]), "padding": pair(s["padding"]),
-                       "dilation": pair(s["dilation"]), "groups": s["groups"]})
+        layers.append({"id": f"workloads:{work['name']}", **{k: s[k] for k in ("N", "C", "H", "W", "K", "kh", "kw", "groups")},
+                       **{k: list(pair(s[k], k)) for k in ("stride", "padding", "dilation")}})
     return layers
 
 

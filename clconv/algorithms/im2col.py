@@ -397,6 +397,7 @@ class Im2col(Algorithm):
             out = Ref(y.buf, y.off + n0 * g.K * g.P) if in_place else Ref(ws, self.rows * ld)
             beta = before_gemm(queue, self.dtype, out, bias, nb, g.K, g.P, relu) if in_place else 0.0
             fold = dict(c_fold=g.P) if folds else {}   # (C's column b * P + p: image b, position p)
+            c_ld = g.P if in_place else ld   # C's rows: Y's, or T's
             if S > 1:   # slice s: W[g][:, s-th Kd/S rows] @ col[g][those rows], partials after col and T
                 ks, part = Kd // S, (self.rows + g.K) * B * g.P
                 if folds:   # (one group: the slices are the grid's products along i, each a whole C)
@@ -409,7 +410,7 @@ class Im2col(Algorithm):
                              "forward (sum of slices)")
             else:
                 self._gemm(queue, Kg, ld, Kd, Op(w.buf, w.off, Kd, Kg * Kd), Op(ws, col, ld, Kd * ld),
-                           Op(out.buf, out.off, g.P if folds else ld, Kg * g.P if folds else Kg * ld, g.K * g.P),
+                           Op(out.buf, out.off, c_ld, Kg * c_ld, g.K * g.P),
                            beta=beta, b_panels=self._panels("forward", ws), what="forward", **fold)
             if in_place:
                 after_gemm(queue, self.dtype, out, bias, nb, g.K, g.P, relu)
