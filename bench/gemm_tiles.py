@@ -12,7 +12,8 @@ at saturation decides. Split-K depends on the tile (a grid's work-groups), so a 
 under the tiles that chose it.
 
 Reported, over the shapes timed with every candidate: each tile's geometric-mean time against
-the shape's best candidate, and the same for the tile the rule picks (gemm_gpu.tile). JSON:
+the shape's best candidate, and the same for the tile the rule launches (gemm_gpu.tile, then
+gemm_gpu.launched). JSON:
 bench/results/<device>-gemm-tiles-b<batch>.json, or -gemm-tiles-workloads.json.
 """
 import argparse
@@ -50,8 +51,9 @@ def timed_gemms(queue, layer, batch, tile):
     def logged(*args, **kw):
         calls.append((args, kw))
         return run(*args, **kw)
-    rules = gemm_gpu.TILES
+    rules, launched = gemm_gpu.TILES, gemm_gpu.launched
     gemm_gpu.TILES, gemm_gpu.grid_gemm = ((tile, 1.0),), logged
+    gemm_gpu.launched = lambda device, t, *args: t   # the tile itself, not what a launch would run for it
     gemm_gpu.tile.cache_clear()
     try:
         g, opts = geometry(layer, batch), options(layer)
@@ -75,7 +77,7 @@ def timed_gemms(queue, layer, batch, tile):
                 found.append(((m, n, k, gi * gj, blocks.count if blocks else 1, kw.get("a_transp", False),
                                kw.get("b_transp", False), kw.get("im2col") is not None, folds), min(times)))
     finally:
-        gemm_gpu.TILES, gemm_gpu.grid_gemm = rules, run
+        gemm_gpu.TILES, gemm_gpu.grid_gemm, gemm_gpu.launched = rules, run, launched
         gemm_gpu.tile.cache_clear()
     return found
 
@@ -132,7 +134,7 @@ def main(argv=None):
     rule = {}
     for shape, t in full.items():
         m, n, _, count = shape[:4]
-        chosen = gemm_gpu.tile(queue.device, m, n, count)
+        chosen = gemm_gpu.launched(queue.device, gemm_gpu.tile(queue.device, m, n, count), shape[7])
         rule[shape] = next((name for name, tile in by_tile.items() if tile == chosen), None)
     geo = {name: math.exp(sum(math.log(t[name] / min(t.values())) for t in full.values()) / len(full))
            for name in usable} if full else {}

@@ -22,10 +22,12 @@ def fresh_tile_choices():
     gemm_gpu.tile.cache_clear()
 
 
-# every tile in float32; float64 on the last (each tile, layout and dtype is a kernel build);
-# each with scalar reads (offsets and strides not multiples of 4) and four-wide ones (offsets,
-# strides and leading dimensions multiples of 4), and once each with one operand read four-wide
-TILE_DTYPES = [(t[0], np.float32) for t in gemm_gpu.TILES] + [(gemm_gpu.TILES[-1][0], np.float64)]
+# every tile the model picks or a launch runs in float32; float64 on the last (each tile, layout
+# and dtype is a kernel build); each with scalar reads (offsets and strides not multiples of 4)
+# and four-wide ones (offsets, strides and leading dimensions multiples of 4), and once each with
+# one operand read four-wide
+TILE_DTYPES = ([(t[0], np.float32) for t in gemm_gpu.TILES] + [(gemm_gpu.EIGHT_BY_FOUR, np.float32)]
+               + [(gemm_gpu.TILES[-1][0], np.float64)])
 CASES = ([(t, d, r) for t, d in TILE_DTYPES for r in ("scalar", "vector")]
          + [(gemm_gpu.TILES[1][0], np.float32, r) for r in ("wide_a", "wide_b")])
 LAYOUTS = dict(argnames="a_transp,b_transp", argvalues=[(False, False), (True, False), (False, True), (True, True)],
@@ -91,7 +93,8 @@ def check_grid(queue, run, dtype, reads, a_transp, b_transp, m=67, n=130, k=29, 
                          ids=[f"{t.tm}x{t.tn}_by_{t.rm}x{t.rn}-{np.dtype(d).name}-{r}" for t, d, r in CASES])
 def test_gpu_kernel_grid_of_products_at_offsets(tile, dtype, reads, a_transp, b_transp, queue, monkeypatch):
     """The GPU kernel with each tile, its reads four-wide where the layout allows."""
-    monkeypatch.setattr(gemm_gpu, "TILES", tuple(t for t in gemm_gpu.TILES if t[0] == tile))
+    monkeypatch.setattr(gemm_gpu, "TILES", ((tile, 1.0),))
+    monkeypatch.setattr(gemm_gpu, "launched", lambda device, t, *args: t)   # the tile itself
 
     def run(a, b, c, alpha, beta):
         widths = [gemm_gpu.read_width(queue.device, np.dtype(dtype).itemsize, x.off, x.per_group, x.per_image, x.ld,
@@ -454,6 +457,29 @@ def test_plan_fixes_its_engine_and_explains_it(queue, monkeypatch):
 def test_tile_choice(m, n, count, want):
     t = gemm_gpu.tile(_device(), m, n, count)
     assert (t.tm, t.tn, t.rm) == want
+
+
+@pytest.mark.gpu_form
+def test_eight_by_eight_tiles_launch_as_eight_by_four(queue, monkeypatch):
+    """Where the model picks a tile of 8x8 work-items, a launch runs 64x64 tiles of 8x4 ones,
+    but not over an im2col B, nor where that tile does not fit; other tiles run as picked."""
+    dev, small = _device(), gemm_gpu.TILES[2][0]
+    for t, _ in gemm_gpu.TILES[:2]:
+        assert gemm_gpu.launched(dev, t) == gemm_gpu.EIGHT_BY_FOUR
+        assert gemm_gpu.launched(dev, t, im2col=True) == t
+        assert gemm_gpu.launched(_device(local_mem_size=32 * 1024), t, itemsize=8) == t   # 34816 bytes staged
+    assert gemm_gpu.launched(dev, small) == small
+    # and a GEMM the model gives 128x128 builds the 8x4 kernel (and is right)
+    monkeypatch.setattr(gemm_gpu, "TILES", gemm_gpu.TILES[:1])
+    built = []
+    real = gemm_gpu.get_kernel
+    monkeypatch.setattr(gemm_gpu, "get_kernel", lambda *args, **kw: built.append(kw) or real(*args, **kw))
+
+    def run(a, b, c, alpha, beta):
+        gemm_gpu.grid_gemm(queue, np.dtype(np.float32), GI, GJ, 67, 130, 29, a, b, c, alpha=alpha, beta=beta,
+                           what="test")
+    check_grid(queue, run, np.float32, "vector", False, False)
+    assert [(kw["TM"], kw["TN"], kw["RM"], kw["RN"], kw["TK"]) for kw in built] == [(64, 64, 8, 4, 16)]
 
 
 def test_tile_fits_the_work_group_and_local_memory():

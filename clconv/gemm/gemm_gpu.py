@@ -129,8 +129,31 @@ def best_slices(device, m, n, k, count, options, itemsize=4):
     return min(options, key=cost) if tile(device, m, n, count, itemsize) else 1
 
 
+# What a launch runs where the model picks a tile of 8x8 work-items: 64x64 tiles of 8x4 work-items,
+# 16 deep (half the work-items of a 128x128 tile, so twice the work-groups per area, and half the
+# slices). In bench.gemm_tiles' timings on the H200, over the shapes where every tile ran at the
+# same split-K counts (the model's), that tile against the model's 8x8 one: at batch 32 (33 of
+# 302 GEMMs) a geometric mean of 0.974 and 0.954 of the total over all, at most 1.02x slower on
+# one, 0.67-0.83x on grids of 500-1600 work-groups (most of them products over 56x56 maps); on the
+# reference workloads' GEMMs 0.950 (fully-connected forward 0.89x); at batch 1 0.999. Not over an
+# im2col B, whose reads cost the most per value and which the larger tile reads half as often per
+# product (1.12-1.24x slower there). The model above, and the split-K rules fitted with it, still
+# count a grid in the 8x8 tiles: with this tile in the model instead they split differently, and
+# measured slower (see TILES).
+EIGHT_BY_FOUR = Tile(64, 64, 8, 4, 16)
+
+
+def launched(device, t, im2col=False, itemsize=4):
+    """The tile a launch runs for the model's tile ``t``: :data:`EIGHT_BY_FOUR` for an 8x8 one
+    (unless B is read through im2col, or it does not fit the device), else ``t``."""
+    if t.rm == t.rn == 8 and not im2col and fits(device, EIGHT_BY_FOUR, itemsize):
+        return EIGHT_BY_FOUR
+    return t
+
+
 def work_groups(device, m, n, count, itemsize=4):
-    """Work-groups of one launch over ``count`` M x N products (at the tile :func:`tile` picks)."""
+    """Work-groups of ``count`` M x N products in the tile :func:`tile` picks: how the split-K
+    rules measure a grid (a launch may run :func:`launched`'s smaller tile)."""
     t = tile(device, m, n, count, itemsize) or TILES[-1][0]
     return -(-m // t.tm) * -(-n // t.tn) * count
 
@@ -202,6 +225,7 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     if chosen is None:
         raise ClconvError(f"clconv: {what}: no tile of clconv's GEMM kernel fits {queue.device.name.strip()} "
                           f"(work-group and local-memory limits); use gemm='clblast'")
+    chosen = launched(queue.device, chosen, im2col is not None, itemsize)
     tm, tn = chosen.tm, chosen.tn
     shapes = ((k, m) if a_transp else (m, k), (n, k) if b_transp else (k, n), (m, n))   # as stored, row-major
     spans = [(rows - 1) * x.ld + cols for (rows, cols), x in zip(shapes, ops)]
