@@ -12,7 +12,10 @@
 // A work-group computes a TM x TN tile of one C; its (TN/RN) x (TM/RM) work-items each
 // accumulate RM x RN values (RM, RN: 4 or 8), as 4x4 quadrants TM/2 rows and TN/2 columns
 // apart where they are 8 (so the local-memory reads of neighbouring work-items are
-// neighbouring vectors). 8x8 reuses each staged value most; 4x4 gives a small tile four
+// neighbouring vectors). With KS > 1 the work-group has KS such planes of work-items along a
+// third dimension, which stage each slice together and multiply a TK/KS-deep part of it each,
+// their sums added in local memory at the end: a product of few tiles and a long K then takes
+// 1/KS of the slices one after another, in one launch (no partial results in global memory). 8x8 reuses each staged value most; 4x4 gives a small tile four
 // times the work-items, which a device needs to hide its memory latency where a grid has
 // few work-groups. TK-deep slices of A and B pass through local memory, double buffered:
 // the next slice's global loads are in flight while the current one is multiplied. Where
@@ -35,6 +38,9 @@
 #endif
 #ifndef RN             // columns of C per work-item: 4 or 8
 #define RN 8
+#endif
+#ifndef KS             // planes of work-items splitting each slice's depth (1: none)
+#define KS 1
 #endif
 #ifndef A_TRANSP       // 1: A is stored K x M (op(A) = A^T)
 #define A_TRANSP 0
@@ -69,7 +75,8 @@
 
 #define WX (TN / RN)                // work-items along N
 #define WY (TM / RM)                // work-items along M
-#define WG (WX * WY)
+#define WXY (WX * WY)               // work-items of one plane
+#define WG (WXY * KS)
 #define A_PER (TM * TK / WG / VA)   // A reads each work-item makes per slice
 #define B_PER (TN * TK / WG / VB)
 #if VA == 4
@@ -90,6 +97,9 @@
 #endif
 #if (TM * TK) % (WG * VA) || (TN * TK) % (WG * VB) || TK % 4
 #error "each work-item must stage whole reads of a slice: WG * VA dividing TM * TK, WG * VB dividing TN * TK"
+#endif
+#if TK % KS || (KS > 1 && WXY * RM * RN > 2 * TK * (TM + PAD))
+#error "KS divides TK, and one plane's sums fit where A's slices were staged"
 #endif
 #if (VA != 1 && VA != 4) || (VB != 1 && VB != 4) || (VC != 1 && VC != 4) || (IM2COL && VB != 1)
 #error "VA, VB and VC are 1 or 4; an im2col B is read one value at a time"
@@ -208,7 +218,7 @@ inline REAL im2col_at(__global const REAL* x, const int r, const int p)
 #define B_READ(k, n) read4(bp + B_AT(k, n), (k) < K ? N - (n) : 0)
 #endif
 
-__kernel __attribute__((reqd_work_group_size(WX, WY, 1)))
+__kernel __attribute__((reqd_work_group_size(WX, WY, KS)))
 void gemm_gpu(const int M, const int N, const int K, const REAL alpha, const REAL beta, const int GJ, const int KB,
               __global const REAL* restrict a, const IDX a_off, const int lda, const IDX a_si, const IDX a_sj,
               const IDX a_sq,
@@ -219,7 +229,7 @@ void gemm_gpu(const int M, const int N, const int K, const REAL alpha, const REA
     // typed as vectors so that the reads in the inner loop are single 16-byte loads
     __local REAL4 As[2][TK][(TM + PAD) / 4];
     __local REAL4 Bs[2][TK][(TN + PAD) / 4];
-    const int tx = get_local_id(0), ty = get_local_id(1), t = ty * WX + tx;
+    const int tx = get_local_id(0), ty = get_local_id(1), kz = get_local_id(2), t = (kz * WY + ty) * WX + tx;
     // work-groups in one row: (matrix, tile row, tile column), the tile column fastest
     const int NT = (N + TN - 1) / TN, MT = (M + TM - 1) / TM, id = get_group_id(0);
     const int n0 = id % NT * TN, m0 = id / NT % MT * TM, z = id / NT / MT;
@@ -274,7 +284,8 @@ void gemm_gpu(const int M, const int N, const int K, const REAL alpha, const REA
         if (more) {
             FETCH()
         }
-        for (int k = 0; k < TK; ++k) {
+        for (int kk = 0; kk < TK / KS; ++kk) {
+            const int k = kz * (TK / KS) + kk;
             // quadrant q of a work-item's rows starts q * WY vectors (q * TM / 2 rows) on
             const REAL4 a0 = As[cur][k][ty], b0 = Bs[cur][k][tx];
 #if RM == 8
@@ -298,6 +309,24 @@ void gemm_gpu(const int M, const int N, const int K, const REAL alpha, const REA
         }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
+#if KS > 1
+    // the planes' sums into plane 0's, one plane at a time, through the staging memory (free now)
+    __local REAL* sums = (__local REAL*)As;
+    for (int p = 1; p < KS; ++p) {
+        if (kz == p)
+            for (int r = 0; r < RM; ++r)
+                for (int s = 0; s < RN; ++s)
+                    sums[(r * RN + s) * WXY + ty * WX + tx] = acc[r][s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (kz == 0)
+            for (int r = 0; r < RM; ++r)
+                for (int s = 0; s < RN; ++s)
+                    acc[r][s] += sums[(r * RN + s) * WXY + ty * WX + tx];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (kz != 0)
+        return;
+#endif
 
     // A work-item's values of one row lie in runs of 4 neighbouring columns (its quadrants):
     // with VC == 4 each whole run is one four-wide write, so that neighbouring work-items write

@@ -25,8 +25,9 @@ def fresh_tile_choices():
 # every tile the model picks or a launch runs in float32; float64 on the last (each tile, layout
 # and dtype is a kernel build); each with scalar reads (offsets and strides not multiples of 4)
 # and four-wide ones (offsets, strides and leading dimensions multiples of 4), and once each with
-# one operand read four-wide
-TILE_DTYPES = ([(t[0], np.float32) for t in gemm_gpu.TILES] + [(gemm_gpu.EIGHT_BY_FOUR, np.float32)]
+# one operand read four-wide; and split among planes of work-items (KS), over several slices
+PLANES = [gemm_gpu.Tile(64, 64, 8, 4, 32, 2), gemm_gpu.Tile(32, 64, 4, 4, 32, 2), gemm_gpu.Tile(32, 32, 4, 4, 32, 4)]
+TILE_DTYPES = ([(t[0], np.float32) for t in gemm_gpu.TILES] + [(t, np.float32) for t in [gemm_gpu.EIGHT_BY_FOUR] + PLANES]
                + [(gemm_gpu.TILES[-1][0], np.float64)])
 CASES = ([(t, d, r) for t, d in TILE_DTYPES for r in ("scalar", "vector")]
          + [(gemm_gpu.TILES[1][0], np.float32, r) for r in ("wide_a", "wide_b")])
@@ -90,11 +91,15 @@ def check_grid(queue, run, dtype, reads, a_transp, b_transp, m=67, n=130, k=29, 
 @pytest.mark.gpu_form
 @pytest.mark.parametrize(**LAYOUTS)
 @pytest.mark.parametrize("tile,dtype,reads", CASES,
-                         ids=[f"{t.tm}x{t.tn}_by_{t.rm}x{t.rn}-{np.dtype(d).name}-{r}" for t, d, r in CASES])
+                         ids=[f"{t.tm}x{t.tn}_by_{t.rm}x{t.rn}" + (f"_ks{t.ks}" if t.ks > 1 else "")
+                              + f"-{np.dtype(d).name}-{r}" for t, d, r in CASES])
 def test_gpu_kernel_grid_of_products_at_offsets(tile, dtype, reads, a_transp, b_transp, queue, monkeypatch):
     """The GPU kernel with each tile, its reads four-wide where the layout allows."""
+    if not gemm_gpu.fits(queue.device, tile, np.dtype(dtype).itemsize):
+        pytest.skip("the tile does not fit this device")
     monkeypatch.setattr(gemm_gpu, "TILES", ((tile, 1.0),))
-    monkeypatch.setattr(gemm_gpu, "launched", lambda device, t, *args: t)   # the tile itself
+    for rule in ("launched", "sliced"):   # the tile itself, as given
+        monkeypatch.setattr(gemm_gpu, rule, lambda device, t, *args: t)
 
     def run(a, b, c, alpha, beta):
         widths = [gemm_gpu.read_width(queue.device, np.dtype(dtype).itemsize, x.off, x.per_group, x.per_image, x.ld,
@@ -105,7 +110,7 @@ def test_gpu_kernel_grid_of_products_at_offsets(tile, dtype, reads, a_transp, b_
                                    GI, GJ) == (4 if reads == "vector" else 1), "the layout gives other writes"
         gemm_gpu.grid_gemm(queue, np.dtype(dtype), GI, GJ, m, n, k, a, b, c, alpha=alpha, beta=beta,
                            a_transp=a_transp, b_transp=b_transp, what="test")
-    m, n, k = 67, 130, 29
+    m, n, k = 67, 130, 157 if tile.ks > 1 else 29   # (planes: several slices, the last one cut short)
     check_grid(queue, run, dtype, reads, a_transp, b_transp, m, n, k)
 
 
@@ -280,9 +285,22 @@ def test_beta_zero_ignores_what_c_held(queue):
     assert_close(c.reshape(m, n), a.astype(np.float64) @ b, np.float32, "GEMM over NaNs")
 
 
+@pytest.fixture(params=[1, 2], ids=["one_plane", "two_planes"])
+def planes(request, monkeypatch):
+    """A test's GEMMs as the rules make them, then with every tile split among two planes of
+    work-items (KS), staged twice as deep."""
+    def two(device, t, *args):
+        deeper = t._replace(tk=t.tk * 2, ks=2)
+        assert gemm_gpu.fits(device, deeper), "the test's tile does not fit two planes"
+        return deeper
+    if request.param > 1:
+        monkeypatch.setattr(gemm_gpu, "sliced", two)
+    return request.param
+
+
 @pytest.mark.gpu_form
 @pytest.mark.parametrize("positions", [7, 8], ids=["7_positions", "8_positions"])   # scalar, four-wide reads
-def test_gpu_kernel_folded_c_and_continuous_k(positions, queue):
+def test_gpu_kernel_folded_c_and_continuous_k(positions, planes, queue):
     """The GPU kernel's batch modes on a buffer of NaN gaps: C stored image by image (c_fold: the
     columns of 3 images, their rows ``per_image`` apart, written four-wide where aligned) and K blocks read as one depth
     (continuous: 3 blocks of A and B at their own steps), against NumPy; nothing outside the
@@ -326,12 +344,12 @@ def test_gpu_kernel_folded_c_and_continuous_k(positions, queue):
 @pytest.mark.gpu_form
 @pytest.mark.parametrize("positions", [7, 8], ids=["7_positions", "8_positions"])   # scalar, four-wide reads
 @pytest.mark.parametrize("groups", [1, 2])
-def test_gpu_kernel_folded_b(positions, groups, queue):
+def test_gpu_kernel_folded_b(positions, groups, planes, queue):
     """B's columns over images (b_fold, as grad-input reads an NCHW grad_output): image q's K x p
     rows start ``per_image`` * q on, NaN in the gaps, each group's K rows ``per_group`` further,
     A^T stored as it is; against NumPy, with a K that is no multiple of the slices."""
     rng = np.random.default_rng(5)
-    m, k, p, images = 37, 11, positions, 3
+    m, k, p, images = 37, 19, positions, 3
     n = images * p
     aligned = p % 4 == 0
     per_image = groups * k * p + (4 if aligned else 3)   # a gap after each image
@@ -359,15 +377,15 @@ def test_gpu_kernel_folded_b(positions, groups, queue):
 @pytest.mark.parametrize("positions,slices", [(7, 2), (8, 2), (8, 4)],
                          ids=["7_positions", "8_positions", "8_positions_4_slices"])   # scalar, four-wide reads
 @pytest.mark.parametrize("groups", [1, 2])
-def test_gpu_kernel_folded_a(positions, slices, groups, queue):
+def test_gpu_kernel_folded_a(positions, slices, groups, planes, queue):
     """A's depth over images (a_fold, as grad-weight reads an NCHW grad_output): image q's M x p
     rows start ``per_image`` * q on, NaN in the gaps, each group's M rows ``per_group`` further;
     the grid's products along j are split-K slices of that depth, which start inside an image
-    (4 images of 7 positions in 2 slices of 14; 3 of 8 in 2 of 12, four-wide, or in 4 of 6,
+    (6 images of 7 positions in 2 slices of 21; 5 of 8 in 2 of 20, four-wide, or in 4 of 10,
     value by value); B^T stored as it is, its slices one after the other; against NumPy."""
     rng = np.random.default_rng(6)
     m, n, p = 37, 11, positions
-    images = 4 if p == 7 else 3
+    images = 6 if p == 7 else 5
     depth = images * p
     k = depth // slices
     aligned = p % 4 == 0 and k % 4 == 0
@@ -480,6 +498,21 @@ def test_eight_by_eight_tiles_launch_as_eight_by_four(queue, monkeypatch):
                            what="test")
     check_grid(queue, run, np.float32, "vector", False, False)
     assert [(kw["TM"], kw["TN"], kw["RM"], kw["RN"], kw["TK"]) for kw in built] == [(64, 64, 8, 4, 16)]
+
+
+def test_planes_where_the_grid_is_short_of_work_items():
+    """KS planes (each doubling the staged depth) while a grid has fewer than SATURATION
+    work-items per compute unit, the tile fits and a product keeps two slices."""
+    dev, t = _device(), gemm_gpu.TILES[2][0]   # 32x64 of 4x4, 16 deep: 128 work-items
+    assert gemm_gpu.sliced(dev, t, 1, 672) == t._replace(tk=32, ks=2)    # 64 deep: 53 KB staged
+    assert gemm_gpu.sliced(_device(local_mem_size=64 * 1024), t, 1, 672) == t._replace(tk=64, ks=4)
+    assert gemm_gpu.sliced(dev, t, 1, 33) == t._replace(tk=32, ks=2)     # 3 slices become 2
+    assert gemm_gpu.sliced(dev, t, 1, 32) == t                              # 2 would become 1
+    assert gemm_gpu.sliced(dev, t, 1, 16, 32) == t                          # 32 blocks of one slice each
+    assert gemm_gpu.sliced(dev, t, 1, 20, 32) == t._replace(tk=32, ks=2)  # 64 slices become 32
+    assert gemm_gpu.sliced(dev, t, 264, 672) == t                           # 132 x 256 work-items
+    assert gemm_gpu.sliced(dev, t, 263, 672) == t._replace(tk=32, ks=2)
+    assert gemm_gpu.sliced(_device(max_work_group_size=128), t, 1, 672) == t
 
 
 def test_tile_fits_the_work_group_and_local_memory():

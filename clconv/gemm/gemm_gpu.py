@@ -23,16 +23,17 @@ from ..programs import ClconvError, get_kernel, index_type, launch
 
 class Tile(NamedTuple):
     """One shape of kernels/gemm_gpu.cl: TM x TN of C per work-group, RM x RN per work-item,
-    slices TK deep."""
+    slices TK deep, split among KS planes of work-items."""
     tm: int
     tn: int
     rm: int = 8
     rn: int = 8
     tk: int = 8
+    ks: int = 1
 
     @property
     def work_items(self):
-        return self.tm * self.tn // (self.rm * self.rn)
+        return self.tm * self.tn // (self.rm * self.rn) * self.ks
 
 
 # The tiles, each with its relative speed where the device is saturated. On an H200 the 8x8
@@ -82,7 +83,8 @@ def fits(device, t, itemsize=4):
     """Whether the device can run the :class:`Tile` ``t``: its work-group and local memory."""
     _, _, max_group, max_sides, local, _ = _facts(device)
     return (t.work_items <= max_group and t.tn // t.rn <= max_sides[0] and t.tm // t.rm <= max_sides[1]
-            and 2 * t.tk * (t.tm + t.tn + 2 * PAD) * itemsize <= local)
+            and t.ks <= max_sides[2] and 2 * t.tk * (t.tm + t.tn + 2 * PAD) * itemsize <= local
+            and (t.ks == 1 or t.tm * t.tn <= 2 * t.tk * (t.tm + PAD)))   # (a plane's sums, where A was staged)
 
 
 def _cost(device, option, m, n, count, k=None):
@@ -148,6 +150,33 @@ def launched(device, t, im2col=False, itemsize=4):
     (unless B is read through im2col, or it does not fit the device), else ``t``."""
     if t.rm == t.rn == 8 and not im2col and fits(device, EIGHT_BY_FOUR, itemsize):
         return EIGHT_BY_FOUR
+    return t
+
+
+# In-work-group split-K: where a launch's grid has fewer work-items than SATURATION per compute
+# unit, its work-groups take KS planes of work-items, each multiplying a part of every slice
+# (staged KS times as deep), so that a product runs fewer slices one after another
+# (kernels/gemm_gpu.cl). H200, device time of the networks' layer-passes where it applies, against
+# the same passes with one plane (interleaved, least of 5): at batch 32, 46 passes, geometric mean
+# 0.88 (SE blocks' fully-connected passes 0.70-0.95, 1x1 grad-weights over 5x5 maps 0.72-0.86);
+# at batch 1, 292 passes, 0.90. Requiring more slices per product, or fewer work-items than
+# SATURATION, measured no better on either.
+MAX_PLANES = 4
+MIN_PLANE_SLICES = 2     # slices a product keeps at KS planes, at least
+
+
+def sliced(device, t, groups, k, blocks=1, itemsize=4):
+    """``t`` with KS planes: the most, doubling up to MAX_PLANES, while the grid of ``groups``
+    work-groups is short of SATURATION work-items per compute unit, the tile fits the device, and
+    products of ``blocks`` K blocks ``k`` deep (each block its own slices) take fewer slices, at
+    least MIN_PLANE_SLICES."""
+    want = _facts(device)[1] * SATURATION
+    while t.ks < MAX_PLANES and groups * t.work_items < want:
+        deeper = t._replace(tk=t.tk * 2, ks=t.ks * 2)
+        slices = -(-k // deeper.tk) * blocks
+        if slices < MIN_PLANE_SLICES or slices == -(-k // t.tk) * blocks or not fits(device, deeper, itemsize):
+            break
+        t = deeper
     return t
 
 
@@ -227,6 +256,9 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
                           f"(work-group and local-memory limits); use gemm='clblast'")
     chosen = launched(queue.device, chosen, im2col is not None, itemsize)
     tm, tn = chosen.tm, chosen.tn
+    groups = -(-m // tm) * -(-n // tn) * gi * gj
+    depth, blocks = (k * kb.count, 1) if kb.continuous else (k, kb.count)   # (continuous: one depth)
+    chosen = sliced(queue.device, chosen, groups, depth, blocks, itemsize)
     shapes = ((k, m) if a_transp else (m, k), (n, k) if b_transp else (k, n), (m, n))   # as stored, row-major
     spans = [(rows - 1) * x.ld + cols for (rows, cols), x in zip(shapes, ops)]
     if im2col is not None:
@@ -249,15 +281,13 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     # C is written four-wide where its rows (and a fold's images) are whole aligned vectors
     vc = (read_width(queue.device, itemsize, c.off, c.per_group, c.per_image, c.ld, gi, gj)
           if not c_fold or (c_fold % 4 == 0 and c.per_image % 4 == 0) else 1)
-    fold, depth, blocks = (k, k * kb.count, 1) if kb.continuous else (0, k, kb.count)
     kernel = get_kernel(queue.context, "gemm_gpu.cl", "gemm_gpu", dtype, TM=tm, TN=tn, RM=chosen.rm, RN=chosen.rn,
-                        TK=chosen.tk, PAD=PAD,
+                        TK=chosen.tk, KS=chosen.ks, PAD=PAD,
                         A_TRANSP=int(a_transp), B_TRANSP=int(b_transp), VA=va, VB=vb, VC=vc, IDX=idx,
-                        IM2COL=int(im2col is not None), K_FOLD=fold, C_FOLD=c_fold, B_FOLD=b_fold, A_FOLD=a_fold,
+                        IM2COL=int(im2col is not None), K_FOLD=k if kb.continuous else 0, C_FOLD=c_fold, B_FOLD=b_fold, A_FOLD=a_fold,
                         **dict(im2col.defines() if im2col else ()))
-    groups = -(-m // tm) * -(-n // tn) * gi * gj
     wx, wy = tn // chosen.rn, tm // chosen.rm
-    return launch(queue, kernel, (groups * wx, wy), (wx, wy), m, n, depth, alpha, beta, gj, blocks,
+    return launch(queue, kernel, (groups * wx, wy, chosen.ks), (wx, wy, chosen.ks), m, n, depth, alpha, beta, gj, blocks,
                   a.buf, a.off, a.ld, a.per_group, a.per_image, kb.a_step,
                   b.buf, b.off, b.ld, b.per_group, b.per_image, kb.b_step,
                   c.buf, c.off, c.ld, c.per_group, c.per_image, what=what)
