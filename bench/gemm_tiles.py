@@ -51,9 +51,10 @@ def timed_gemms(queue, layer, batch, tile):
     def logged(*args, **kw):
         calls.append((args, kw))
         return run(*args, **kw)
-    rules, launched = gemm_gpu.TILES, gemm_gpu.launched
+    rules, launched, sliced = gemm_gpu.TILES, gemm_gpu.launched, gemm_gpu.sliced
     gemm_gpu.TILES, gemm_gpu.grid_gemm = ((tile, 1.0),), logged
-    gemm_gpu.launched = lambda device, t, *args: t   # the tile itself, not what a launch would run for it
+    # the tile itself, not what a launch would run for it (another tile, or the tile in planes)
+    gemm_gpu.launched = gemm_gpu.sliced = lambda device, t, *args: t
     gemm_gpu.tile.cache_clear()
     try:
         g, opts = geometry(layer, batch), options(layer)
@@ -77,7 +78,7 @@ def timed_gemms(queue, layer, batch, tile):
                 found.append(((m, n, k, gi * gj, blocks.count if blocks else 1, kw.get("a_transp", False),
                                kw.get("b_transp", False), kw.get("im2col") is not None, folds), min(times)))
     finally:
-        gemm_gpu.TILES, gemm_gpu.grid_gemm, gemm_gpu.launched = rules, run, launched
+        gemm_gpu.TILES, gemm_gpu.grid_gemm, gemm_gpu.launched, gemm_gpu.sliced = rules, run, launched, sliced
         gemm_gpu.tile.cache_clear()
     return found
 

@@ -9,19 +9,21 @@
 // loads past an edge read zeros and stores past an edge are skipped. The work-groups form
 // one row (dimension 0 has the largest range on every device).
 //
-// A work-group computes a TM x TN tile of one C; its (TN/RN) x (TM/RM) work-items each
-// accumulate RM x RN values (RM, RN: 4 or 8), as 4x4 quadrants TM/2 rows and TN/2 columns
-// apart where they are 8 (so the local-memory reads of neighbouring work-items are
-// neighbouring vectors). With KS > 1 the work-group has KS such planes of work-items along a
-// third dimension, which stage each slice together and multiply a TK/KS-deep part of it each,
-// their sums added in local memory at the end: a product of few tiles and a long K then takes
-// 1/KS of the slices one after another, in one launch (no partial results in global memory). 8x8 reuses each staged value most; 4x4 gives a small tile four
+// A work-group computes a TM x TN tile of one C; its (TN/RN) x (TM/RM) work-items (per plane,
+// below) each accumulate RM x RN values (RM, RN: 4 or 8), as 4x4 quadrants TM/2 rows and TN/2
+// columns apart where they are 8 (so the local-memory reads of neighbouring work-items are
+// neighbouring vectors). 8x8 reuses each staged value most; 4x4 gives a small tile four
 // times the work-items, which a device needs to hide its memory latency where a grid has
 // few work-groups. TK-deep slices of A and B pass through local memory, double buffered:
 // the next slice's global loads are in flight while the current one is multiplied. Where
 // the host finds an operand's offsets and leading dimension multiples of 4 (VA, VB = 4),
 // its global reads are four-wide vectors along its stored rows: on an H200 that took a
 // 4096^3 product from 26-29 to 42-44 TFLOP/s.
+//
+// With KS > 1 the work-group has KS such planes of work-items along its third dimension: they
+// stage each slice together and each multiplies a TK/KS-deep part of it, their sums added in
+// local memory at the end. A product of few tiles and a long K then runs 1/KS of the slices one
+// after another, in one launch (no partial results in global memory).
 //
 // Specialised by the host with prepended #defines; the defaults below are for reading.
 #ifndef TM             // rows of C per work-group: a multiple of RM (see the checks below)

@@ -28,7 +28,7 @@ def fresh_tile_choices():
 # one operand read four-wide; and split among planes of work-items (KS), over several slices
 PLANES = [gemm_gpu.Tile(64, 64, 8, 4, 32, 2), gemm_gpu.Tile(32, 64, 4, 4, 32, 2), gemm_gpu.Tile(32, 32, 4, 4, 32, 4)]
 TILE_DTYPES = ([(t[0], np.float32) for t in gemm_gpu.TILES] + [(t, np.float32) for t in [gemm_gpu.EIGHT_BY_FOUR] + PLANES]
-               + [(gemm_gpu.TILES[-1][0], np.float64)])
+               + [(gemm_gpu.TILES[-1][0], np.float64), (PLANES[1], np.float64)])
 CASES = ([(t, d, r) for t, d in TILE_DTYPES for r in ("scalar", "vector")]
          + [(gemm_gpu.TILES[1][0], np.float32, r) for r in ("wide_a", "wide_b")])
 LAYOUTS = dict(argnames="a_transp,b_transp", argvalues=[(False, False), (True, False), (False, True), (True, True)],
@@ -303,10 +303,10 @@ def planes(request, monkeypatch):
 def test_gpu_kernel_folded_c_and_continuous_k(positions, planes, queue):
     """The GPU kernel's batch modes on a buffer of NaN gaps: C stored image by image (c_fold: the
     columns of 3 images, their rows ``per_image`` apart, written four-wide where aligned) and K blocks read as one depth
-    (continuous: 3 blocks of A and B at their own steps), against NumPy; nothing outside the
+    (continuous: 5 blocks of A and B at their own steps), against NumPy; nothing outside the
     images' rows is written, nothing outside the blocks read."""
     rng = np.random.default_rng(4)
-    m, p, images, blocks, kb = 5, positions, 3, 3, positions
+    m, p, images, blocks, kb = 5, positions, 3, 5, positions
     n = images * p
     aligned = p % 4 == 0   # then every block starts at a multiple of 4: four-wide reads
     # (aligned: C's images start at multiples of 4 too, written four-wide)
@@ -349,7 +349,7 @@ def test_gpu_kernel_folded_b(positions, groups, planes, queue):
     rows start ``per_image`` * q on, NaN in the gaps, each group's K rows ``per_group`` further,
     A^T stored as it is; against NumPy, with a K that is no multiple of the slices."""
     rng = np.random.default_rng(5)
-    m, k, p, images = 37, 19, positions, 3
+    m, k, p, images = 37, 37, positions, 3
     n = images * p
     aligned = p % 4 == 0
     per_image = groups * k * p + (4 if aligned else 3)   # a gap after each image
@@ -381,11 +381,11 @@ def test_gpu_kernel_folded_a(positions, slices, groups, planes, queue):
     """A's depth over images (a_fold, as grad-weight reads an NCHW grad_output): image q's M x p
     rows start ``per_image`` * q on, NaN in the gaps, each group's M rows ``per_group`` further;
     the grid's products along j are split-K slices of that depth, which start inside an image
-    (6 images of 7 positions in 2 slices of 21; 5 of 8 in 2 of 20, four-wide, or in 4 of 10,
+    (10 images of 7 positions in 2 slices of 35; 9 of 8 in 2 of 36, four-wide, or in 4 of 18,
     value by value); B^T stored as it is, its slices one after the other; against NumPy."""
     rng = np.random.default_rng(6)
     m, n, p = 37, 11, positions
-    images = 6 if p == 7 else 5
+    images = 10 if p == 7 else 9
     depth = images * p
     k = depth // slices
     aligned = p % 4 == 0 and k % 4 == 0
@@ -485,7 +485,8 @@ def test_eight_by_eight_tiles_launch_as_eight_by_four(queue, monkeypatch):
     for t, _ in gemm_gpu.TILES[:2]:
         assert gemm_gpu.launched(dev, t) == gemm_gpu.EIGHT_BY_FOUR
         assert gemm_gpu.launched(dev, t, im2col=True) == t
-        assert gemm_gpu.launched(_device(local_mem_size=32 * 1024), t, itemsize=8) == t   # 34816 bytes staged
+    # float64 on 32 KB: 128x64 fits (25600 bytes staged), the 8x4 tile (34816) does not
+    assert gemm_gpu.launched(_device(local_mem_size=32 * 1024), gemm_gpu.TILES[1][0], itemsize=8) == gemm_gpu.TILES[1][0]
     assert gemm_gpu.launched(dev, small) == small
     # and a GEMM the model gives 128x128 builds the 8x4 kernel (and is right)
     monkeypatch.setattr(gemm_gpu, "TILES", gemm_gpu.TILES[:1])
@@ -497,7 +498,26 @@ def test_eight_by_eight_tiles_launch_as_eight_by_four(queue, monkeypatch):
         gemm_gpu.grid_gemm(queue, np.dtype(np.float32), GI, GJ, 67, 130, 29, a, b, c, alpha=alpha, beta=beta,
                            what="test")
     check_grid(queue, run, np.float32, "vector", False, False)
-    assert [(kw["TM"], kw["TN"], kw["RM"], kw["RN"], kw["TK"]) for kw in built] == [(64, 64, 8, 4, 16)]
+    # (one plane: at K = 29, two would leave one slice)
+    assert [(kw["TM"], kw["TN"], kw["RM"], kw["RN"], kw["TK"], kw["KS"]) for kw in built] == [(64, 64, 8, 4, 16, 1)]
+
+
+@pytest.mark.gpu_form
+def test_planes_above_the_kernels_work_group_limit_fall_back_to_one(queue, monkeypatch):
+    """Where the compiler allows the kernel fewer work-items than its planes need, it is built
+    again with one plane (and is right)."""
+    monkeypatch.setattr(gemm_gpu, "TILES", gemm_gpu.TILES[2:3])
+    monkeypatch.setattr(gemm_gpu, "sliced", lambda device, t, *args: t._replace(tk=t.tk * 2, ks=2))
+    monkeypatch.setattr(gemm_gpu, "work_group_limit", lambda kernel, device: 128)
+    built = []
+    real = gemm_gpu.get_kernel
+    monkeypatch.setattr(gemm_gpu, "get_kernel", lambda *args, **kw: built.append(kw) or real(*args, **kw))
+
+    def run(a, b, c, alpha, beta):
+        gemm_gpu.grid_gemm(queue, np.dtype(np.float32), GI, GJ, 67, 130, 57, a, b, c, alpha=alpha, beta=beta,
+                           what="test")
+    check_grid(queue, run, np.float32, "vector", False, False, 67, 130, 57)
+    assert [(kw["TK"], kw["KS"]) for kw in built] == [(32, 2), (16, 1)]
 
 
 def test_planes_where_the_grid_is_short_of_work_items():

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 import pyopencl as cl
 
-from ..programs import ClconvError, get_kernel, index_type, launch
+from ..programs import ClconvError, get_kernel, index_type, launch, work_group_limit
 
 class Tile(NamedTuple):
     """One shape of kernels/gemm_gpu.cl: TM x TN of C per work-group, RM x RN per work-item,
@@ -45,9 +45,9 @@ class Tile(NamedTuple):
 # rule's tile is 3% over the best of these four, 5% over the best of all nine (geometric
 # means). Later runs (bench/results/nvidia-h200-gemm-tiles-b1.json: 409 shapes at batch 1;
 # -b32.json: 302 at batch 32, clconv of 2026-12-03) give 9% over the best of nine and 8% over the
-# best of eight, where
-# the 8x8 tiles alone are 64-121% over it; on the reference workloads' GEMMs (-workloads.json, 16
-# shapes) this rule is 11% over, 64x64 tiles of 8x4 work-items 2%, 128x128 27%. A rule refitted to
+# best of eight, where the 8x8 tiles alone are 64-121% over it; on the reference workloads' GEMMs
+# (-workloads.json, 16 shapes) this rule is 11% over, 64x64 tiles of 8x4 work-items 2%, 128x128
+# 27% (all before the launch tile below, :func:`launched`). A rule refitted to
 # those timings (six tiles, a saturation each, K rounded to each tile's slices: 3.6% over the
 # best at batch 32 in the fit, 3-5% on shapes left out of it) measured no better on whole passes
 # (H200, batch 32, 450 layer-passes against this rule: geometric mean 0.998, total time 0.98x),
@@ -137,7 +137,8 @@ def best_slices(device, m, n, k, count, options, itemsize=4):
 # same split-K counts (the model's), that tile against the model's 8x8 one: at batch 32 (33 of
 # 302 GEMMs) a geometric mean of 0.974 and 0.954 of the total over all, at most 1.02x slower on
 # one, 0.67-0.83x on grids of 500-1600 work-groups (most of them products over 56x56 maps); on the
-# reference workloads' GEMMs 0.950 (fully-connected forward 0.89x); at batch 1 0.999. Not over an
+# reference workloads' GEMMs a geometric mean of 0.950 and 0.946 of the total, at most 1.03x slower
+# (fully-connected forward 0.89x); at batch 1 0.999. Not over an
 # im2col B, whose reads cost the most per value and which the larger tile reads half as often per
 # product (1.12-1.24x slower there). The model above, and the split-K rules fitted with it, still
 # count a grid in the 8x8 tiles: with this tile in the model instead they split differently, and
@@ -281,11 +282,16 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     # C is written four-wide where its rows (and a fold's images) are whole aligned vectors
     vc = (read_width(queue.device, itemsize, c.off, c.per_group, c.per_image, c.ld, gi, gj)
           if not c_fold or (c_fold % 4 == 0 and c.per_image % 4 == 0) else 1)
-    kernel = get_kernel(queue.context, "gemm_gpu.cl", "gemm_gpu", dtype, TM=tm, TN=tn, RM=chosen.rm, RN=chosen.rn,
-                        TK=chosen.tk, KS=chosen.ks, PAD=PAD,
-                        A_TRANSP=int(a_transp), B_TRANSP=int(b_transp), VA=va, VB=vb, VC=vc, IDX=idx,
-                        IM2COL=int(im2col is not None), K_FOLD=k if kb.continuous else 0, C_FOLD=c_fold, B_FOLD=b_fold, A_FOLD=a_fold,
-                        **dict(im2col.defines() if im2col else ()))
+    def build(t):
+        return get_kernel(queue.context, "gemm_gpu.cl", "gemm_gpu", dtype, TM=tm, TN=tn, RM=t.rm, RN=t.rn, TK=t.tk,
+                          KS=t.ks, PAD=PAD, A_TRANSP=int(a_transp), B_TRANSP=int(b_transp), VA=va, VB=vb, VC=vc,
+                          IDX=idx, IM2COL=int(im2col is not None), K_FOLD=k if kb.continuous else 0, C_FOLD=c_fold,
+                          B_FOLD=b_fold, A_FOLD=a_fold, **dict(im2col.defines() if im2col else ()))
+    kernel = build(chosen)
+    if chosen.ks > 1 and chosen.work_items > work_group_limit(kernel, queue.device):
+        # the planes' work-group is above what the compiler allows this kernel: one plane
+        chosen = chosen._replace(tk=chosen.tk // chosen.ks, ks=1)
+        kernel = build(chosen)
     wx, wy = tn // chosen.rn, tm // chosen.rm
     return launch(queue, kernel, (groups * wx, wy, chosen.ks), (wx, wy, chosen.ks), m, n, depth, alpha, beta, gj, blocks,
                   a.buf, a.off, a.ld, a.per_group, a.per_image, kb.a_step,
