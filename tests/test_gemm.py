@@ -477,6 +477,20 @@ def test_tile_choice(m, n, count, want):
     assert (t.tm, t.tn, t.rm) == want
 
 
+def _kernels_built(queue, monkeypatch, k):
+    """The defines of each GEMM kernel built for one aligned grid of 67 x 130 products K deep, run
+    through :func:`check_grid` (so also checked against NumPy)."""
+    built = []
+    real = gemm_gpu.get_kernel
+    monkeypatch.setattr(gemm_gpu, "get_kernel", lambda *args, **kw: built.append(kw) or real(*args, **kw))
+
+    def run(a, b, c, alpha, beta):
+        gemm_gpu.grid_gemm(queue, np.dtype(np.float32), GI, GJ, 67, 130, k, a, b, c, alpha=alpha, beta=beta,
+                           what="test")
+    check_grid(queue, run, np.float32, "vector", False, False, 67, 130, k)
+    return built
+
+
 @pytest.mark.gpu_form
 def test_eight_by_eight_tiles_launch_as_eight_by_four(queue, monkeypatch):
     """Where the model picks a tile of 8x8 work-items, a launch runs 64x64 tiles of 8x4 ones,
@@ -490,14 +504,7 @@ def test_eight_by_eight_tiles_launch_as_eight_by_four(queue, monkeypatch):
     assert gemm_gpu.launched(dev, small) == small
     # and a GEMM the model gives 128x128 builds the 8x4 kernel (and is right)
     monkeypatch.setattr(gemm_gpu, "TILES", gemm_gpu.TILES[:1])
-    built = []
-    real = gemm_gpu.get_kernel
-    monkeypatch.setattr(gemm_gpu, "get_kernel", lambda *args, **kw: built.append(kw) or real(*args, **kw))
-
-    def run(a, b, c, alpha, beta):
-        gemm_gpu.grid_gemm(queue, np.dtype(np.float32), GI, GJ, 67, 130, 29, a, b, c, alpha=alpha, beta=beta,
-                           what="test")
-    check_grid(queue, run, np.float32, "vector", False, False)
+    built = _kernels_built(queue, monkeypatch, k=29)
     # (one plane: at K = 29, two would leave one slice)
     assert [(kw["TM"], kw["TN"], kw["RM"], kw["RN"], kw["TK"], kw["KS"]) for kw in built] == [(64, 64, 8, 4, 16, 1)]
 
@@ -509,14 +516,7 @@ def test_planes_above_the_kernels_work_group_limit_fall_back_to_one(queue, monke
     monkeypatch.setattr(gemm_gpu, "TILES", gemm_gpu.TILES[2:3])
     monkeypatch.setattr(gemm_gpu, "sliced", lambda device, t, *args: t._replace(tk=t.tk * 2, ks=2))
     monkeypatch.setattr(gemm_gpu, "work_group_limit", lambda kernel, device: 128)
-    built = []
-    real = gemm_gpu.get_kernel
-    monkeypatch.setattr(gemm_gpu, "get_kernel", lambda *args, **kw: built.append(kw) or real(*args, **kw))
-
-    def run(a, b, c, alpha, beta):
-        gemm_gpu.grid_gemm(queue, np.dtype(np.float32), GI, GJ, 67, 130, 57, a, b, c, alpha=alpha, beta=beta,
-                           what="test")
-    check_grid(queue, run, np.float32, "vector", False, False, 67, 130, 57)
+    built = _kernels_built(queue, monkeypatch, k=57)
     assert [(kw["TK"], kw["KS"]) for kw in built] == [(32, 2), (16, 1)]
 
 
