@@ -62,6 +62,9 @@
 #ifndef KB             // filters per work-item in the forward kernel (KG % KB == 0): each
 #define KB 1           // patch value read from local memory feeds KB accumulators
 #endif
+#ifndef NP             // (n, k-block) planes per work-group of the forward kernel, one after
+#define NP 1           // another (with AHEAD, the next plane's patch is read during this one's sums)
+#endif
 // Input patch a forward tile needs (set by the host from stride, dilation and kernel
 // size): PH = (TY*RY-1)*SH + (KH-1)*DH + 1 rows, PW = (TX-1)*SW + (KW-1)*DW + 1 columns
 // rounded up to a multiple of SW.
@@ -104,13 +107,14 @@
 
 // y[n, k, oy, ox] = bias[k] + sum over c < CG, i, j of
 //                   w[k, c, i, j] * x[n, (k / KG) * CG + c, oy*SH - PT + i*DH, ox*SW - PL + j*DW]
-// Work-group: a TX x (TY*RY) output tile of KB planes (n, k0..k0+KB-1) of one group, group
-// id 2 = n * K / KB + k0 / KB; each work-item computes RY adjacent rows of one column for
-// its KB filters. For each input channel of the group, the patch under the tile is staged
-// in local memory (with AHEAD, the next channel's is read meanwhile); per filter column j, a
-// work-item reads the PR patch values its RY rows share into registers once, and uses each for
-// every row and filter tap that needs it. The KB filters' weights are staged too with WSTAGE
-// (else read in place).
+// Work-group: a TX x (TY*RY) output tile of KB planes (n, k0..k0+KB-1) of one group, for NP
+// such blocks nk = n * K / KB + k0 / KB in turn from nk = group id 2 * NP; each work-item
+// computes RY adjacent rows of one column for its KB filters. For each input channel of the
+// group, the patch under the tile is staged in local memory (with AHEAD, the next channel's,
+// or the next block's first, is read meanwhile); per filter column j, a work-item reads the
+// PR patch values its RY rows share into registers once, and uses each for every row and
+// filter tap that needs it. The KB filters' weights are staged too with WSTAGE (else read in
+// place).
 // FLIP: for stride 1, grad-input is this same sum over dy with each group's weight
 // transposed (its KG filters become the channels) and rotated by 180 degrees; the
 // host passes the transposed geometry (x = dy, y = dx, pads (KH-1)*DH - PT, ...),
@@ -136,6 +140,8 @@
 #define STAGE_AT(s) const int e = lid + (s) * TX * TY, py = e / PW, px = e - py * PW
 #define AHEAD (STAGE_READS <= 16 && TX * TY >= 32)
 #define PR ((RY - 1) * SH + (KH - 1) * DH + 1)   // patch rows under a work-item's RY outputs
+// Offset in x of the first input channel of block nk's group
+#define PLANE_INPUT(nk) (((IDX)((nk) / (K / KB)) * C + ((((nk) % (K / KB)) * KB) / KG) * CG) * H * W)
 
 // Patch element (py, px) of the input plane at x[xb] (0 in the padding).
 inline REAL patch_value(__global const REAL* restrict x, const IDX xb, const int y0, const int x0,
@@ -165,14 +171,6 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
     __local REAL patch[PH][PW];
     const int lid = get_local_id(1) * TX + get_local_id(0);
 #endif
-    const int lx = get_local_id(0), ly = get_local_id(1);
-    const int ox = get_group_id(0) * TX + lx, oy0 = (get_group_id(1) * TY + ly) * RY;
-    const int nk = get_group_id(2);
-    const int k0 = (nk % (K / KB)) * KB, n = nk / (K / KB), c0 = (k0 / KG) * CG;
-    const int y0 = get_group_id(1) * TY * RY * SH - PT, x0 = get_group_id(0) * TX * SW - PL;
-    REAL acc[KB][RY];
-    for (int b = 0; b < KB; ++b)
-        for (int r = 0; r < RY; ++r) acc[b][r] = (flags & EPI_BIAS) ? bias[bias_off + k0 + b] : (REAL)0;
 #if STAGE && WSTAGE
     // the KB filters' weights, tap by tap; with WVEC four filters' at a time are one local read
 #if WVEC
@@ -181,77 +179,94 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
 #else
     __local REAL wl[CG * KH * KW * KB];
 #endif
-    for (int e = lid; e < CG * KH * KW * KB; e += TX * TY) {   // read after the first barrier below
-        const int b = e % KB, ct = e / KB, c = ct / (KH * KW), t = ct % (KH * KW);
-        wl[e] = w[w_off + WBASE(k0 + b, c) + TAP(t / KW, t % KW)];
-    }
+#endif
+    const int lx = get_local_id(0), ly = get_local_id(1);
+    const int ox = get_group_id(0) * TX + lx, oy0 = (get_group_id(1) * TY + ly) * RY;
+    const int y0 = get_group_id(1) * TY * RY * SH - PT, x0 = get_group_id(0) * TX * SW - PL;
+    // this work-group's planes: (n, k-block) nk0 .. nk0 + np - 1, one after another
+    const int nk0 = get_group_id(2) * NP, np = min(NP, N * (K / KB) - nk0);
+#if STAGE && AHEAD
+    // With AHEAD, each work-item reads its share of the next channel's patch (or the next
+    // plane's first) ahead, into registers: all its reads are in flight together, and overlap
+    // the sums over this channel.
+    REAL got[STAGE_READS];
+    read_patch(got, x, x_off + PLANE_INPUT(nk0), y0, x0, H, W, lid);
+#endif
+    for (int p = 0; p < np; ++p) {
+        const int nk = nk0 + p;
+        const int k0 = (nk % (K / KB)) * KB, n = nk / (K / KB), c0 = (k0 / KG) * CG;
+        REAL acc[KB][RY];
+        for (int b = 0; b < KB; ++b)
+            for (int r = 0; r < RY; ++r) acc[b][r] = (flags & EPI_BIAS) ? bias[bias_off + k0 + b] : (REAL)0;
+#if STAGE && WSTAGE
+        for (int e = lid; e < CG * KH * KW * KB; e += TX * TY) {   // read after the first barrier below
+            const int b = e % KB, ct = e / KB, c = ct / (KH * KW), t = ct % (KH * KW);
+            wl[e] = w[w_off + WBASE(k0 + b, c) + TAP(t / KW, t % KW)];
+        }
 #define WEIGHT(b, c, i, j) wl[(((c) * KH + (i)) * KW + (j)) * KB + (b)]
 #else
 #define WEIGHT(b, c, i, j) w[w_off + WBASE(k0 + (b), c) + TAP(i, j)]
 #endif
 #if STAGE
-    // With AHEAD, each work-item reads its share of the next channel's patch ahead, into
-    // registers: all its reads are in flight together, and overlap the sums over this channel.
+        for (int c = 0; c < CG; ++c) {
+            const IDX xb = x_off + ((IDX)n * C + c0 + c) * H * W;   // this channel's input plane
+            for (int s = 0; s < STAGE_READS; ++s) {
+                STAGE_AT(s);
 #if AHEAD
-    REAL got[STAGE_READS];
-    read_patch(got, x, x_off + ((IDX)n * C + c0) * H * W, y0, x0, H, W, lid);
-#endif
-    for (int c = 0; c < CG; ++c) {
-        const IDX xb = x_off + ((IDX)n * C + c0 + c) * H * W;   // this channel's input plane
-        for (int s = 0; s < STAGE_READS; ++s) {
-            STAGE_AT(s);
-#if AHEAD
-            if (e < PH * PW) patch[py][COL(px)] = got[s];
+                if (e < PH * PW) patch[py][COL(px)] = got[s];
 #else
-            if (e < PH * PW) patch[py][COL(px)] = patch_value(x, xb, y0, x0, H, W, py, px);
+                if (e < PH * PW) patch[py][COL(px)] = patch_value(x, xb, y0, x0, H, W, py, px);
 #endif
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
 #if AHEAD
-        if (c + 1 < CG) read_patch(got, x, xb + (IDX)H * W, y0, x0, H, W, lid);
+            if (c + 1 < CG) read_patch(got, x, xb + (IDX)H * W, y0, x0, H, W, lid);
+            else if (p + 1 < np) read_patch(got, x, x_off + PLANE_INPUT(nk + 1), y0, x0, H, W, lid);
 #endif
-        for (int j = 0; j < KW; ++j) {
-            REAL v[PR];    // column lx * SW + j * DW of the rows under this work-item's RY outputs
-            for (int t = 0; t < PR; ++t) v[t] = patch[ly * RY * SH + t][COL_AT(lx, j * DW)];
-            for (int i = 0; i < KH; ++i) {
-                REAL wv[KB];   // the KB filters' weights at tap (i, j)
+            for (int j = 0; j < KW; ++j) {
+                REAL v[PR];    // column lx * SW + j * DW of the rows under this work-item's RY outputs
+                for (int t = 0; t < PR; ++t) v[t] = patch[ly * RY * SH + t][COL_AT(lx, j * DW)];
+                for (int i = 0; i < KH; ++i) {
+                    REAL wv[KB];   // the KB filters' weights at tap (i, j)
 #if WVEC
-                for (int b = 0; b < KB; b += 4) {
-                    const REAL4 q = wl4[(c * KH + i) * KW + j][b / 4];
-                    wv[b] = q.s0, wv[b + 1] = q.s1, wv[b + 2] = q.s2, wv[b + 3] = q.s3;
-                }
+                    for (int b = 0; b < KB; b += 4) {
+                        const REAL4 q = wl4[(c * KH + i) * KW + j][b / 4];
+                        wv[b] = q.s0, wv[b + 1] = q.s1, wv[b + 2] = q.s2, wv[b + 3] = q.s3;
+                    }
 #else
-                for (int b = 0; b < KB; ++b) wv[b] = WEIGHT(b, c, i, j);
+                    for (int b = 0; b < KB; ++b) wv[b] = WEIGHT(b, c, i, j);
 #endif
-                for (int b = 0; b < KB; ++b)
-                    for (int r = 0; r < RY; ++r) acc[b][r] += wv[b] * v[r * SH + i * DH];
-            }
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-#else
-    for (int c = 0; c < CG; ++c) {
-        const IDX xb = x_off + ((IDX)n * C + c0 + c) * H * W;
-        for (int r = 0; r < RY; ++r)
-            for (int i = 0; i < KH; ++i) {
-                const int iy = y0 + (ly * RY + r) * SH + i * DH;
-                if (iy < 0 || iy >= H) continue;
-                for (int j = 0; j < KW; ++j) {
-                    const int ix = x0 + lx * SW + j * DW;
-                    if (ix < 0 || ix >= W) continue;
-                    const REAL v = x[xb + iy * W + ix];
                     for (int b = 0; b < KB; ++b)
-                        acc[b][r] += WEIGHT(b, c, i, j) * v;
+                        for (int r = 0; r < RY; ++r) acc[b][r] += wv[b] * v[r * SH + i * DH];
                 }
             }
-    }
-#endif
-    for (int b = 0; b < KB; ++b)
-        for (int r = 0; r < RY; ++r) {
-            const int oy = oy0 + r;
-            if (ox < OW && oy < OH)
-                y[y_off + ((IDX)n * K + k0 + b) * OH * OW + oy * OW + ox] = EPILOGUE(flags, acc[b][r]);
+            barrier(CLK_LOCAL_MEM_FENCE);
         }
+#else
+        for (int c = 0; c < CG; ++c) {
+            const IDX xb = x_off + ((IDX)n * C + c0 + c) * H * W;
+            for (int r = 0; r < RY; ++r)
+                for (int i = 0; i < KH; ++i) {
+                    const int iy = y0 + (ly * RY + r) * SH + i * DH;
+                    if (iy < 0 || iy >= H) continue;
+                    for (int j = 0; j < KW; ++j) {
+                        const int ix = x0 + lx * SW + j * DW;
+                        if (ix < 0 || ix >= W) continue;
+                        const REAL v = x[xb + iy * W + ix];
+                        for (int b = 0; b < KB; ++b)
+                            acc[b][r] += WEIGHT(b, c, i, j) * v;
+                    }
+                }
+        }
+#endif
+        for (int b = 0; b < KB; ++b)
+            for (int r = 0; r < RY; ++r) {
+                const int oy = oy0 + r;
+                if (ox < OW && oy < OH)
+                    y[y_off + ((IDX)n * K + k0 + b) * OH * OW + oy * OW + ox] = EPILOGUE(flags, acc[b][r]);
+            }
+#undef WEIGHT
+    }
 }
 #endif
 

@@ -34,6 +34,7 @@ from helpers import QueueAs
 PANEL_RULES = {rule: getattr(gemm_cpu, rule) for rule in ("PANEL_MIN_ROWS", "PANEL_MIN_DEPTH", "PANEL_MIN_ROW_BYTES",
                                                          "BT_PANEL_MIN_ROWS")}
 BAND_BYTES = direct.BAND_BYTES
+GROUPS_PER_UNIT = direct.GROUPS_PER_UNIT
 
 # (name, input shape, weight shape, options, algorithm, queues, workspace limit in bytes or None)
 SWEEP = [
@@ -68,6 +69,12 @@ SWEEP = [
     ("im2col_float16", (2, 4, 5, 6), (6, 2, 3, 2), dict(padding=1, groups=2, dtype=np.float16), "im2col",
      "single", None),
     ("direct_small_groups", (1, 4, 6, 7), (4, 2, 2, 3), dict(padding=(1, 0), dilation=(2, 1), groups=2), "direct",
+     "single", None),
+    # the GPU forward's planes per work-group (groups_per_unit=0: as where many work-groups remain):
+    # read in place, 15 planes in work-groups of four; staged, two filters per work-item, 9 planes
+    ("direct_in_place_planes", (3, 5, 9, 7), (5, 1, 3, 3), dict(stride=2, padding=1, groups=5, groups_per_unit=0),
+     "direct", "single", None),
+    ("direct_staged_planes", (3, 6, 8, 9), (6, 2, 5, 5), dict(padding=2, groups=3, groups_per_unit=0), "direct",
      "single", None),
     # groups of 8 channels (72 taps), as "auto" runs them on CPUs, and their GPU forms forced
     ("direct_groups_of_8", (1, 16, 7, 6), (4, 8, 3, 3), dict(stride=2, padding=1, groups=2), "direct", "single",
@@ -235,6 +242,7 @@ def main():
         slices = opts.pop("slices", None)   # split-K slices the GEMM rule gives, forced (None: the rule's)
         lowered = 1 if opts.pop("panels", False) else None   # the packing rules' thresholds, lowered
         direct.BAND_BYTES = opts.pop("band_bytes", BAND_BYTES)   # direct_rows' input band, made smaller
+        direct.GROUPS_PER_UNIT = opts.pop("groups_per_unit", GROUPS_PER_UNIT)   # 0: the forward's forms' rules
         for rule, value in PANEL_RULES.items():
             setattr(gemm_cpu, rule, lowered or value)
         for module in (fc, im2col, pointwise):

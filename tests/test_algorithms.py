@@ -525,6 +525,49 @@ def test_direct_staged_matches_reference(case, expect, units, queue):
         assert {k: features[k] for k in expect} == expect
 
 
+FORM_CASES = [  # (case, (reading in place, planes per work-group) of the forward and grad-input)
+    # N*K = 15 planes: the last work-group takes three
+    (Case("depthwise_3x3_s2_odd", 3, 5, 13, 11, 5, 3, 3, stride=2, padding=1, groups=5), (True, 4)),
+    (Case("depthwise_5x5_one_row", 3, 3, 9, 14, 3, 5, 5, padding=2, groups=3), (True, 4)),
+    (Case("depthwise_5x5_four_rows", 3, 3, 37, 41, 3, 5, 5, padding=2, groups=3), (False, 4)),
+    # two filters per work-item: 9 (n, k-block) planes
+    (Case("g3_7x7_two_filters", 3, 6, 12, 13, 6, 7, 7, padding=3, groups=3), (False, 4)),
+    (Case("dense_3x3_few_uses", 2, 3, 11, 9, 5, 3, 3, padding=1), (False, 1)),
+]
+
+
+@pytest.mark.gpu_form
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case,form", FORM_CASES, ids=repr)
+def test_direct_forward_forms(case, form, dtype, queue, monkeypatch):
+    """The GPU forward kernel's forms where enough work-groups remain (here: always): reading a
+    depthwise input in place or staging patches, one plane or PLANES planes per work-group in turn
+    (the last work-group's fewer); explain() names the form. Against the reference, forward and
+    grad-input (the stride-1 grad-input runs the same kernel over flipped weights)."""
+    if dtype == np.float64 and not has_fp64(queue.device):
+        pytest.skip("the device has no float64")
+    monkeypatch.setattr(direct, "GROUPS_PER_UNIT", 0)
+    algo = _direct_staged(case, dtype, 1, queue)
+    assert set(algo.form.values()) == {form}
+    line = algo.describe("forward")
+    assert ("reading the input in place" in line) == form[0]
+    assert (f"{form[1]} planes per work-group in turn" in line) == (form[1] > 1)
+
+
+def test_direct_forward_form_rule():
+    """_forward_form on an H200's 132 compute units, the networks' layers at batch 32: depthwise
+    3x3 at stride 2 reads in place; 7x7 at stride 1 on 56x56 stages four planes per work-group;
+    dense 3x3 one; at batch 1 too few work-groups for planes."""
+    def form(n, c, hw, k, stride, groups):
+        g = conv_geometry((n, c, hw, hw), (c, c // groups, k, k), stride=stride, padding=k // 2, groups=groups)
+        tile = (32, 8, 0, 0, 4 if hw >= 28 else 1)
+        return direct._forward_form(g, tile, 1, 132)
+    assert form(32, 192, 28, 3, 2, 192) == (True, 4)
+    assert form(32, 96, 56, 7, 1, 96) == (False, 4)
+    assert form(32, 64, 56, 3, 1, 1) == (False, 1)
+    assert form(1, 192, 28, 3, 2, 192) == (False, 1)
+
+
 @pytest.mark.parametrize("case,short", [
     (Case("depthwise_7x7_on_6x4", 2, 3, 6, 4, 3, 7, 7, padding=3, groups=3), True),    # rows of 4 outputs
     (Case("grouped_kb2_on_7x4_s2", 1, 8, 7, 4, 8, 3, 3, stride=2, padding=1, groups=4), True),

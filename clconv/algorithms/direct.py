@@ -70,6 +70,36 @@ def _filters_per_item(g, tile, compute_units):
                 if kb == 1 or g.Kg % kb == 0 and kb * ry <= MAX_ACC and planes // kb >= compute_units)
 
 
+# GPU forward kernel over small planes: a work-group (a tile of one plane) stages a patch for few sums,
+# and many such work-groups leave the device waiting on their reads. H200, batch 32, the networks'
+# depthwise forwards and stride-1 grad-inputs (42 passes), device time against one staged plane per
+# work-group: read in place (no local memory, no barrier), four planes per work-group in turn, where
+# each input value feeds at most IN_PLACE_USES sums (3x3 stride 2: 0.70-0.93x) or the staged tile
+# would take one output row per work-item (maps of at most 16 rows, stride 1: 0.65-0.97x; 5x5 at
+# stride 2 on a 7x7 map 1.25x, so not there); staged, four planes in turn, each work-group reading
+# the next plane's patch ahead during this one's sums, where each input value feeds at least
+# PLANE_USES sums (5x5 and 7x7 at stride 1 on 28x28 and 56x56 maps: 0.88-0.94x; 3x3 up to 1.1x).
+# All 42 passes 0.85x; at batch 1 (too few work-groups) nothing changes.
+IN_PLACE_USES = 4
+PLANE_USES = 16
+PLANES = 4             # planes per work-group in either form
+GROUPS_PER_UNIT = 8    # work-groups per compute unit that PLANES per work-group must leave
+
+
+def _forward_form(g, tile, kb, compute_units):
+    """(in place, NP) of the GPU forward kernel over geometry ``g`` with ``tile`` and ``kb``
+    filters per work-item: whether it reads its input in place rather than staging patches, and
+    the (n, k-block) planes each work-group takes in turn (see IN_PLACE_USES)."""
+    tx, ty, _, _, ry = tile
+    tiles = -(-g.OW // tx) * -(-g.OH // (ty * ry))
+    if tiles * -(-(g.N * g.K // kb) // PLANES) < GROUPS_PER_UNIT * compute_units:
+        return False, 1
+    uses = g.kh * g.kw / (g.stride[0] * g.stride[1])
+    if kb == 1 and g.Cg == 1 and (uses <= IN_PLACE_USES or (ry == 1 and g.stride == (1, 1))):
+        return True, PLANES
+    return False, PLANES if uses >= PLANE_USES else 1
+
+
 CPU_ITEMS_PER_UNIT = 8   # CPU devices: work-items (one per work-group) per compute unit, at least
 CPU_MAX_FILTERS = 8      # and filters per work-item: 8 vector sums beside an input vector and a weight
 # CPU forward rows of at most SHORT_ROW_VECTORS vectors load each tap row's input once (direct_rows'
@@ -212,6 +242,8 @@ class Direct(Algorithm):
         self.kb = {"forward": _filters_per_item(g, self.tiles["forward"], units),
                    "backward_input": _filters_per_item(self.transposed, self.tiles["backward_input"], units)
                    if self.transposed else 1}
+        self.form = {p: _forward_form(t, self.tiles[p], self.kb[p], units) if self.staged else (True, 1)
+                     for p, t in (("forward", g), ("backward_input", self.transposed)) if t}
         self.specs = {id(t): self._specs(t) for t in (g, self.transposed) if t}   # per launch geometry
         # enough work-groups in stage 1 to fill the device (about 4 per compute unit), each
         # slice keeping at least 1024 positions, as many as the workspace holds; fixed per
@@ -275,8 +307,13 @@ class Direct(Algorithm):
                          "once for all of them)"
             return (f"direct row kernel{flipped}, {taps} taps per output, work-items of {rb} output row(s) x {kb} "
                     f"filter(s), {self.vw} columns per vector{short}, no GEMM, no workspace")
-        staged = (f" of {ry} row(s) x {self.kb[pass_name]} filter(s) per work-item, staging a {ph}x{pw} patch "
-                  "in local memory" if as_forward and self.staged else "")
+        staged = ""
+        if as_forward and self.staged:
+            in_place, planes = self.form[pass_name]
+            staged = (f" of {ry} row(s) x {self.kb[pass_name]} filter(s) per work-item, "
+                      + ("reading the input in place" if in_place else f"staging a {ph}x{pw} patch in local memory"))
+            if planes > 1:
+                staged += f", {planes} planes per work-group in turn"
         return (f"direct kernel{flipped}, {taps} taps per output, {tx}x{ty} tiles{staged}, "
                 "no GEMM, no workspace")
 
@@ -371,10 +408,11 @@ class Direct(Algorithm):
         """The kernels' GEOMETRY arguments."""
         return self.specs[id(g or self.g)][0]
 
-    def _kernel(self, queue, name, idx, tile=None, g=None, kb=1, rb=1, cb=1):
+    def _kernel(self, queue, name, idx, tile=None, g=None, kb=1, rb=1, cb=1, form=(False, 1)):
         """``name`` built for geometry ``g`` (the transposed one flips the weights), the filter's
         sizes compiled in (loops unrolled, divisions folded); ``kb`` filters (forward kernels) or
-        ``cb`` channels (direct_input_rows) and ``rb`` rows per work-item."""
+        ``cb`` channels (direct_input_rows) and ``rb`` rows per work-item; direct_forward's
+        ``form``: (reading in place, planes per work-group)."""
         g = g or self.g
         # grad-weight's reduction shape (only its kernel reads WG and RT: other builds stay shared)
         wg = reduction_work_group(queue.device, self.wg_weight)
@@ -402,13 +440,14 @@ class Direct(Algorithm):
         # (all within the plan's device's local memory, LOCAL_SPARE bytes kept free)
         item, weights = self.dtype.itemsize, kb * g.Cg * g.kh * g.kw
         room = self.local_mem - LOCAL_SPARE - ph * pw * item
-        wstage = self.staged and g.Cg > 1 and weights <= MAX_WEIGHTS and weights * item <= room
+        stage = self.staged and not form[0]
+        wstage = stage and g.Cg > 1 and weights <= MAX_WEIGHTS and weights * item <= room
         # four filters' staged weights read at once (H200: 7x7 stem forward 0.026 -> 0.021 ms,
         # ResNeXt forward 0.126 -> 0.110 ms)
         wvec = wstage and kb % 4 == 0
         # ONLY: the build compiles this one kernel of direct.cl
         return (get_kernel(queue.context, "direct.cl", name, self.dtype, ONLY=name.upper(), IDX=idx, TAPS=self.taps,
-                           TX=tx, TY=ty, PH=ph, PW=pw, RY=ry, KB=kb, RB=rb, VW=self.vw, STAGE=int(self.staged),
+                           TX=tx, TY=ty, PH=ph, PW=pw, RY=ry, KB=kb, NP=form[1], RB=rb, VW=self.vw, STAGE=int(stage),
                            WSTAGE=int(wstage), WVEC=int(wvec), FLIP=int(g is self.transposed), **reduction,
                            **channels, **short, **constants), wg)
 
@@ -423,10 +462,11 @@ class Direct(Algorithm):
             knl, _ = self._kernel(queue, "direct_rows", idx, None, g, kb, rb)
             launch(queue, knl, (-(-g.OH // rb), g.N * g.K // kb), (1, 1), *args, what=what)
             return
-        tile, kb = self.tiles[pass_name], self.kb[pass_name]
+        tile, kb, form = self.tiles[pass_name], self.kb[pass_name], self.form[pass_name]
         tx, ty, _, _, ry = tile
-        knl, _ = self._kernel(queue, "direct_forward", idx, tile, g, kb)
-        launch(queue, knl, (g.OW, -(-g.OH // (ty * ry)) * ty, g.N * g.K // kb), (tx, ty, 1), *args, what=what)
+        knl, _ = self._kernel(queue, "direct_forward", idx, tile, g, kb, form=form)
+        launch(queue, knl, (g.OW, -(-g.OH // (ty * ry)) * ty, -(-(g.N * g.K // kb) // form[1])), (tx, ty, 1),
+               *args, what=what)
 
     def forward(self, queue, x, w, bias, y, ws, relu=False):
         self._forward(queue, "forward", self.g, x, w, bias, y, "forward (direct)", relu)
