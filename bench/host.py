@@ -105,7 +105,7 @@ def main(argv=None):
     empty = cl.Program(queue.context, "__kernel void empty(__global float *x) {}").build().empty
     scratch = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE, 64)
     empty.set_arg(0, scratch)
-    floor = measure({"empty": lambda: cl.enqueue_nd_range_kernel(queue, empty, (1,), None)}, queue.finish,
+    floor = measure({"empty": lambda: cl.enqueue_nd_range_kernel(queue, empty, (1,), (1,))}, queue.finish,
                     args.rounds)["empty"]
     print(f"device: {device.platform.name.strip()} / {device.name.strip()}")
     print(f"empty kernel launch: pipelined least {floor['pipelined'][0]:.1f} us (median {floor['pipelined'][1]:.1f}), "

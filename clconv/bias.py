@@ -46,7 +46,7 @@ def relu_grad(queue, dtype, dy, y, dx, n):
     """dx = dy where y > 0, else 0 (n elements; Refs): the gradient through a fused ReLU of output y."""
     idx = idx_for(dtype, dy, y, dx)
     knl = get_kernel(queue.context, "bias.cl", "relu_grad", dtype, IDX=idx)
-    launch(queue, knl, (n,), None, dy.buf, dy.off, y.buf, y.off, dx.buf, dx.off, n, what="ReLU gradient")
+    launch(queue, knl, (n,), (64,), dy.buf, dy.off, y.buf, y.off, dx.buf, dx.off, n, what="ReLU gradient")
 
 
 def bias_grad(queue, dtype, dy, db, N, K, P):

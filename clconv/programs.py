@@ -172,9 +172,10 @@ def _enqueue(kernel, global_size, what, enqueue):
 
 
 def launch(queue, kernel, global_size, local_size, *args, what=""):
-    """Enqueue ``kernel``; global_size is rounded up to a multiple of local_size."""
-    if local_size is not None:
-        global_size = tuple(-(-g // l) * l for g, l in zip(global_size, local_size))
+    """Enqueue ``kernel``; global_size is rounded up to a multiple of local_size (the kernels
+    guard the excess). Every launch names its local size: left to the driver (None) it cost
+    about 5 us more host time per launch on the H200's NVIDIA OpenCL."""
+    global_size = tuple(-(-g // l) * l for g, l in zip(global_size, local_size))
     event = _enqueue(kernel, global_size, what, lambda: kernel(queue, global_size, local_size, *args))
     capture = _capture.current
     if capture is not None:

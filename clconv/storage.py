@@ -20,7 +20,7 @@ def compute_dtype(dtype):
 
 def _launch(queue, name, dtype, dst, src, n, what):
     knl = get_kernel(queue.context, "storage.cl", name, dtype, IDX=idx_for(np.float16, dst, src))
-    launch(queue, knl, (n,), None, src.buf, src.off, dst.buf, dst.off, n, what=what)
+    launch(queue, knl, (n,), (64,), src.buf, src.off, dst.buf, dst.off, n, what=what)
 
 
 def to_real(queue, dtype, src, dst, n, what=""):
@@ -56,7 +56,7 @@ def accumulate(queue, dst, src):
     if n:
         d, s = ref(dst), ref(src)
         knl = get_kernel(queue.context, "storage.cl", "accumulate", dst.dtype, IDX=idx_for(dst.dtype, d, s))
-        launch(queue, knl, (n,), None, d.buf, d.off, s.buf, s.off, n, what="gradient accumulation")
+        launch(queue, knl, (n,), (64,), d.buf, d.off, s.buf, s.off, n, what="gradient accumulation")
 
 
 def zero(queue, array):

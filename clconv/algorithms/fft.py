@@ -177,7 +177,7 @@ class FFT(Transform):
         t, B = self.geometry[pass_name], self.chunk[pass_name]
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
         u, m = self.layout[pass_name]
-        launch(queue, self._kernel(queue, "fft_filter", idx), (t.Cg, self.fw // 2 + 1, t.K), None, w.buf, w.off, ws,
+        launch(queue, self._kernel(queue, "fft_filter", idx), (t.Cg, self.fw // 2 + 1, t.K), (min(t.Cg, 64), 1, 1), w.buf, w.off, ws,
                u, t.K, t.Kg, t.Cg, t.kh, t.kw, *t.dilation, int(pass_name == "backward_input"),
                what=f"{what}: filter transform")
         output = self._kernel(queue, "fft_output", idx)
