@@ -36,7 +36,7 @@ from clconv.programs import recording
 from clconv.reference import TOLERANCE, normalised_error
 
 from .networks import slug
-from .run import HERE, PASSES, SHORT
+from .run import HERE, PASSES, SHORT, calls_per_batch
 
 LAYERS = {   # name: (input size, weight size, options); batch 1, as inference calls them
     "tiny 3x3 g2": ((1, 4, 6, 6), (6, 2, 3, 3), dict(groups=2)),
@@ -71,10 +71,7 @@ def measure(styles, sync, rounds):
         for _ in range(3):
             fn()
         sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        batches[name] = max(4, min(400, int(BATCH_S / max(time.perf_counter() - t0, 1e-6))))
+        batches[name] = max(4, calls_per_batch(fn, sync, BATCH_S))
     runs = defaultdict(list)
     for _ in range(rounds):
         for name, fn in styles.items():

@@ -48,19 +48,39 @@ def load_workloads(path=HERE / "workloads.json"):
     return json.loads(Path(path).read_text())["workloads"]
 
 
+MAX_CALLS_PER_BATCH = 1000
+
+
+def calls_per_batch(fn, sync, batch_s, most=MAX_CALLS_PER_BATCH):
+    """How many back-to-back calls of ``fn`` (warmed up) fill a batch of about ``batch_s``
+    ended by one ``sync()``: 4x more calls at a time until a batch takes a quarter of it. One
+    call and its sync would not do: a sync that waits (0.1-0.4 ms per clFinish with NVIDIA's
+    OpenCL) sized batches of a dozen 15 us calls, each billed more than its own time of the
+    sync (H200, a batch-1 1x1 pass: 29 us a call so, 14.5 us in batches of 200; PyTorch's
+    likewise 25 against 12)."""
+    calls = 1
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        elapsed = time.perf_counter() - t0
+        if elapsed >= batch_s / 4 or calls >= most:
+            return max(1, min(most, int(calls * batch_s / max(elapsed, 1e-9))))
+        calls *= 4
+
+
 def time_it(fn, sync, repeat, budget_s=3.0, warmup=2, batch_s=0.005):
     """(min, median) seconds per call of ``fn``, after ``warmup`` untimed calls.
 
-    Calls run in batches of back-to-back calls ended by one ``sync()`` (enough
-    calls for about ``batch_s``), so that a driver's blocking-wait latency
-    (0.3-0.4 ms per clFinish seen with NVIDIA's OpenCL) is not billed to every
-    call; peers are timed the same way. Min and median are over the batches.
+    Calls run in batches of back-to-back calls ended by one ``sync()`` (about ``batch_s``
+    each: :func:`calls_per_batch`), so that a driver's blocking-wait latency is not billed to
+    every call; peers are timed the same way. Min and median are over the batches.
     """
     for _ in range(warmup):
-        t0 = time.perf_counter()
         fn()
         sync()
-    inner = max(1, min(100, int(batch_s / max(time.perf_counter() - t0, 1e-6))))
+    inner = calls_per_batch(fn, sync, batch_s)
     times = []
     start = time.perf_counter()
     while len(times) < repeat and (len(times) < 3 or time.perf_counter() - start < budget_s):
