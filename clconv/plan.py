@@ -17,7 +17,7 @@ from .gemm import choose as choose_gemm, gemm_cpu
 from .geometry import PASSES
 from .programs import ClconvError, relaunch
 from .replay import Replays
-from .validate import check_grad_output_array, finish, prepare, queue_context, replay_layout
+from .validate import check_grad_output_array, finish, prepare, queue_context, replay_layout, replay_spec
 
 QUEUES = ("single", "per-group")
 
@@ -71,8 +71,8 @@ class Plan:
         self._shapes = {p: (tuple(sizes), tuple(sizes.values()), out) for p, (sizes, out) in g.pass_shapes().items()}
         # the same for the quick test of a replayed call, with their C-contiguous strides, the
         # result among the arguments (optional there: None asks for a new one)
-        self._plain_args = {p: ((*names, "out"), (*shapes, out),
-                                tuple(memory.layout(s, self.dtype)[0] for s in (*shapes, out)))
+        self._plain_args = {p: replay_spec((*names, "out"), (*shapes, out),
+                                           tuple(memory.layout(s, self.dtype)[0] for s in (*shapes, out)))
                             for p, (names, shapes, out) in self._shapes.items()}
         self._replays = Replays()
 
@@ -228,17 +228,19 @@ class Plan:
         before is enqueued at once (:meth:`clconv.replay.Replays.fast`), nothing else done."""
         key = (pass_name, relu)
         allocator = allocator or self.allocator
-        names, shapes, out_shape = self._shapes[pass_name]
         home = queue or getattr(arrays[0], "queue", None)
-        layout = None if home is None else self._layout(pass_name, home, arrays, out)
-        if layout is not None:
-            launches = self._replays.fast(key, home, layout)
+        if home is not None:
+            layout = replay_layout(home, self.dtype, (*arrays, out), self._plain_args[pass_name])
+            launches = None if layout is None else self._replays.fast(key, home, layout)
             if launches is not None:
-                result = memory.empty(home, self.context, out_shape, self.dtype, allocator) if out is None else out
                 _, what, nbytes = self._runs[pass_name]
-                ws = memory.allocate(home, nbytes, what, allocator) if nbytes else None
-                relaunch(home, launches, [None if a is None else a.base_data for a in arrays] + [result.base_data, ws])
+                result = (memory.empty(home, self.context, self._shapes[pass_name][2], self.dtype, allocator)
+                          if out is None else out)
+                bufs = [None if a is None else a.base_data for a in arrays]
+                bufs += (result.base_data, memory.allocate(home, nbytes, what, allocator) if nbytes else None)
+                relaunch(home, launches, bufs)
                 return result
+        names, shapes, out_shape = self._shapes[pass_name]
         if pass_name != "forward":
             check_grad_output_array(arrays[-1], self.geometry)
         queue, dev, numpy_mode = prepare(queue, self, dict(zip(names, arrays)), dict(zip(names, shapes)), out,
@@ -257,7 +259,7 @@ class Plan:
         """The layout of a call of ``pass_name``'s arrays and ``out`` (None: a new result) when
         they are plain device arrays on ``queue``, as a replayed call needs, else None
         (:func:`clconv.validate.replay_layout`)."""
-        return replay_layout(queue, self.dtype, (*arrays, out), *self._plain_args[pass_name])
+        return replay_layout(queue, self.dtype, (*arrays, out), self._plain_args[pass_name])
 
 
 def _launches(names):

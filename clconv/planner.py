@@ -7,6 +7,7 @@ import threading
 from collections import OrderedDict
 
 import numpy as np
+import pyopencl.array as cla
 
 from . import tuner, tuning
 from .geometry import PASSES, conv_geometry
@@ -136,16 +137,30 @@ def _gemm_call_key(gemm):
     return "auto", (_ENVIRON.get(_GEMM_VARIABLE) if _ENVIRON is not None else os.environ.get("CLCONV_GEMM"))
 
 
+def _plain_option(value):
+    """Whether a call's stride, padding or dilation keys its plan as it is: an int, a string or
+    a pair of ints, equal only to the same values of the same types (True == 1, (1.0, 1) == (1, 1)
+    and lists are not hashable: other values are keyed by their repr, which costs about 1 us)."""
+    kind = type(value)
+    return kind is int or kind is str or (kind is tuple and len(value) == 2 and type(value[0]) is int
+                                          and type(value[1]) is int)
+
+
 def plan_for_call(input_shape, weight_shape, stride, padding, dilation, groups, dtype, queue, arrays, algorithm,
                   queues, gemm):
     """The plan of a functional call, looked up by the call's own arguments (its shapes, its
     options as given, dtype, queue, algorithm, queues and GEMM request): a call seen before
-    skips the geometry's checks and the plan cache's key. Options of other types than int are
-    keyed by their repr, which tells 1 from True and (1, 1) from [1, 1]. ``queue``: the call's,
+    skips the geometry's checks and the plan cache's key. Options other than ints, strings and
+    pairs of ints are keyed by their repr (:func:`_plain_option`). ``queue``: the call's,
     else the first device array's, else the default."""
-    queue = tuple(queue) if is_several(queue) else pick_queue(queue, *arrays)
+    first = arrays[0] if arrays else None
+    if queue is None and type(first) is cla.Array and first.queue is not None:
+        queue = first.queue   # the usual call, as pick_queue would find it
+    else:
+        queue = tuple(queue) if is_several(queue) else pick_queue(queue, *arrays)
     options = (stride, padding, dilation, groups)
-    if not type(stride) is type(padding) is type(dilation) is type(groups) is int:
+    if not (type(stride) is type(padding) is type(dilation) is type(groups) is int
+            or _plain_option(stride) and _plain_option(padding) and _plain_option(dilation) and type(groups) is int):
         options = repr(options)
     key = (queue, tuple(input_shape), tuple(weight_shape), options, dtype, algorithm, queues, _gemm_call_key(gemm))
     p = _calls.get(key)

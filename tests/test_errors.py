@@ -78,6 +78,11 @@ BAD_CASES = [
     ("out_not_an_array", lambda e, out: fwd(e.x, e.w, groups=2, out=[0.0]), TypeError, "out must be"),
     ("stride_bool_after_the_int", lambda e, out: fwd(replayed(e, stride=1).x, e.w, stride=True, groups=2, out=out),
      TypeError, "True"),
+    # pairs of ints key the functional API's plan as they are: a pair equal to them is not
+    ("stride_pair_of_bool_after_ints", lambda e, out: fwd(replayed(e, stride=(1, 1)).x, e.w, stride=(True, 1),
+                                                          groups=2, out=out), TypeError, "True"),
+    ("padding_pair_of_float_after_ints", lambda e, out: fwd(replayed(e, padding=(1, 1)).x, e.w, padding=(1.0, 1),
+                                                            groups=2, out=out), TypeError, "1.0"),
     ("non_contiguous_after_replays", lambda e, out: fwd(arr(replayed(e).queue, (2, 4, 6, 7)).transpose((0, 1, 3, 2)),
                                                         e.w, groups=2), ValueError, "contiguous"),
     ("dtype_mismatch_after_replays", lambda e, out: fwd(replayed(e).x, arr(e.queue, W, np.float64), groups=2),
