@@ -53,6 +53,7 @@ __kernel void relu_grad(__global const STORE* restrict dy, const IDX dy_off,
                         __global const STORE* restrict y, const IDX y_off,
                         __global STORE* restrict dx, const IDX dx_off, const IDX n)
 {
+    if (get_global_id(0) >= (size_t)n) return;   // compared before IDX: the rounded-up launch may pass its range
     const IDX i = get_global_id(0);
-    if (i < n) SAVE(dx, dx_off + i, LOAD(y, y_off + i) > (REAL)0 ? LOAD(dy, dy_off + i) : (REAL)0);
+    SAVE(dx, dx_off + i, LOAD(y, y_off + i) > (REAL)0 ? LOAD(dy, dy_off + i) : (REAL)0);
 }

@@ -6,22 +6,25 @@
 __kernel void to_real(__global const STORE* restrict src, const IDX src_off,
                       __global REAL* restrict dst, const IDX dst_off, const IDX n)
 {
+    if (get_global_id(0) >= (size_t)n) return;   // compared before IDX: the rounded-up launch may pass its range
     const IDX i = get_global_id(0);
-    if (i < n) dst[dst_off + i] = LOAD(src, src_off + i);
+    dst[dst_off + i] = LOAD(src, src_off + i);
 }
 
 // dst[i] = src[i] rounded to the storage type (to nearest even)
 __kernel void to_store(__global const REAL* restrict src, const IDX src_off,
                        __global STORE* restrict dst, const IDX dst_off, const IDX n)
 {
+    if (get_global_id(0) >= (size_t)n) return;   // compared before IDX: the rounded-up launch may pass its range
     const IDX i = get_global_id(0);
-    if (i < n) SAVE(dst, dst_off + i, src[src_off + i]);
+    SAVE(dst, dst_off + i, src[src_off + i]);
 }
 
 // dst[i] += src[i], added in REAL (a module's gradient accumulation)
 __kernel void accumulate(__global STORE* restrict dst, const IDX dst_off,
                          __global const STORE* restrict src, const IDX src_off, const IDX n)
 {
+    if (get_global_id(0) >= (size_t)n) return;   // compared before IDX: the rounded-up launch may pass its range
     const IDX i = get_global_id(0);
-    if (i < n) SAVE(dst, dst_off + i, LOAD(dst, dst_off + i) + LOAD(src, src_off + i));
+    SAVE(dst, dst_off + i, LOAD(dst, dst_off + i) + LOAD(src, src_off + i));
 }

@@ -71,10 +71,13 @@ SWEEP = [
     ("direct_small_groups", (1, 4, 6, 7), (4, 2, 2, 3), dict(padding=(1, 0), dilation=(2, 1), groups=2), "direct",
      "single", None),
     # the GPU forward's planes per work-group (groups_per_unit=0: as where many work-groups remain):
-    # read in place, 15 planes in work-groups of four; staged, two filters per work-item, 9 planes
+    # read in place, 15 planes in work-groups of four; staged, two filters per work-item, 9 planes;
+    # staged in tiles of 16 work-items (no read-ahead), 9 planes
     ("direct_in_place_planes", (3, 5, 9, 7), (5, 1, 3, 3), dict(stride=2, padding=1, groups=5, groups_per_unit=0),
      "direct", "single", None),
     ("direct_staged_planes", (3, 6, 8, 9), (6, 2, 5, 5), dict(padding=2, groups=3, groups_per_unit=0), "direct",
+     "single", None),
+    ("direct_staged_planes_no_read_ahead", (3, 2, 3, 4), (3, 2, 5, 5), dict(padding=2, groups_per_unit=0), "direct",
      "single", None),
     # groups of 8 channels (72 taps), as "auto" runs them on CPUs, and their GPU forms forced
     ("direct_groups_of_8", (1, 16, 7, 6), (4, 8, 3, 3), dict(stride=2, padding=1, groups=2), "direct", "single",

@@ -533,6 +533,10 @@ FORM_CASES = [  # (case, (reading in place, planes per work-group) of the forwar
     # two filters per work-item: 9 (n, k-block) planes
     (Case("g3_7x7_two_filters", 3, 6, 12, 13, 6, 7, 7, padding=3, groups=3), (False, 4)),
     (Case("dense_3x3_few_uses", 2, 3, 11, 9, 5, 3, 3, padding=1), (False, 1)),
+    # four filters' staged weights read at once (WVEC), 6 planes
+    (Case("g2_5x5_four_filters", 3, 4, 9, 11, 8, 5, 5, padding=2, groups=2), (False, 4)),
+    # tiles of 16 work-items: no read-ahead, each plane's patch read after the last one's sums
+    (Case("dense_5x5_on_3x4_no_read_ahead", 3, 2, 3, 4, 3, 5, 5, padding=2), (False, 4)),
 ]
 
 

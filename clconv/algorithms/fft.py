@@ -177,7 +177,9 @@ class FFT(Transform):
         t, B = self.geometry[pass_name], self.chunk[pass_name]
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
         u, m = self.layout[pass_name]
-        launch(queue, self._kernel(queue, "fft_filter", idx), (t.Cg, self.fw // 2 + 1, t.K), (min(t.Cg, 64), 1, 1), w.buf, w.off, ws,
+        knl = self._kernel(queue, "fft_filter", idx)
+        local = (min(t.Cg, 64, work_group_limit(knl, queue.device)), 1, 1)
+        launch(queue, knl, (t.Cg, self.fw // 2 + 1, t.K), local, w.buf, w.off, ws,
                u, t.K, t.Kg, t.Cg, t.kh, t.kw, *t.dilation, int(pass_name == "backward_input"),
                what=f"{what}: filter transform")
         output = self._kernel(queue, "fft_output", idx)
