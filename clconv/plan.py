@@ -71,9 +71,9 @@ class Plan:
         self._shapes = {p: (tuple(sizes), tuple(sizes.values()), out) for p, (sizes, out) in g.pass_shapes().items()}
         # the same for the quick test of a replayed call, with their C-contiguous strides, the
         # result among the arguments (optional there: None asks for a new one)
-        self._plain_args = {p: replay_spec((*names, "out"), (*shapes, out),
-                                           tuple(memory.layout(s, self.dtype)[0] for s in (*shapes, out)))
-                            for p, (names, shapes, out) in self._shapes.items()}
+        self._replay_spec = {p: replay_spec((*names, "out"), (*shapes, out),
+                                            tuple(memory.layout(s, self.dtype)[0] for s in (*shapes, out)))
+                             for p, (names, shapes, out) in self._shapes.items()}
         self._replays = Replays()
 
     def _build(self, cls, per_group):
@@ -230,7 +230,7 @@ class Plan:
         allocator = allocator or self.allocator
         home = queue or getattr(arrays[0], "queue", None)
         if home is not None:
-            layout = replay_layout(home, self.dtype, (*arrays, out), self._plain_args[pass_name])
+            layout = replay_layout(home, self.dtype, (*arrays, out), self._replay_spec[pass_name])
             launches = None if layout is None else self._replays.fast(key, home, layout)
             if launches is not None:
                 _, what, nbytes = self._runs[pass_name]
@@ -248,18 +248,13 @@ class Plan:
         if self.geometry.N:
             refs = [None if dev[n] is None else ref(dev[n]) for n in names] + [ref(dev["out"])]
             replayed = self.enqueue(pass_name, queue, *refs, allocator=allocator, relu=relu)
-            layout = None if replayed is None else self._layout(pass_name, queue, arrays, out)
+            layout = (None if replayed is None
+                      else replay_layout(queue, self.dtype, (*arrays, out), self._replay_spec[pass_name]))
             if layout is not None:
                 self._replays.arm(key, queue, layout, replayed)
         elif pass_name == "backward_weight":
             storage.zero(queue, dev["out"])
         return finish(queue, dev, out, numpy_mode)
-
-    def _layout(self, pass_name, queue, arrays, out):
-        """The layout of a call of ``pass_name``'s arrays and ``out`` (None: a new result) when
-        they are plain device arrays on ``queue``, as a replayed call needs, else None
-        (:func:`clconv.validate.replay_layout`)."""
-        return replay_layout(queue, self.dtype, (*arrays, out), self._plain_args[pass_name])
 
 
 def _launches(names):

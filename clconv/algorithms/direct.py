@@ -242,8 +242,8 @@ class Direct(Algorithm):
         self.kb = {"forward": _filters_per_item(g, self.tiles["forward"], units),
                    "backward_input": _filters_per_item(self.transposed, self.tiles["backward_input"], units)
                    if self.transposed else 1}
-        self.form = {p: _forward_form(t, self.tiles[p], self.kb[p], units) if self.staged else (True, 1)
-                     for p, t in (("forward", g), ("backward_input", self.transposed)) if t}
+        self.form = {p: _forward_form(t, self.tiles[p], self.kb[p], units)   # direct_forward's (GPUs)
+                     for p, t in (("forward", g), ("backward_input", self.transposed)) if t and self.staged}
         self.specs = {id(t): self._specs(t) for t in (g, self.transposed) if t}   # per launch geometry
         # enough work-groups in stage 1 to fill the device (about 4 per compute unit), each
         # slice keeping at least 1024 positions, as many as the workspace holds; fixed per
