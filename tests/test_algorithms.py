@@ -200,6 +200,26 @@ def test_split_k_grad_weight_with_chunks(images_per_chunk, queue):
 
 
 @pytest.mark.gpu_form
+@pytest.mark.parametrize("units,slices", [(1, 2), (8, 17), (64, 19)], ids=["1_unit", "8_units", "64_units"])
+def test_im2col_grad_weight_slices_fill_the_device(units, slices, queue):
+    """On a GPU, im2col's grad-weight takes the fewest split-K slices (dividing its positions)
+    whose grid gives GPU_FILL_WAVES work-groups of the largest tile per compute unit, at most
+    max_slices. split_k_g2: two groups of one 128x128 tile, 4 x 17 x 19 = 1292 positions (divisors
+    2, 4, 17, 19, 34, ...), at most 20 slices of >= 64: one unit asks for 2 slices, 8 for 16 (17),
+    64 for 128 (the cap: 19). Against the reference."""
+    case = next(c for c in EXTRA if c.name == "split_k_g2")
+    x, w, b, dy = case.data()
+    gpu = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=units)
+    p = clconv.Plan(conv_geometry(x.shape, w.shape, **case.options), np.float32, gpu, algorithm="im2col",
+                    selfcheck=False)
+    algo = p._choice["backward_weight"][0]
+    assert algo.gemm == "gpu" and algo.max_slices == 20 and algo.slices == slices
+    assert f"split-K into {slices} slices summed in order (the fewest giving" in algo.describe("backward_weight")
+    assert_close(p.backward_weight(x, dy, queue=queue), reference.conv2d_weight(x, w.shape, dy, **case.options),
+                 np.float32, "grad-weight")
+
+
+@pytest.mark.gpu_form
 @pytest.mark.parametrize("case,slices,folds", [
     (Case("odd_63_positions", 9, 6, 9, 7, 5, 3, 3, padding=1), 7, True),     # 567 positions: 7 slices of 81, N 54
     (Case("odd_wide_taps", 9, 8, 9, 7, 5, 3, 3, padding=1), 7, False),       # N 72: the layout copy
@@ -797,7 +817,7 @@ def test_im2col_split_k(case, slices, queues, queue, monkeypatch):
     """im2col's forward and grad-input split-K (a GPU's rule, forced here on any device and engine),
     rounded down to a divisor of each GEMM's K, against the reference."""
     from clconv.algorithms import im2col
-    monkeypatch.setattr(im2col, "k_slices", lambda device, engine, m, n, k, count, itemsize=4: slices)
+    monkeypatch.setattr(im2col, "k_slices", lambda *args, **kwargs: slices)
     x, w, b, dy = case.data()
     opts = case.options
     p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="im2col", queues=queues)
@@ -825,7 +845,7 @@ def test_im2col_forward_writes_output_in_place(case, slices, folds, queue, monke
     group (each a whole partial output); slices over several groups keep the layout copy.
     Forward, with bias and through ReLU, against the reference."""
     from clconv.algorithms import im2col
-    monkeypatch.setattr(im2col, "k_slices", lambda device, engine, m, n, k, count, itemsize=4: slices)
+    monkeypatch.setattr(im2col, "k_slices", lambda *args, **kwargs: slices)
     x, w, b, _ = case.data()
     opts = case.options
     p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="im2col", gemm="gpu")
@@ -855,7 +875,7 @@ def test_implicit_im2col_where_taps_do_not_overlap(case, implicit, slices, queue
     few channels, or taps no wider than the stride. The forward is then one GEMM over the images
     into Y, or with one group, split-K slices of whole channels (the rule forced here)."""
     from clconv.algorithms import im2col
-    monkeypatch.setattr(im2col, "k_slices", lambda device, engine, m, n, k, count, itemsize=4: slices)
+    monkeypatch.setattr(im2col, "k_slices", lambda *args, **kwargs: slices)
     x, w, b, dy = case.data()
     opts = case.options
     p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="im2col", gemm="gpu")

@@ -33,7 +33,7 @@ import pyopencl as cl
 from ..bias import after_gemm, before_gemm, flags
 from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width
-from ..gemm import Im2colB, Operand as Op, gemm_cpu, k_slices
+from ..gemm import Im2colB, Operand as Op, gemm_cpu, gemm_gpu, k_slices
 from ..programs import INT32_MAX, get_kernel, launch
 from .base import Algorithm
 from .partials import fit_slices, largest_divisor_at_most, max_slices, partials_size as _partials, sum_partials
@@ -41,6 +41,14 @@ from .partials import fit_slices, largest_divisor_at_most, max_slices, partials_
 TILE = (64, 4)             # work-group shape of the 2-D layout kernels
 COL_CHANNELS = 4           # channels per work-item of im2col's and col2im's GPU forms (kernels/im2col.cl says why)
 GPU_MIN_SLICE, GPU_MAX_SLICES = 64, 256   # grad-weight split-K on GPUs (see Im2col)
+# Grad-weight split-K on GPUs: the fewest slices whose grid has GPU_FILL_WAVES work-groups per
+# compute unit in the GEMM model's tiles (:func:`clconv.gemm.k_slices`), up to the most the
+# partial sums' budget allows (max_slices). H200, batch 32, the networks' 40 im2col grad-weights,
+# each timed at every slice count (pipelined wall time, interleaved): the most slices, as before,
+# wrote up to 64 partial results of 192 x 1344 values (inception_v3's 1x7 and 7x1 on 12x12:
+# 0.138 ms, 0.111 at 24 slices, 0.118 at 3); resnet50's 1x1 stride-2 C256 56x56 0.283 ms at 128,
+# 0.241 at 32. Where the grid is small (stems, RegNet's groups) this asks for the most anyway.
+GPU_FILL_WAVES = 4
 IMPLICIT_MAX_CHANNELS = 4  # input channels per group up to which im2col is read in place (see above)
 SCALAR_FOLD_MAX_TAPS = 64  # grad-weight reads grad_output in place value by value up to this N (_folds_grad_output_weight)
 # The forward on clconv's CPU GEMM kernel in chunks of one image from this many output positions
@@ -115,9 +123,9 @@ class Im2col(Algorithm):
         self.forward_chunk = (1 if gemm == "cpu" and g.P >= CPU_IMAGE_POSITIONS and per_unit >= CPU_IMAGE_WORK
                               else self.chunk)
         # slices of a full chunk, and of a shorter last one (which can split into more)
-        self.slices = self._slice_count(self.chunk * g.P)
+        self.slices = self._slice_count(device, self.chunk * g.P)
         last = g.N % self.chunk
-        self.last_slices = self._slice_count(last * g.P) if last else self.slices
+        self.last_slices = self._slice_count(device, last * g.P) if last else self.slices
         most = max(self.slices, self.last_slices)
         wgrad_extra = most * g.K * g.Kd if most > 1 else 0
         # forward and grad-input split-K on GPUs, where a chunk's grid of products leaves compute
@@ -147,15 +155,20 @@ class Im2col(Algorithm):
                                    itemsize, b_transp=True) if self.packs else 0)
         self._reserve_panels("backward_weight", per_image * self.chunk + wgrad_extra, bt, workspace_limit)
 
-    def _slice_count(self, positions):
-        """Grad-weight's split-K slices of a chunk's ``positions``: the most, up to max_slices, that
-        divide them exactly; on clconv's GPU GEMM kernel, whose folded grad_output (see
+    def _slice_count(self, device, positions):
+        """Grad-weight's split-K slices of a chunk's ``positions``: the most, up to max_slices (on
+        clconv's GPU GEMM kernel, up to the fewest that fill the device: GPU_FILL_WAVES), that
+        divide them exactly; on that kernel, whose folded grad_output (see
         _folds_grad_output_weight) is read four-wide where its slices are whole vectors, the most of
         lengths a multiple of 4 where they are at least half as many (RegNet's 13 groups of 8
         channels over 28x28 at batch 32: 224 slices of 112 positions, not 256 of 98)."""
-        most = largest_divisor_at_most(positions, self.max_slices)
-        if self.gemm == "gpu" and self.g.P % 4 == 0:
-            whole = largest_divisor_at_most(positions // 4, self.max_slices)
+        g, limit = self.g, self.max_slices
+        if self.gemm == "gpu":
+            limit = min(limit, k_slices(device, self.gemm, g.Kg, g.Kd, positions, g.groups, self.dtype.itemsize,
+                                        1, GPU_FILL_WAVES, gemm_gpu.TILES[0][0]))
+        most = largest_divisor_at_most(positions, limit)
+        if self.gemm == "gpu" and g.P % 4 == 0:
+            whole = largest_divisor_at_most(positions // 4, limit)
             if 2 * whole >= most:
                 return whole
         return most
@@ -236,6 +249,9 @@ class Im2col(Algorithm):
             text += ", grad_output read in place (its images' positions folded into the GEMM's depth, no layout copy)"
         if pass_name == "backward_weight" and self.slices > 1:
             text += f", split-K into {self.slices} slices summed in order"
+            if self.gemm == "gpu":
+                text += (f" (the fewest giving {GPU_FILL_WAVES} work-groups of the GEMM's largest tile per compute "
+                         f"unit, at most {self.max_slices})")
         elif self.split.get(pass_name, 1) > 1:
             text += (f", split-K into {self.split[pass_name]} slices of K={mnk[2] // self.split[pass_name]} summed in "
                      "order (the grid alone would leave the GPU's compute units idle)")

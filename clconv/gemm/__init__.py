@@ -78,15 +78,20 @@ FILL_WAVES = 2
 MIN_K_SLICE = 256
 
 
-def k_slices(device, engine, m, n, k, count, itemsize=4, min_slice=MIN_K_SLICE):
+def k_slices(device, engine, m, n, k, count, itemsize=4, min_slice=MIN_K_SLICE, waves=FILL_WAVES, tile=None):
     """Split-K slices for ``count`` M x N x K products on ``engine``: the fewest that divide K
-    exactly (so every slice is one product of the grid) and fill the device as above; 1 where
-    the grid fills it already, K is too short, or the engine is not clconv's GPU kernel (CPU
-    kernels spread a product's blocks over the cores themselves; CLBlast is not split)."""
-    groups = gemm_gpu.work_groups(device, m, n, count, itemsize) if engine == "gpu" else 0
-    if not groups:   # (not clconv's GPU kernel, or an empty grid, of no images)
+    exactly (so every slice is one product of the grid) and fill the device as above, or with
+    ``waves`` work-groups per compute unit, counted in the tile the GEMM model picks for the grid
+    or in ``tile`` (a :class:`.gemm_gpu.Tile`); 1 where the grid fills it already, K is too
+    short, or the engine is not clconv's GPU kernel (CPU kernels spread a product's blocks over
+    the cores themselves; CLBlast is not split)."""
+    if engine != "gpu":
         return 1
-    want = -(-FILL_WAVES * device.max_compute_units // groups)
+    groups = (gemm_gpu.work_groups(device, m, n, count, itemsize) if tile is None
+              else -(-m // tile.tm) * -(-n // tile.tn) * count)
+    if not groups:   # (an empty grid, of no images)
+        return 1
+    want = -(-waves * device.max_compute_units // groups)
     best = 1
     for d in range(2, k // min_slice + 1):
         if best >= want:

@@ -108,26 +108,22 @@ def tile(device, m, n, count, itemsize=4):
     return min(fitting, key=lambda option: _cost(device, option, m, n, count))[0] if fitting else None
 
 
-# A split-K partial result's value, written and summed again, in the multiply-adds of the
-# model's time. Fitted on the H200 (the networks' 1x1 grad-weights on 5x5 and 7x7 maps at batch
-# 32, each timed with 5 tiles x 5 slice counts): 5 picks slices 4% faster than 27, the cost
-# the bandwidth alone gives (about 40 TFLOP/s of GEMM against 3 TB/s), and 0 2% faster still;
-# it also stands in for what the tile model misses, the larger tiles' lead over long K.
-PARTIAL_COST = 5
-
-
 def best_slices(device, m, n, k, count, options, itemsize=4):
     """Of ``options`` (split-K slice counts dividing ``k``), the one of least time in the model
     for ``count`` M x N products K deep cut into S slices: the rule's tile over count x S
-    products K/S deep, plus S partial results written and summed in order. Where a grid is
-    short of work-items, a larger tile over more slices can beat a smaller one over fewer (H200,
-    the networks' 1x1 grad-weights on 5x5 and 7x7 maps at batch 32: 128x128 over 4 slices of
-    the images, 0.144 ms, against 32x64 unsplit, 0.21 ms)."""
+    products K/S deep (the fewest slices where several tie). Where a grid is short of
+    work-items, a larger tile over more slices can beat a smaller one over fewer (H200, the
+    networks' 1x1 grad-weights on 5x5 and 7x7 maps at batch 32: 128x128 over 4 slices of the
+    images, 0.144 ms, against 32x64 unsplit, 0.21 ms). The partial results' traffic is left out
+    of the model: the same 20 grad-weights, each timed at 1-32 slices (pipelined wall time,
+    H200, batch 32), took 1.09x the time of each one's fastest count at this rule's (geometric
+    mean; 1.00 on 10, at most 1.37: mobilenet_v2's 960x7x7 -> 320 at 2 slices, 4 fastest) and
+    1.12x with a cost of 5 multiply-adds per partial value, the rule before, which kept three
+    of them at fewer slices (320x7x7 -> 1280 0.097 ms at 2 against 0.075 at 8; 672 -> 192
+    0.042 against 0.033; 1280x5x5 -> 384 0.058 against 0.052) and changed none of the others."""
     def cost(S):
         t = tile(device, m, n, count * S, itemsize)
-        speed = dict(TILES)[t]
-        return _cost(device, (t, speed), m, n, count * S, k // S) + (PARTIAL_COST * (S + 1) * m * n * count
-                                                                     if S > 1 else 0)
+        return _cost(device, (t, dict(TILES)[t]), m, n, count * S, k // S)
     return min(options, key=cost) if tile(device, m, n, count, itemsize) else 1
 
 
