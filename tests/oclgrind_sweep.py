@@ -249,6 +249,7 @@ def main():
         for rule, value in PANEL_RULES.items():
             setattr(gemm_cpu, rule, lowered or value)
         for module in (fc, im2col, pointwise):
+            # (im2col on the GPU engine: grad-weight's slices limited to this many too)
             module.k_slices = (lambda *args, n=slices, **kw: n) if slices else k_slices
         if engine != "clblast" and "--host-gemm" not in sys.argv:
             continue

@@ -186,17 +186,19 @@ def test_functional_api_takes_algorithm_and_queues(queue):
 def test_split_k_grad_weight_with_chunks(images_per_chunk, queue):
     case = next(c for c in EXTRA if c.name == "split_k_g2")
     x, w, b, dy = case.data()
-    full = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="im2col")
-    algo = full._choice["backward_weight"][0]
-    # 4 * 17 * 19 positions: 4 slices of >= 256 (CPUs), or 19 of >= 64 (GPUs)
+    g = conv_geometry(x.shape, w.shape, **case.options)
+    # 4 * 17 * 19 positions: 4 slices of >= 256 (CPUs), or 19 of >= 64 (GPUs, planned here as of 64
+    # compute units: with few, fewer slices fill them, see test_im2col_grad_weight_slices_fill_the_device)
     gpu = bool(queue.device.type & cl.device_type.GPU)
+    on = QueueAs(queue, max_compute_units=64) if gpu else queue
+    full = clconv.Plan(g, np.float32, on, algorithm="im2col", selfcheck=False)
+    algo = full._choice["backward_weight"][0]
     assert algo.slices == (19 if gpu else 4) and f"split-K into {algo.slices} slices" in full.explain()
-    g = full.geometry
     limit = ((algo.rows + g.K) * g.P * images_per_chunk + algo.max_slices * g.K * g.Kd) * 4
-    p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="im2col", workspace_limit=limit)
+    p = clconv.Plan(g, np.float32, on, algorithm="im2col", selfcheck=False, workspace_limit=limit)
     assert p._choice["backward_weight"][0].chunk == images_per_chunk
-    assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **case.options), np.float32,
-                 "grad-weight")
+    assert_close(p.backward_weight(x, dy, queue=queue), reference.conv2d_weight(x, w.shape, dy, **case.options),
+                 np.float32, "grad-weight")
 
 
 @pytest.mark.gpu_form
@@ -214,7 +216,8 @@ def test_im2col_grad_weight_slices_fill_the_device(units, slices, queue):
                     selfcheck=False)
     algo = p._choice["backward_weight"][0]
     assert algo.gemm == "gpu" and algo.max_slices == 20 and algo.slices == slices
-    assert f"split-K into {slices} slices summed in order (the fewest giving" in algo.describe("backward_weight")
+    text = algo.describe("backward_weight")
+    assert f"split-K into {slices} slices summed in order (a divisor of the positions" in text
     assert_close(p.backward_weight(x, dy, queue=queue), reference.conv2d_weight(x, w.shape, dy, **case.options),
                  np.float32, "grad-weight")
 
@@ -231,7 +234,7 @@ def test_im2col_grad_weight_reads_grad_output_in_place(case, slices, folds, queu
     slice count prefers (at least half as many), else value by value where the GEMM's N is at
     most SCALAR_FOLD_MAX_TAPS (else through the layout copy). Against the reference."""
     x, w, b, dy = case.data()
-    gpu = QueueAs(queue, type=cl.device_type.GPU)
+    gpu = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=64)   # (enough units to want the cap)
     p = clconv.Plan(conv_geometry(x.shape, w.shape, **case.options), np.float32, gpu, algorithm="im2col",
                     selfcheck=False)
     algo = p._choice["backward_weight"][0]
@@ -688,20 +691,23 @@ def test_auto_passes_over_winograd_above_the_workspace_limit(queue):
 def test_split_k_last_chunk_fits_its_workspace(queue):
     # chunks of 26 images (104 positions) split into 2 slices, the last one of 18 images (72
     # positions) into 3; on GPUs, which cut slices of >= 64 rather than 256 positions, 8 and 9
-    # (the last chunk's slices whole vectors of 8 positions, rather than 12 of 6)
+    # (the last chunk's slices whole vectors of 8 positions, rather than 12 of 6), planned as of 64
+    # compute units (few would fill with fewer slices)
     xs, ws = (200, 16, 5, 5), (64, 16, 3, 3)
-    g = clconv.plan(xs, ws, stride=2, queue=queue, algorithm="im2col").geometry
-    algo = clconv.plan(xs, ws, stride=2, queue=queue, algorithm="im2col")._choice["backward_weight"][0]
-    limit = ((algo.rows + g.K) * g.P * 26 + algo.max_slices * g.K * g.Kd) * 4
-    p = clconv.plan(xs, ws, stride=2, queue=queue, algorithm="im2col", workspace_limit=limit)
-    algo = p._choice["backward_weight"][0]
+    g = conv_geometry(xs, ws, stride=2)
     gpu = bool(queue.device.type & cl.device_type.GPU)
+    on = QueueAs(queue, max_compute_units=64) if gpu else queue
+    algo = clconv.Plan(g, np.float32, on, algorithm="im2col", selfcheck=False)._choice["backward_weight"][0]
+    limit = ((algo.rows + g.K) * g.P * 26 + algo.max_slices * g.K * g.Kd) * 4
+    p = clconv.Plan(g, np.float32, on, algorithm="im2col", selfcheck=False, workspace_limit=limit)
+    algo = p._choice["backward_weight"][0]
     assert (algo.chunk, algo.slices, algo.last_slices) == ((26, 8, 9) if gpu else (26, 2, 3))
     assert algo.workspace["backward_weight"] == (algo.rows + g.K) * g.P * 26 + algo.last_slices * g.K * g.Kd
     rng = np.random.default_rng(0)
     x = rng.standard_normal(xs).astype(np.float32)
     dy = rng.standard_normal(g.output_shape).astype(np.float32)
-    assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, ws, dy, stride=2), np.float32, "grad-weight")
+    assert_close(p.backward_weight(x, dy, queue=queue), reference.conv2d_weight(x, ws, dy, stride=2), np.float32,
+                 "grad-weight")
 
 
 def test_tuned_winner_above_the_workspace_limit_is_passed_over(queue, monkeypatch, tmp_path):
@@ -817,6 +823,7 @@ def test_im2col_split_k(case, slices, queues, queue, monkeypatch):
     """im2col's forward and grad-input split-K (a GPU's rule, forced here on any device and engine),
     rounded down to a divisor of each GEMM's K, against the reference."""
     from clconv.algorithms import im2col
+    # (on the GPU engine this also limits grad-weight's slices)
     monkeypatch.setattr(im2col, "k_slices", lambda *args, **kwargs: slices)
     x, w, b, dy = case.data()
     opts = case.options
@@ -845,6 +852,7 @@ def test_im2col_forward_writes_output_in_place(case, slices, folds, queue, monke
     group (each a whole partial output); slices over several groups keep the layout copy.
     Forward, with bias and through ReLU, against the reference."""
     from clconv.algorithms import im2col
+    # (on the GPU engine this also limits grad-weight's slices)
     monkeypatch.setattr(im2col, "k_slices", lambda *args, **kwargs: slices)
     x, w, b, _ = case.data()
     opts = case.options
@@ -875,6 +883,7 @@ def test_implicit_im2col_where_taps_do_not_overlap(case, implicit, slices, queue
     few channels, or taps no wider than the stride. The forward is then one GEMM over the images
     into Y, or with one group, split-K slices of whole channels (the rule forced here)."""
     from clconv.algorithms import im2col
+    # (on the GPU engine this also limits grad-weight's slices)
     monkeypatch.setattr(im2col, "k_slices", lambda *args, **kwargs: slices)
     x, w, b, dy = case.data()
     opts = case.options

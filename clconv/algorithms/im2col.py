@@ -41,13 +41,16 @@ from .partials import fit_slices, largest_divisor_at_most, max_slices, partials_
 TILE = (64, 4)             # work-group shape of the 2-D layout kernels
 COL_CHANNELS = 4           # channels per work-item of im2col's and col2im's GPU forms (kernels/im2col.cl says why)
 GPU_MIN_SLICE, GPU_MAX_SLICES = 64, 256   # grad-weight split-K on GPUs (see Im2col)
-# Grad-weight split-K on GPUs: the fewest slices whose grid has GPU_FILL_WAVES work-groups per
-# compute unit in the GEMM model's tiles (:func:`clconv.gemm.k_slices`), up to the most the
-# partial sums' budget allows (max_slices). H200, batch 32, the networks' 40 im2col grad-weights,
-# each timed at every slice count (pipelined wall time, interleaved): the most slices, as before,
-# wrote up to 64 partial results of 192 x 1344 values (inception_v3's 1x7 and 7x1 on 12x12:
-# 0.138 ms, 0.111 at 24 slices, 0.118 at 3); resnet50's 1x1 stride-2 C256 56x56 0.283 ms at 128,
-# 0.241 at 32. Where the grid is small (stems, RegNet's groups) this asks for the most anyway.
+# Grad-weight split-K on clconv's GPU GEMM kernel: the fewest slices whose grid has GPU_FILL_WAVES
+# work-groups per compute unit counted in 128x128 tiles (gemm_gpu.TILES[0][0], whichever tile the
+# model picks; :func:`clconv.gemm.k_slices`), up to the most the partial sums' budget allows
+# (max_slices, which it always took before). H200, batch 32, the networks' 40 im2col grad-weights,
+# each timed at every slice count (pipelined wall time): the cap wrote 64 partial results of
+# 192 x 1344 values for inception_v3's 1x7 and 7x1 on 12x12 (0.138 ms; 0.111 at this rule's 24
+# slices); resnet50's 1x1 stride-2 C256 56x56 took 0.283 ms at the cap's 128 (0.241 at 32; 0.262
+# at this rule's 98 in the networks run). RegNet's grouped 3x3 take fewer than the cap too (g55 on
+# 14x14 and 7x7: 0.057 and 0.054 ms at 14 against 0.072 and 0.068 at 16; g6 and g13 within
+# -3 .. +3 %); its single-group 1x1 stride-2 projections and the stems, small grids, keep the cap.
 GPU_FILL_WAVES = 4
 IMPLICIT_MAX_CHANNELS = 4  # input channels per group up to which im2col is read in place (see above)
 SCALAR_FOLD_MAX_TAPS = 64  # grad-weight reads grad_output in place value by value up to this N (_folds_grad_output_weight)
@@ -160,12 +163,14 @@ class Im2col(Algorithm):
         clconv's GPU GEMM kernel, up to the fewest that fill the device: GPU_FILL_WAVES), that
         divide them exactly; on that kernel, whose folded grad_output (see
         _folds_grad_output_weight) is read four-wide where its slices are whole vectors, the most of
-        lengths a multiple of 4 where they are at least half as many (RegNet's 13 groups of 8
-        channels over 28x28 at batch 32: 224 slices of 112 positions, not 256 of 98)."""
+        lengths a multiple of 4 where they are at least half as many (RegNet's C48 56x56 1x1
+        stride-2 projection at batch 32: 224 slices of 112 positions, not 256 of 98). (The tiles
+        of _fit_bands take their own count of max_slices.)"""
         g, limit = self.g, self.max_slices
-        if self.gemm == "gpu":
+        if self.gemm == "gpu":   # (slices of at least positions / max_slices: no longer count is taken)
             limit = min(limit, k_slices(device, self.gemm, g.Kg, g.Kd, positions, g.groups, self.dtype.itemsize,
-                                        1, GPU_FILL_WAVES, gemm_gpu.TILES[0][0]))
+                                        min_slice=max(1, positions // limit), waves=GPU_FILL_WAVES,
+                                        tile=gemm_gpu.TILES[0][0]))
         most = largest_divisor_at_most(positions, limit)
         if self.gemm == "gpu" and g.P % 4 == 0:
             whole = largest_divisor_at_most(positions // 4, limit)
@@ -250,8 +255,9 @@ class Im2col(Algorithm):
         if pass_name == "backward_weight" and self.slices > 1:
             text += f", split-K into {self.slices} slices summed in order"
             if self.gemm == "gpu":
-                text += (f" (the fewest giving {GPU_FILL_WAVES} work-groups of the GEMM's largest tile per compute "
-                         f"unit, at most {self.max_slices})")
+                text += (f" (a divisor of the positions, slices of whole vectors of 4 preferred, up to the fewest "
+                         f"giving {GPU_FILL_WAVES} work-groups of 128x128 per compute unit and at most "
+                         f"{self.max_slices})")
         elif self.split.get(pass_name, 1) > 1:
             text += (f", split-K into {self.split[pass_name]} slices of K={mnk[2] // self.split[pass_name]} summed in "
                      "order (the grid alone would leave the GPU's compute units idle)")

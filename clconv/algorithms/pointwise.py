@@ -138,7 +138,7 @@ class Pointwise(Algorithm):
             if self.blocked:
                 S = self.slices
                 blocks, why = (("every image's positions one continuous K", "the GEMM's tile model: a larger tile "
-                                "over more slices, or fewer partial sums") if self.continuous else
+                                "over more slices") if self.continuous else
                                ("one K block per image", "the grid alone would leave the GPU's compute units idle"))
                 return (f"1x1 GEMM on the input and grad_output, M={g.Kg} N={g.Cg} K={g.P} per image, "
                         f"{g.groups} group(s), the sum over the images in the GEMM ({blocks})"

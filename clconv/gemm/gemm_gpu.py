@@ -124,7 +124,7 @@ def best_slices(device, m, n, k, count, options, itemsize=4):
     def cost(S):
         t = tile(device, m, n, count * S, itemsize)
         return _cost(device, (t, dict(TILES)[t]), m, n, count * S, k // S)
-    return min(options, key=cost) if tile(device, m, n, count, itemsize) else 1
+    return min(sorted(options), key=cost) if tile(device, m, n, count, itemsize) else 1
 
 
 # What a launch runs where the model picks a tile of 8x8 work-items: 64x64 tiles of 8x4 work-items,
