@@ -137,8 +137,12 @@ def kernel_signatures(source, dtype, defines):
 
 @lru_cache(maxsize=None)
 def work_group_limit(kernel, device):
-    """The largest work-group ``kernel`` may run in on ``device`` (asked once per pair)."""
-    return kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device)
+    """The largest work-group ``kernel`` may run in on ``device``: a driver query, asked once per
+    pair and kept on the (cached) kernel."""
+    limits = kernel.__dict__.setdefault("clconv_group_limits", {})
+    if device.int_ptr not in limits:
+        limits[device.int_ptr] = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device)
+    return limits[device.int_ptr]
 
 
 def reduction_work_group(device, limit=256):

@@ -6,8 +6,8 @@
 __kernel void sum_partials(__global const STORE* restrict part, const IDX part_off, const int S, const IDX n,
                            const IDX stride, __global STORE* restrict out, const IDX out_off, const int accumulate)
 {
+    if (get_global_id(0) >= (size_t)n) return;   // compared before IDX: the rounded-up launch may pass its range
     const IDX i = get_global_id(0);
-    if (i >= n) return;
     REAL acc = accumulate ? LOAD(out, out_off + i) : (REAL)0;
     for (int s = 0; s < S; ++s) acc += LOAD(part, part_off + (IDX)s * stride + i);
     SAVE(out, out_off + i, acc);

@@ -87,8 +87,7 @@ def k_slices(device, engine, m, n, k, count, itemsize=4, min_slice=MIN_K_SLICE, 
     the cores themselves; CLBlast is not split)."""
     if engine != "gpu":
         return 1
-    groups = (gemm_gpu.work_groups(device, m, n, count, itemsize) if tile is None
-              else -(-m // tile.tm) * -(-n // tile.tn) * count)
+    groups = gemm_gpu.work_groups(device, m, n, count, itemsize, tile)
     if not groups:   # (an empty grid, of no images)
         return 1
     want = -(-waves * device.max_compute_units // groups)

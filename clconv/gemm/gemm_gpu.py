@@ -177,10 +177,11 @@ def sliced(device, t, groups, k, blocks=1, itemsize=4):
     return t
 
 
-def work_groups(device, m, n, count, itemsize=4):
-    """Work-groups of ``count`` M x N products in the tile :func:`tile` picks: how the split-K
-    rules measure a grid (a launch may run :func:`launched`'s smaller tile)."""
-    t = tile(device, m, n, count, itemsize) or TILES[-1][0]
+def work_groups(device, m, n, count, itemsize=4, t=None):
+    """Work-groups of ``count`` M x N products in the :class:`Tile` ``t``, by default the one
+    :func:`tile` picks: how the split-K rules measure a grid (a launch may run
+    :func:`launched`'s smaller tile)."""
+    t = t or tile(device, m, n, count, itemsize) or TILES[-1][0]
     return -(-m // t.tm) * -(-n // t.tn) * count
 
 
