@@ -475,6 +475,20 @@ def test_winograd_split_k_grad_weight_with_chunks(case, queue):
     assert_close(p.backward_weight(x, dy), want, np.float32, "grad-weight, one image per chunk")
 
 
+@pytest.mark.parametrize("kind,cap,slices", [(cl.device_type.GPU, 15, 8), (cl.device_type.CPU, 16, 16)],
+                         ids=["gpu", "cpu"])
+def test_winograd_grad_weight_split_cap(kind, cap, slices, queue):
+    """Winograd's grad-weight split-K keeps its partial sums to about GPU_SPLIT_K_TARGET elements
+    on GPUs, SPLIT_K_TARGET elsewhere. 64 -> 64 channels (36 x 64 x 64 = 147456 per slice) over
+    4 x 32 x 32 = 4096 tiles (at most 16 slices of 256): 15 on a GPU (8 dividing the tiles), 16
+    elsewhere. A plan only: the split's sums are checked against the reference above."""
+    g = conv_geometry((4, 64, 128, 128), (64, 64, 3, 3), padding=1)
+    p = clconv.Plan(g, np.float32, QueueAs(queue, type=kind), algorithm="winograd", selfcheck=False)
+    algo = p._choice["backward_weight"][0]
+    assert algo.max_slices == cap and algo._slices(4096) == slices
+    assert f"split-K into {slices} slices of the tiles summed in order (up to {cap}:" in p.explain()
+
+
 GROUPED_KG4 = Case("grouped_kg4_s1", 2, 8, 13, 11, 8, 3, 3, padding=1, groups=2)
 STEM = next(c for c in EXTRA if c.name == "stem_7x7_s2")
 

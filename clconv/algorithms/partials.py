@@ -13,9 +13,10 @@ MIN_SLICE = 256            # shortest slice (GEMM K) worth a separate partial
 MAX_SLICES = 64
 
 
-def max_slices(outputs, positions, min_slice=MIN_SLICE, most=MAX_SLICES):
-    """The most split-K slices worth cutting for ``outputs`` results summed over ``positions``."""
-    return max(1, min(most, -(-SPLIT_K_TARGET // outputs), positions // min_slice))
+def max_slices(outputs, positions, min_slice=MIN_SLICE, most=MAX_SLICES, target=SPLIT_K_TARGET):
+    """The most split-K slices worth cutting for ``outputs`` results summed over ``positions``,
+    about ``target`` partial-sum elements at most."""
+    return max(1, min(most, -(-target // outputs), positions // min_slice))
 
 
 def partials_size(slices, outputs):

@@ -28,7 +28,7 @@ from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width, vectorizes_work_items
 from ..gemm import Operand as Op, gemm_cpu
 from ..programs import INT32_MAX, get_kernel, launch, reduction_work_group, work_group_limit
-from .partials import largest_divisor_at_most, max_slices, sum_partials
+from .partials import SPLIT_K_TARGET, largest_divisor_at_most, max_slices, sum_partials
 from .transform import Transform, aligned, pass_geometry
 
 ALPHA = 6                 # transformed values per tile side: F(4x4, 3x3) and F(2x2, 5x5)
@@ -36,6 +36,13 @@ T2 = ALPHA ** 2           # 36 transformed values per tile
 MIN_CHANNELS = 16         # fewer channels or filters per group: the batched GEMMs are too thin to pay
 CPU_MIN_TILES = 32        # on CPUs over maps of 4 tiles, tiles per batch below which it is not chosen (see preferred)
 LOCAL = 256               # transform kernels' work-group, at most (H200, AlexNet conv2: passes 2-4 % faster than 64)
+# Grad-weight split-K on GPUs: partial sums of about this many elements at most, an eighth of
+# partials.SPLIT_K_TARGET. H200, batch 32, the networks' ten Winograd grad-weights, each timed at
+# 1-64 slices (pipelined wall time, ms): at this cap's count each is the fastest or within 3 % of
+# it; at the larger cap's, inception_v3's 80x54x54 -> 192 took 0.516 at 16 slices (0.386 at this
+# cap's 4, 0.378 at 2), resnet50's 256x14x14 0.140 at 2 (0.117 unsplit), inception's 32x109x109
+# -> 64 0.353 at 64 (0.320 at 28), the rest within 5 %.
+GPU_SPLIT_K_TARGET = 1 << 21
 
 
 def _tiles(size, dilation, tile):
@@ -105,7 +112,9 @@ class Winograd(Transform):
         # tiles (TH, TW) per image along the pass's output rows and columns
         self.grid = {p: _grid(t, self.tile) for p, t in self.geometry.items()}
         # grad-weight split-K over the tiles: slices of a chunk divide its tiles exactly
-        self.max_slices = max_slices(T2 * g.K * g.Cg, g.N * self._tiles_per_image("backward_weight"))
+        self.split_target = GPU_SPLIT_K_TARGET if device.type & cl.device_type.GPU else SPLIT_K_TARGET
+        self.max_slices = max_slices(T2 * g.K * g.Cg, g.N * self._tiles_per_image("backward_weight"),
+                                     target=self.split_target)
         # grad-weight on clconv's CPU GEMM kernel: V^T in panels where its rule says so, for L tiles
         # per slice over ``count`` GEMMs (gemm_cpu.panels_size)
         self._bt_panels = ((lambda L, count: gemm_cpu.panels_size(device, g.Kg, g.Cg, L, count, dtype.itemsize,
@@ -191,7 +200,8 @@ class Winograd(Transform):
         text = (f"Winograd F({m}x{m},{r}x{r}){flipped}: transforms + {count} x {t.groups} batched GEMMs per "
                 f"{pieces}, per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2] // S}")
         if S > 1:
-            text += f", split-K into {S} slices of the tiles summed in order"
+            text += (f", split-K into {S} slices of the tiles summed in order (up to {self.max_slices}: partial sums of "
+                     f"about {self.split_target} elements at most{' on GPUs' if self.split_target < SPLIT_K_TARGET else ''})")
         if R is not None and pass_name == "backward_weight":
             text += ", pieces added in order"
         if self.rows:
