@@ -41,7 +41,10 @@ LOCAL = 256               # transform kernels' work-group, at most (H200, AlexNe
 # 1-64 slices (pipelined wall time, ms): at this cap's count each is the fastest or within 3 % of
 # it; at the larger cap's, inception_v3's 80x54x54 -> 192 took 0.516 at 16 slices (0.386 at this
 # cap's 4, 0.378 at 2), resnet50's 256x14x14 0.140 at 2 (0.117 unsplit), inception's 32x109x109
-# -> 64 0.353 at 64 (0.320 at 28), the rest within 5 %.
+# -> 64 0.353 at 64 (0.320 at 28), the rest within 5 %. Of the reference workloads (python -m
+# bench), AlexNet's conv4 took 0.533 -> 0.504 ms (4 slices -> unsplit) and the dilated 3x3, 144
+# work-groups of 128x128 over 4096 tiles, 0.706 -> 0.777 (8 slices -> unsplit): long sums over
+# few work-groups still gain from a split that this cap does not give them.
 GPU_SPLIT_K_TARGET = 1 << 21
 
 
