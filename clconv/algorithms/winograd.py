@@ -28,7 +28,7 @@ from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width, vectorizes_work_items
 from ..gemm import Operand as Op, gemm_cpu
 from ..programs import INT32_MAX, get_kernel, launch, reduction_work_group, work_group_limit
-from .partials import MAX_SLICES, SPLIT_K_TARGET, largest_divisor_at_most, max_slices, sum_partials
+from .partials import MAX_SLICES, MIN_SLICE, SPLIT_K_TARGET, largest_divisor_at_most, max_slices, sum_partials
 from .transform import Transform, aligned, pass_geometry
 
 ALPHA = 6                 # transformed values per tile side: F(4x4, 3x3) and F(2x2, 5x5)
@@ -43,13 +43,9 @@ LOCAL = 256               # transform kernels' work-group, at most (H200, AlexNe
 # cap's 4, 0.378 at 2), resnet50's 256x14x14 0.140 at 2 (0.117 unsplit), inception's 32x109x109
 # -> 64 0.353 at 64 (0.320 at 28), the rest within 5 %. Of the reference workloads (python -m
 # bench), AlexNet's conv4 took 0.533 -> 0.504 ms (4 slices -> unsplit) and the dilated 3x3, 144
-# work-groups of 128x128 over 4096 tiles, 0.706 -> 0.777 (8 slices -> unsplit): long sums over
-# few work-groups still gain from a split that this cap does not give them: slices are at most
-# GPU_SLICE_TILES tiles long whatever their partial sums (the dilated 3x3's grad-weight, 2.36M
-# values a slice: 0.771 ms unsplit, 0.731 at this bound's 2 slices, 0.716 at 4, 0.697 at 8; a
-# bound of 1024 or 512 would give inception's 80x54x54 -> 192 8 slices, 0.415 ms).
+# work-groups of 128x128 over sums of 4096 tiles, 0.706 -> 0.777 (8 slices -> unsplit; 0.731 at 2,
+# 0.716 at 4): long sums over few work-groups still gain from a split this cap does not give.
 GPU_SPLIT_K_TARGET = 1 << 21
-GPU_SLICE_TILES = 2048
 
 
 def _tiles(size, dilation, tile):
@@ -119,11 +115,9 @@ class Winograd(Transform):
         # tiles (TH, TW) per image along the pass's output rows and columns
         self.grid = {p: _grid(t, self.tile) for p, t in self.geometry.items()}
         # grad-weight split-K over the tiles: slices of a chunk divide its tiles exactly
-        tiles, gpu = g.N * self._tiles_per_image("backward_weight"), bool(device.type & cl.device_type.GPU)
-        self.split_target = GPU_SPLIT_K_TARGET if gpu else SPLIT_K_TARGET
-        self.max_slices = max_slices(T2 * g.K * g.Cg, tiles, target=self.split_target)
-        if gpu:   # and slices of at most GPU_SLICE_TILES tiles
-            self.max_slices = min(MAX_SLICES, max(self.max_slices, -(-tiles // GPU_SLICE_TILES)))
+        self.split_target = GPU_SPLIT_K_TARGET if device.type & cl.device_type.GPU else SPLIT_K_TARGET
+        self.max_slices = max_slices(T2 * g.K * g.Cg, g.N * self._tiles_per_image("backward_weight"),
+                                     target=self.split_target)
         # grad-weight on clconv's CPU GEMM kernel: V^T in panels where its rule says so, for L tiles
         # per slice over ``count`` GEMMs (gemm_cpu.panels_size)
         self._bt_panels = ((lambda L, count: gemm_cpu.panels_size(device, g.Kg, g.Cg, L, count, dtype.itemsize,
@@ -209,9 +203,10 @@ class Winograd(Transform):
         text = (f"Winograd F({m}x{m},{r}x{r}){flipped}: transforms + {count} x {t.groups} batched GEMMs per "
                 f"{pieces}, per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2] // S}")
         if S > 1:
-            text += (f", split-K into {S} slices of the tiles summed in order (up to {self.max_slices}: partial sums of "
-                     f"about {self.split_target} elements at most"
-                     f"{f', or slices of {GPU_SLICE_TILES} tiles at most, on GPUs' if self.split_target < SPLIT_K_TARGET else ''})")
+            text += (f", split-K into {S} slices of the tiles summed in order (a divisor of them, at most "
+                     f"{self.max_slices}: partial sums of about {self.split_target} values at most"
+                     f"{' on GPUs' if self.split_target < SPLIT_K_TARGET else ''}, slices of at least {MIN_SLICE} "
+                     f"tiles, {MAX_SLICES} slices at most, within the workspace)")
         if R is not None and pass_name == "backward_weight":
             text += ", pieces added in order"
         if self.rows:
