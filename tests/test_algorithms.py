@@ -487,7 +487,8 @@ def test_winograd_grad_weight_split_cap(kind, cap, slices, queue):
     p = clconv.Plan(g, np.float32, QueueAs(queue, type=kind), algorithm="winograd", selfcheck=False)
     algo = p._choice["backward_weight"][0]
     assert algo.max_slices == cap and algo._slices(4096) == slices
-    assert f"split-K into {slices} slices of the tiles summed in order (a divisor of them, at most {cap}:" in p.explain()
+    text = p.explain()
+    assert f"split-K into {slices} slices of the tiles summed in order (a divisor of them, at most {cap}:" in text
 
 
 GROUPED_KG4 = Case("grouped_kg4_s1", 2, 8, 13, 11, 8, 3, 3, padding=1, groups=2)

@@ -97,6 +97,7 @@ def test_a_wrong_result_fails_the_check(tiny, queue, monkeypatch):
     assert passes["backward_input"]["ok"] and passes["backward_weight"]["ok"]
 
 
+@pytest.mark.whole_program
 def test_gemm_tiles_times_a_layers_gemms_with_each_tile(data, tmp_path, monkeypatch):
     """python -m bench.gemm_tiles on one small 1x1 layer with two tiles: every GEMM of its three
     passes is timed with both, and the rule's pick is one of them."""
