@@ -135,7 +135,6 @@ def kernel_signatures(source, dtype, defines):
     return found
 
 
-@lru_cache(maxsize=None)
 def work_group_limit(kernel, device):
     """The largest work-group ``kernel`` may run in on ``device``: a driver query, asked once per
     pair and kept on the (cached) kernel."""
