@@ -371,7 +371,7 @@ def test_1x1_folds_small_maps_into_one_gemm(case, fold_below, folded, slices, qu
     still cuts their K, one group only."""
     from clconv.algorithms import pointwise
     monkeypatch.setattr(pointwise, "FOLD_BELOW", fold_below)
-    monkeypatch.setattr(pointwise, "k_slices", lambda device, engine, m, n, k, count, itemsize=4, *a: slices)
+    monkeypatch.setattr(pointwise, "k_slices", lambda device, engine, m, n, k, count, itemsize=4, *a, **kw: slices)
     x, w, b, dy = case.data()
     p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="1x1", gemm="gpu")
     algo, g = p._choice["forward"][0], p.geometry
@@ -787,7 +787,7 @@ def test_pointwise_split_k(case, slices, queue, monkeypatch):
     """1x1's split-K (a GPU's rule, forced here on any device and engine): the slices along K of
     every pass, rounded down to a divisor of that K (5 divides none of them), against the reference."""
     from clconv.algorithms import pointwise
-    monkeypatch.setattr(pointwise, "k_slices", lambda device, engine, m, n, k, count, *args: slices)
+    monkeypatch.setattr(pointwise, "k_slices", lambda device, engine, m, n, k, count, *args, **kw: slices)
     x, w, b, dy = case.data()
     opts = case.options
     p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="1x1")
@@ -882,6 +882,54 @@ def test_im2col_forward_writes_output_in_place(case, slices, folds, queue, monke
     assert [name.removesuffix("_rows") for name in p.launches("forward")] == (
         ["im2col", "fill_bias", "gemm_gpu"] + split if folds else ["im2col", "gemm_gpu"] + split + ["cnhw_to_nchw"])
     assert_close(p.forward(x, w, b, relu=True), np.maximum(want, 0), np.float32, "forward + ReLU")
+
+
+@pytest.mark.gpu_form
+@pytest.mark.parametrize("slices", [1, 3])
+@pytest.mark.parametrize("case,algorithm", [
+    (Case("im2col_1x7_batch3", 3, 9, 9, 7, 9, 1, 7, padding=(0, 3)), "im2col"),   # K 63; in place
+    (Case("im2col_3x3_s2_g2", 3, 12, 11, 9, 10, 3, 3, stride=2, groups=2), "im2col"),   # K 54 per group
+    (Case("1x1_5x5_batch3", 3, 45, 5, 5, 27, 1, 1), "1x1"),   # folded over the images
+    (Case("1x1_9x8_batch2", 2, 30, 9, 8, 21, 1, 1), "1x1"),   # 72 positions: a product per image
+], ids=repr)
+def test_deep_tile(case, algorithm, slices, queue, monkeypatch):
+    """On clconv's GPU GEMM kernel a forward's products at least DEEP_K deep, where the model gives
+    the grid 4x4 work-items, run the deep tile (64x64 of 8x4 work-items), split-K or not. Forced
+    here (DEEP_K 9, every grid given a 4x4 tile, the split); forward with bias and through ReLU,
+    and grad-input (never deep), against the reference."""
+    from clconv.algorithms import im2col, pointwise
+    from clconv.gemm import gemm_gpu
+    module = im2col if algorithm == "im2col" else pointwise
+    monkeypatch.setattr(gemm_gpu, "DEEP_K", 9)
+    monkeypatch.setattr(gemm_gpu, "tile", lambda *args, **kwargs: gemm_gpu.TILES[2][0])
+    monkeypatch.setattr(module, "k_slices", lambda *args, **kwargs: slices)
+    deep, run = {}, gemm_gpu.grid_gemm   # {what: deep} of the GEMMs launched
+    monkeypatch.setattr(gemm_gpu, "grid_gemm", lambda *args, **kwargs: deep.update(
+        {kwargs["what"].split(" ")[0]: kwargs.get("deep", False)}) or run(*args, **kwargs))
+    x, w, b, dy = case.data()
+    opts = case.options
+    p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm=algorithm, gemm="gpu")
+    algo, k = p._choice["forward"][0], p.geometry.Kd
+    assert algo.deep and algo.split["forward"] == max(d for d in range(1, slices + 1) if k % d == 0)
+    assert "deep tile" in algo.describe("forward") and "deep tile" not in algo.describe("backward_input")
+    assert_passes_match(p, x, w, b, dy, opts, weight=False)
+    assert deep["forward"] and not deep["grad-input"]
+
+
+@pytest.mark.parametrize("case,deep,slices", [
+    (((32, 192, 12, 12), (192, 192, 1, 7), dict(padding=(0, 3))), True, 3),   # 216 work-groups of 64x64
+    (((32, 384, 5, 5), (384, 384, 3, 1), dict(padding=(1, 0))), True, 4),   # 78: K 1152 in slices of 288
+    (((32, 96, 25, 25), (96, 96, 3, 3), dict(stride=2)), False, 2),   # K 864: the split rule before
+], ids=["1x7_c192", "3x1_c384", "3x3_s2_k864"])
+def test_deep_tile_rule(case, deep, slices, queue):
+    """The deep tile's rule on a stand-in H200 (132 compute units): inception_v3's im2col forwards
+    at batch 32. A plan only: the deep tile's results are checked against the reference above."""
+    input_shape, weight_shape, opts = case
+    g = conv_geometry(input_shape, weight_shape, **opts)
+    fake = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=132, max_work_group_size=1024,
+                   max_work_item_sizes=(1024, 1024, 64), local_mem_size=49152)
+    algo = clconv.Plan(g, np.float32, fake, algorithm="im2col", gemm="gpu", selfcheck=False)._choice["forward"][0]
+    assert algo.deep == deep and algo.split["forward"] == slices
 
 
 @pytest.mark.gpu_form

@@ -33,7 +33,7 @@ import pyopencl as cl
 from ..bias import after_gemm, before_gemm, flags
 from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width
-from ..gemm import Im2colB, Operand as Op, gemm_cpu, gemm_gpu, k_slices
+from ..gemm import Im2colB, Operand as Op, deep, gemm_cpu, gemm_gpu, k_slices
 from ..programs import INT32_MAX, get_kernel, launch
 from .base import Algorithm
 from .partials import fit_slices, largest_divisor_at_most, max_slices, partials_size as _partials, sum_partials
@@ -134,9 +134,11 @@ class Im2col(Algorithm):
         # forward and grad-input split-K on GPUs, where a chunk's grid of products leaves compute
         # units idle (few filters or channels over small images): S partial results after col
         # and T, as many as the budget holds, summed in order
+        # (the forward's long products on clconv's GPU GEMM kernel's deep tile: gemm_gpu.deep)
         room, ld = workspace_limit // itemsize - per_image * self.chunk, self.chunk * g.P
-        split = lambda m, k, outputs: fit_slices(k, k_slices(device, gemm, m, ld, k, g.groups, itemsize),
-                                                 room // (outputs * ld))
+        self.deep = not self._implicit() and deep(device, gemm, g.Kg, ld, g.Kd, g.groups, itemsize)
+        split = lambda m, k, outputs, deep=False: fit_slices(k, k_slices(device, gemm, m, ld, k, g.groups, itemsize,
+                                                                         deep=deep), room // (outputs * ld))
         self.split = {"backward_input": split(g.Kd, g.Kg, self.rows)}
         self.packed_at = per_image * self.chunk + _partials(self.split["backward_input"], self.rows * ld)
         if self._implicit():
@@ -148,7 +150,7 @@ class Im2col(Algorithm):
             self.split["forward"] = fit_slices(g.C, want, workspace_limit // (max(1, outputs) * itemsize))
             forward = _partials(self.split["forward"], outputs)
         else:
-            self.split["forward"] = split(g.Kg, g.Kd, g.K)
+            self.split["forward"] = split(g.Kg, g.Kd, g.K, self.deep)
             forward = per_image * self.forward_chunk + _partials(self.split["forward"], g.K * ld)
         # B in panels (of the unsplit GEMMs) after the rest: where the sizes are 0, not packed
         self._reserve_panels("forward", forward, panels(g.Kg, self.forward_chunk * g.P, g.Kd), workspace_limit)
@@ -206,7 +208,7 @@ class Im2col(Algorithm):
             shape = (f"{g.OH * per_row} tiles of {self.cols} output columns of one row per image ({per_row} per "
                      f"row: one row's col is above the budget too)")
         self.chunk, self.forward_chunk, self.slices, self.last_slices = 1, 1, 1, 1
-        self.split = {"forward": 1, "backward_input": 1}
+        self.split, self.deep = {"forward": 1, "backward_input": 1}, False
         self.tiling = f"{shape} (one image needs {whole} workspace bytes, above the limit of {workspace_limit})"
         col = self.rows * self.band * self.cols
         self.workspace = {"forward": col, "backward_input": col, "backward_weight": col + partials}
@@ -261,6 +263,8 @@ class Im2col(Algorithm):
         elif self.split.get(pass_name, 1) > 1:
             text += (f", split-K into {self.split[pass_name]} slices of K={mnk[2] // self.split[pass_name]} summed in "
                      "order (the grid alone would leave the GPU's compute units idle)")
+        if pass_name == "forward" and self.deep:
+            text += ", " + gemm_gpu.deep_note()
         return text
 
     def _folds_output(self):
@@ -424,16 +428,19 @@ class Im2col(Algorithm):
                 ks, part = Kd // S, (self.rows + g.K) * B * g.P
                 if folds:   # (one group: the slices are the grid's products along i, each a whole C)
                     self._gemm(queue, Kg, ld, ks, Op(w.buf, w.off, Kd, ks), Op(ws, col, ld, ks * ld),
-                               Op(ws, part, g.P, g.K * ld, g.K * g.P), slices=S, what="forward (split-K)", **fold)
+                               Op(ws, part, g.P, g.K * ld, g.K * g.P), slices=S, deep=self.deep,
+                               what="forward (split-K)", **fold)
                 else:
                     self._gemm(queue, Kg, ld, ks, Op(w.buf, w.off, Kd, Kg * Kd, ks), Op(ws, col, ld, Kd * ld, ks * ld),
-                               Op(ws, part, ld, Kg * ld, g.K * ld), images=S, what="forward (split-K)")
+                               Op(ws, part, ld, Kg * ld, g.K * ld), images=S, deep=self.deep,
+                               what="forward (split-K)")
                 sum_partials(queue, self.dtype, idx, Ref(ws, part), S, g.K * ld, out, beta != 0,
                              "forward (sum of slices)")
             else:
                 self._gemm(queue, Kg, ld, Kd, Op(w.buf, w.off, Kd, Kg * Kd), Op(ws, col, ld, Kd * ld),
                            Op(out.buf, out.off, c_ld, Kg * c_ld, g.K * g.P),
-                           beta=beta, b_panels=self._panels("forward", ws), what="forward", **fold)
+                           beta=beta, b_panels=self._panels("forward", ws), deep=self.deep, what="forward",
+                           **fold)
             if in_place:
                 after_gemm(queue, self.dtype, out, bias, nb, g.K, g.P, relu)
             else:

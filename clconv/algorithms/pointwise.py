@@ -31,7 +31,7 @@ outputs summed in order. Such grids come from small images with many channels.
 """
 from ..bias import after_gemm, before_gemm
 from ..buffers import Ref, idx_for
-from ..gemm import MIN_K_SLICE, KBlocks, Operand as Op, best_slices, gemm_cpu, k_slices
+from ..gemm import MIN_K_SLICE, KBlocks, Operand as Op, best_slices, deep, gemm_cpu, gemm_gpu, k_slices
 from ..programs import INT32_MAX
 from .base import Algorithm
 from .im2col import Im2col
@@ -98,9 +98,12 @@ class Pointwise(Algorithm):
         # where a map has fewer than FOLD_BELOW positions, not a GEMM per image
         self.fold = gemm == "gpu" and g.P < FOLD_BELOW and g.N * g.P <= INT32_MAX   # (N is a 32-bit argument)
         cols, count = (g.N * g.P, 1) if self.fold else (g.P, g.N)
-        split = (lambda m, k, outputs: 1 if g.groups > 1 else
-                 fit_slices(k, k_slices(device, gemm, m, cols, k, count, item), workspace_limit // (outputs * item)))
-        self.split = {"forward": split(g.K, g.C, g.N * g.K * g.P),
+        # (the forward's long products on clconv's GPU GEMM kernel's deep tile: gemm_gpu.deep)
+        self.deep = g.groups == 1 and deep(device, gemm, g.K, cols, g.C, count, item)
+        split = (lambda m, k, outputs, deep=False: 1 if g.groups > 1 else
+                 fit_slices(k, k_slices(device, gemm, m, cols, k, count, item, deep=deep),
+                            workspace_limit // (outputs * item)))
+        self.split = {"forward": split(g.K, g.C, g.N * g.K * g.P, self.deep),
                       "backward_input": split(g.C, g.K, g.N * g.C * g.P),
                       "backward_weight": 1 if self._weight is not None or self.blocked else
                       fit_slices(g.P, k_slices(device, gemm, g.K, g.C, g.P, self.images, item),
@@ -149,6 +152,8 @@ class Pointwise(Algorithm):
                     f"partial sums of {self.images} image(s) per launch summed in order, no layout copies"
                     + split.format(g.P // S))
         m, k = (g.Kg, g.Cg) if pass_name == "forward" else (g.Cg, g.Kg)
+        if pass_name == "forward" and self.deep:
+            split += ", " + gemm_gpu.deep_note()
         if self.fold:
             return (f"1x1 GEMM on the input, one per group ({g.groups}) over every image's positions (fewer than "
                     f"{FOLD_BELOW} per image), M={m} N={g.N * g.P} K={k}, no im2col" + split.format(k // S))
@@ -173,14 +178,16 @@ class Pointwise(Algorithm):
             ks, n = g.C // S, g.N * g.K * g.P
             cols, images, fold = self._columns()
             self._gemm(queue, g.K, cols, ks, Op(w.buf, w.off, g.C, ks), Op(x.buf, x.off, g.P, ks * g.P, g.C * g.P),
-                       Op(ws, 0, g.P, n, g.K * g.P), images=images, slices=S, what="forward (1x1, split-K)", **fold)
+                       Op(ws, 0, g.P, n, g.K * g.P), images=images, slices=S, deep=self.deep,
+                       what="forward (1x1, split-K)", **fold)
             sum_partials(queue, self.dtype, idx_for(self.dtype, x, w, y, bias, Ref(ws, 0)), Ref(ws, 0), S, n, y,
                          beta != 0, "forward (1x1, sum of slices)")
         else:
             cols, images, fold = self._columns()
             self._gemm(queue, g.Kg, cols, g.Cg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
                        Op(x.buf, x.off, g.P, g.Cg * g.P, g.C * g.P), Op(y.buf, y.off, g.P, g.Kg * g.P, g.K * g.P),
-                       images=images, beta=beta, b_panels=self._panels("forward", ws), what="forward (1x1)", **fold)
+                       images=images, beta=beta, b_panels=self._panels("forward", ws), deep=self.deep,
+                       what="forward (1x1)", **fold)
         after_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
 
     def backward_input(self, queue, w, dy, dx, ws):

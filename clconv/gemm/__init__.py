@@ -20,8 +20,8 @@ from ..programs import ClconvError, not_capturable
 from . import clblast, gemm_cpu, gemm_gpu
 from .gemm_gpu import Im2colB, KBlocks, best_slices
 
-__all__ = ["CHOICES", "ENGINES", "Im2colB", "KBlocks", "Operand", "best_slices", "choose", "grid_gemm", "group_queues",
-           "k_slices"]
+__all__ = ["CHOICES", "ENGINES", "Im2colB", "KBlocks", "Operand", "best_slices", "choose", "deep", "grid_gemm",
+           "group_queues", "k_slices"]
 
 ENGINES = ("cpu", "gpu", "clblast")
 CHOICES = ("auto", "clconv") + ENGINES
@@ -78,15 +78,25 @@ FILL_WAVES = 2
 MIN_K_SLICE = 256
 
 
-def k_slices(device, engine, m, n, k, count, itemsize=4, min_slice=MIN_K_SLICE, waves=FILL_WAVES, tile=None):
+def deep(device, engine, m, n, k, count, itemsize=4):
+    """Whether a forward's ``count`` M x N x K products run clconv's GPU kernel's deep tile
+    (:func:`.gemm_gpu.deep`): then :func:`k_slices` and :func:`grid_gemm` take ``deep=True``."""
+    return engine == "gpu" and gemm_gpu.deep(device, m, n, k, count, itemsize) is not None
+
+
+def k_slices(device, engine, m, n, k, count, itemsize=4, min_slice=MIN_K_SLICE, waves=FILL_WAVES, tile=None,
+             deep=False):
     """Split-K slices for ``count`` M x N x K products on ``engine``: the fewest that divide K
     exactly (so every slice is one product of the grid) and fill the device as above, or with
     ``waves`` work-groups per compute unit, counted in the tile the GEMM model picks for the grid
-    or in ``tile`` (a :class:`.gemm_gpu.Tile`); 1 where the grid fills it already, K is too
-    short, or the engine is not clconv's GPU kernel (CPU kernels spread a product's blocks over
-    the cores themselves; CLBlast is not split)."""
+    or in ``tile`` (a :class:`.gemm_gpu.Tile`), or with ``deep`` in the deep tile to
+    :data:`.gemm_gpu.DEEP_WAVES`; 1 where the grid fills it already, K is too short, or the engine
+    is not clconv's GPU kernel (CPU kernels spread a product's blocks over the cores themselves;
+    CLBlast is not split)."""
     if engine != "gpu":
         return 1
+    if deep:
+        tile, waves = gemm_gpu.EIGHT_BY_FOUR, gemm_gpu.DEEP_WAVES
     groups = gemm_gpu.work_groups(device, m, n, count, itemsize, tile)
     if not groups:   # (an empty grid, of no images)
         return 1
@@ -116,7 +126,7 @@ def group_queues(queue, count):
 
 def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False,
               b_transp=False, per_group=False, im2col=None, k_blocks=None, c_fold=0, b_fold=0, a_fold=0,
-              a_packed=None, b_panels=None, what=""):
+              a_packed=None, b_panels=None, deep=False, what=""):
     """C[g, i] = alpha * op(A[g, i]) @ op(B[g, i]) + beta * C[g, i] for every (group g, image i),
     row-major; ``a``, ``b``, ``c`` are :class:`Operand` s, op(A) M x K, op(B) K x N.
 
@@ -126,7 +136,7 @@ def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1
     :func:`.clblast._in_place`). ``im2col`` (an :class:`Im2colB`): B is read in place through
     im2col; ``c_fold``, ``b_fold``: C's or B's columns are the positions of several images,
     ``a_fold``: A's depth, the images' products split-K slices of it (:func:`.gemm_gpu.grid_gemm`);
-    these on the GPU kernel only. ``k_blocks`` (a :class:`KBlocks`,
+    these on the GPU kernel only, as is ``deep`` (its deep tile, :func:`deep`). ``k_blocks`` (a :class:`KBlocks`,
     continuous on the GPU kernel only): each product sums over blocks of K, on clconv's kernels.
     ``a_packed`` (an :class:`Operand` in the caller's workspace, of
     :func:`.gemm_cpu.packed_size` elements): where op(A) = A^T alone, clconv's CPU kernel packs
@@ -139,10 +149,12 @@ def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1
     ``queue`` waits for all of them before going on (CLBlast takes no wait list).
     """
     folded = c_fold or b_fold or a_fold
-    if (im2col is not None or folded) and engine != "gpu" or k_blocks is not None and engine == "clblast":
-        raise ClconvError(f"clconv: {what}: an implicit im2col operand or a folded operand need clconv's GPU GEMM "
-                          "kernel, K blocks one of clconv's kernels")
+    if (im2col is not None or folded or deep) and engine != "gpu" or k_blocks is not None and engine == "clblast":
+        raise ClconvError(f"clconv: {what}: an implicit im2col operand, a folded operand or the deep tile need "
+                          "clconv's GPU GEMM kernel, K blocks one of clconv's kernels")
     flags = dict(alpha=alpha, beta=beta, a_transp=a_transp, b_transp=b_transp, what=what)
+    if deep:
+        flags["deep"] = True
     ops = (a, b, c)
     if per_group and groups > 1:
         not_capturable()

@@ -150,6 +150,36 @@ def launched(device, t, im2col=False, itemsize=4):
     return t
 
 
+# Deep products: a forward's grid whose products are at least DEEP_K deep, and which the model
+# gives a tile of 4x4 work-items (it counts few 8x8 work-groups for the device), runs EIGHT_BY_FOUR
+# instead, its grid cut along K into split-K slices until it has DEEP_WAVES work-groups per
+# compute unit (the caller's split, :func:`clconv.gemm.k_slices`): a 4x4 work-item does half the
+# multiply-adds per value read from local memory, which over a long K costs more than the partial
+# sums. H200, batch 32, every forward and grad-input of the networks and the reference workloads
+# this would change (device time, least of 7, interleaved with the rule off): the 26 forwards of
+# K >= 1024 (13 im2col, 13 1x1) 0.92x (geometric mean; 0.80x on inception_v3's 1x7 and 7x1 C192
+# on 12x12, 0.81x resnet50's layer4 3x3, at most 1.05x), inception_v3's step 0.34 ms shorter,
+# resnet50's 0.05; forwards of K 768-1023 1.02x (10, at most 1.14x); grad-inputs, whose A is
+# W^T, 1.08x (5, at most 1.16x), so only forwards take it. 2 or 6 work-groups per compute unit
+# measured no better than 4 (0.95x, 0.92x on those forwards).
+DEEP_K = 1024
+DEEP_WAVES = 4
+
+
+def deep_note():
+    """What ``explain()`` says of a pass whose GEMM takes the deep tile."""
+    t = EIGHT_BY_FOUR
+    return (f"clconv's GPU GEMM kernel in its deep tile ({t.tm}x{t.tn} of {t.rm}x{t.rn} work-items, for products at "
+            f"least {DEEP_K} deep, split to {DEEP_WAVES} work-groups per compute unit)")
+
+
+def deep(device, m, n, k, count, itemsize=4):
+    """EIGHT_BY_FOUR for ``count`` M x N products K deep where the rule above takes it, else None."""
+    t = tile(device, m, n, count, itemsize)
+    return (EIGHT_BY_FOUR if t is not None and t.rm * t.rn == 16 and k >= DEEP_K
+            and fits(device, EIGHT_BY_FOUR, itemsize) else None)
+
+
 # In-work-group split-K: where a launch's grid has fewer work-items than SATURATION per compute
 # unit, its work-groups take KS planes of work-items, each multiplying a part of every slice
 # (staged KS times as deep), so that a product runs fewer slices one after another
@@ -223,7 +253,7 @@ class KBlocks(NamedTuple):
 
 
 def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False, b_transp=False,
-              im2col=None, k_blocks=None, c_fold=0, b_fold=0, a_fold=0, what=""):
+              im2col=None, k_blocks=None, c_fold=0, b_fold=0, a_fold=0, deep=False, what=""):
     """C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j] for i < gi, j < gj, in one launch.
 
     ``a``, ``b``, ``c``: :class:`clconv.gemm.Operand` s (matrix (i, j) at ``at(i, j)``); C
@@ -235,7 +265,8 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     (gj == 1, B stored K x N, read as it is): the same for B's columns. ``a_fold`` (A stored
     M x K, read as it is): the same for A's depth, where the gj products along j are split-K
     slices of one depth of gj * K values (product j's depth k is j * K + k; an NCHW operand,
-    its batch in the GEMM's K).
+    its batch in the GEMM's K). ``deep``: the grid runs EIGHT_BY_FOUR, which its
+    caller's split was counted in (:func:`deep`).
     """
     if im2col is not None and k_blocks is not None:
         raise ClconvError(f"clconv: {what}: an im2col B is not read in K blocks")
@@ -248,11 +279,11 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     ops = (a, b, c)
     assert (gi == 1 or c.per_group) and (gj == 1 or c.per_image or c_fold), "GEMMs into one C would race"
     itemsize = np.dtype(dtype).itemsize
-    chosen = tile(queue.device, m, n, gi * gj, itemsize)
+    chosen = EIGHT_BY_FOUR if deep else tile(queue.device, m, n, gi * gj, itemsize)
     if chosen is None:
         raise ClconvError(f"clconv: {what}: no tile of clconv's GEMM kernel fits {queue.device.name.strip()} "
                           f"(work-group and local-memory limits); use gemm='clblast'")
-    chosen = launched(queue.device, chosen, im2col is not None, itemsize)
+    chosen = chosen if deep else launched(queue.device, chosen, im2col is not None, itemsize)
     tm, tn = chosen.tm, chosen.tn
     groups = -(-m // tm) * -(-n // tn) * gi * gj
     depth, blocks = (k * kb.count, 1) if kb.continuous else (k, kb.count)   # (continuous: one depth)
