@@ -321,7 +321,7 @@ def test_cpu_gemm_packs_b_in_panels(case, algorithm, packing, queues, queue, mon
     Case("k1x1_continuous_4x3", 5, 4, 4, 3, 8, 1, 1),        # 12 positions: four-wide reads
 ], ids=repr)
 def test_1x1_grad_weight_reads_small_maps_as_one_depth(case, slices, queue, monkeypatch):
-    """On clconv's GPU kernel, grad-weight over maps of fewer than FOLD_BELOW positions reads every
+    """On clconv's GPU kernel, grad-weight over maps of fewer than CONTINUOUS_BELOW positions reads every
     image's positions as one continuous K (no block padded at an image's end), in the slices of
     whole images that the tile model picks (forced here)."""
     from clconv.algorithms import pointwise

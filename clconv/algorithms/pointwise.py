@@ -10,7 +10,7 @@ sums over the images:
 On clconv's kernels that sum is the GEMM's own: its depth is one K block per image
 (:class:`clconv.gemm.KBlocks`); no layout copies, no partial sums over the images. On the GPU
 kernel they are cut into slices of images (or, for few images, of every image's positions) that
-fill the device, whose partial sums are summed in order; over small maps (FOLD_BELOW) the blocks
+fill the device, whose partial sums are summed in order; over small maps (CONTINUOUS_BELOW) the blocks
 are read as one continuous depth and the slices of images chosen by the GEMM's tile model
 (:func:`clconv.gemm.best_slices`). H200, networks benchmark at batch 32: C1024 14x14 -> K256
 0.15 ms against 0.27 through the im2col layout, the 1x1 grad-weights of the six networks 6.9 ms
@@ -47,15 +47,18 @@ from .partials import MAX_SLICES, MIN_SLICE, fit_slices, max_slices, partials_si
 CPU_BLOCKS_BELOW = 700
 # Forward and grad-input on the GPU kernel over maps of fewer than FOLD_BELOW positions: one
 # GEMM over every image's positions (B read and C stored image by image: b_fold, c_fold), not
-# a ragged GEMM per image of 25-49 columns. H200, the networks' 1x1 layers, folded / per image
-# (geometric mean): P < 64 forward 0.87, grad-input 0.99 at batch 32 (0.90, 0.86 at batch 1);
-# P < 200 at batch 32 forward 0.95 but grad-input 1.08 (folded B read a value at a time). With B
-# read four-wide where P is a multiple of 4 (b_fold), folding the 20 layers of 144 and 196
-# positions too made no difference above the noise: 0.91 against 0.98 of cuDNN's time at batch
-# 32, 1.00 against 0.98 at batch 1, their grad-weights, which folding does not touch, 0.85
-# against 0.92 between the same two runs.
-# Grad-weight over such maps reads its K blocks as one continuous depth.
-FOLD_BELOW = 64
+# a ragged GEMM per image of 25-196 columns. H200, the networks' 1x1 layers, folded / per image
+# (geometric mean): P < 64 forward 0.87, grad-input 0.99 at batch 32 (0.90, 0.86 at batch 1).
+# Maps of 144 and 196 positions (batch 32, device time, least of 6, interleaved, the deep tile
+# and B read four-wide where P is a multiple of 4): forward 0.89 (20 layers, 0.71-1.01x;
+# resnet50's C512 14x14 -> K1024 274 -> 190 us), grad-input 0.87 (0.75-0.99x); conv time per
+# step 0.64 ms shorter on resnet50, 0.28 on inception_v3, 0.06-0.13 on the others. On 28x28
+# maps and larger folding measured 0.95-1.03x (geometric means of forward and grad-input over
+# 31 layers; single passes up to 1.3x).
+FOLD_BELOW = 256
+# Grad-weight over maps of fewer than CONTINUOUS_BELOW positions reads its K blocks as one
+# continuous depth.
+CONTINUOUS_BELOW = 64
 
 
 class Pointwise(Algorithm):
@@ -77,7 +80,7 @@ class Pointwise(Algorithm):
         self.slices, self.by_images = 1, True
         # small maps: the K blocks read as one continuous depth (no slice padded at each image's
         # end), in slices of whole images chosen by the tile model (gemm_gpu.best_slices)
-        self.continuous = gemm == "gpu" and g.P < FOLD_BELOW and g.N > 1
+        self.continuous = gemm == "gpu" and g.P < CONTINUOUS_BELOW and g.N > 1
         if self.continuous:   # (one slice needs no workspace)
             options = [d for d in range(1, max(1, min(g.N, fits, MAX_SLICES)) + 1) if g.N % d == 0]
             self.slices = best_slices(device, g.Kg, g.Cg, g.N * g.P, g.groups, options, item)
