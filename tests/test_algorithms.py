@@ -894,13 +894,15 @@ def test_im2col_forward_writes_output_in_place(case, slices, folds, queue, monke
 ], ids=repr)
 def test_deep_tile(case, algorithm, slices, queue, monkeypatch):
     """On clconv's GPU GEMM kernel a forward's products at least DEEP_K deep, where the model gives
-    the grid 4x4 work-items, run the deep tile (64x64 of 8x4 work-items), split-K or not. Forced
-    here (DEEP_K 9, every grid given a 4x4 tile, the split); forward with bias and through ReLU,
+    the grid 4x4 work-items and that fill enough of the device, run the deep tile (64x64 of 8x4
+    work-items), split-K or not. Forced here (DEEP_K 9, every grid given a 4x4 tile and counted
+    large enough, the split); forward with bias and through ReLU,
     and grad-input (never deep), against the reference."""
     from clconv.algorithms import im2col, pointwise
     from clconv.gemm import gemm_gpu
     module = im2col if algorithm == "im2col" else pointwise
     monkeypatch.setattr(gemm_gpu, "DEEP_K", 9)
+    monkeypatch.setattr(gemm_gpu, "DEEP_MIN_SHARE", 1 << 20)   # (a grid of one work-group large enough)
     monkeypatch.setattr(gemm_gpu, "tile", lambda *args, **kwargs: gemm_gpu.TILES[2][0])
     monkeypatch.setattr(module, "k_slices", lambda *args, **kwargs: slices)
     deep, run = {}, gemm_gpu.grid_gemm   # {what: deep} of the GEMMs launched
@@ -920,10 +922,11 @@ def test_deep_tile(case, algorithm, slices, queue, monkeypatch):
     (((32, 192, 12, 12), (192, 192, 1, 7), dict(padding=(0, 3))), True, 3),   # 216 work-groups of 64x64
     (((32, 384, 5, 5), (384, 384, 3, 1), dict(padding=(1, 0))), True, 4),   # 78: K 1152 in slices of 288
     (((32, 96, 25, 25), (96, 96, 3, 3), dict(stride=2)), False, 2),   # K 864: the split rule before
-], ids=["1x7_c192", "3x1_c384", "3x3_s2_k864"])
+    (((1, 192, 12, 12), (192, 192, 1, 7), dict(padding=(0, 3))), False, 4),   # 9 work-groups: too few
+], ids=["1x7_c192", "3x1_c384", "3x3_s2_k864", "1x7_c192_batch1"])
 def test_deep_tile_rule(case, deep, slices, queue):
     """The deep tile's rule on a stand-in H200 (132 compute units): inception_v3's im2col forwards
-    at batch 32. A plan only: the deep tile's results are checked against the reference above."""
+    at batch 32, and one at batch 1. A plan only: the deep tile's results are checked against the reference above."""
     input_shape, weight_shape, opts = case
     g = conv_geometry(input_shape, weight_shape, **opts)
     fake = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=132, max_work_group_size=1024,
