@@ -13,7 +13,8 @@ under the tiles that chose it.
 
 Reported, over the shapes timed with every candidate: each tile's geometric-mean time against
 the shape's best candidate, and the same for the tile the rule launches (gemm_gpu.tile, then
-gemm_gpu.launched). JSON:
+gemm_gpu.launched; the deep tile of gemm_gpu.deep is left out, each candidate timed as
+itself at the split-K counts of the rules before it). JSON:
 bench/results/<device>-gemm-tiles-b<batch>.json, or -gemm-tiles-workloads.json.
 """
 import argparse
@@ -51,10 +52,12 @@ def timed_gemms(queue, layer, batch, tile):
     def logged(*args, **kw):
         calls.append((args, kw))
         return run(*args, **kw)
-    rules, launched, sliced = gemm_gpu.TILES, gemm_gpu.launched, gemm_gpu.sliced
+    rules, launched, sliced, deep = gemm_gpu.TILES, gemm_gpu.launched, gemm_gpu.sliced, gemm_gpu.deep
     gemm_gpu.TILES, gemm_gpu.grid_gemm = ((tile, 1.0),), logged
-    # the tile itself, not what a launch would run for it (another tile, or the tile in planes)
+    # the tile itself, not what a launch would run for it (another tile, the tile in planes, or
+    # for a deep forward the deep tile)
     gemm_gpu.launched = gemm_gpu.sliced = lambda device, t, *args: t
+    gemm_gpu.deep = lambda *args, **kw: False
     gemm_gpu.tile.cache_clear()
     try:
         g, opts = geometry(layer, batch), options(layer)
@@ -79,6 +82,7 @@ def timed_gemms(queue, layer, batch, tile):
                                kw.get("b_transp", False), kw.get("im2col") is not None, folds), min(times)))
     finally:
         gemm_gpu.TILES, gemm_gpu.grid_gemm, gemm_gpu.launched, gemm_gpu.sliced = rules, run, launched, sliced
+        gemm_gpu.deep = deep
         gemm_gpu.tile.cache_clear()
     return found
 

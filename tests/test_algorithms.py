@@ -364,18 +364,21 @@ def test_1x1_grad_weight_in_one_slice_where_no_partial_sum_fits(queue):
     (next(c for c in EXTRA if c.name == "split_k_1x1_g1"), 64, False),  # 13 x 11 positions: a GEMM per image
     (Case("k1x1_fold_split", 3, 6, 5, 7, 9, 1, 1), 64, True),         # 35 positions; C 6 and K 9 split in 3
     (next(c for c in EXTRA if c.name == "split_k_1x1_g1"), 1000, True),   # 143 positions, under a higher bound
-], ids=["grouped_folded", "per_image", "folded", "folded_below_1000"])
+    (Case("k1x1_fold_9x8", 2, 6, 9, 8, 5, 1, 1), None, True),   # 72: folded, grad-weight not one depth
+], ids=["grouped_folded", "per_image", "folded", "folded_below_1000", "folded_not_continuous"])
 def test_1x1_folds_small_maps_into_one_gemm(case, fold_below, folded, slices, queue, monkeypatch):
     """On clconv's GPU kernel, forward and grad-input over maps of fewer than FOLD_BELOW positions
     are one GEMM over every image's positions, the output stored image by image; split-K (forced)
     still cuts their K, one group only."""
     from clconv.algorithms import pointwise
-    monkeypatch.setattr(pointwise, "FOLD_BELOW", fold_below)
+    if fold_below is not None:   # (None: the library's bound)
+        monkeypatch.setattr(pointwise, "FOLD_BELOW", fold_below)
     monkeypatch.setattr(pointwise, "k_slices", lambda device, engine, m, n, k, count, itemsize=4, *a, **kw: slices)
     x, w, b, dy = case.data()
     p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="1x1", gemm="gpu")
     algo, g = p._choice["forward"][0], p.geometry
     assert algo.fold == folded
+    assert p._choice["backward_weight"][0].continuous == (g.P < pointwise.CONTINUOUS_BELOW)   # (its own bound)
     for pass_name, k in (("forward", g.C), ("backward_input", g.K)):
         want = max(d for d in range(1, slices + 1) if k % d == 0) if g.groups == 1 else 1
         assert algo.split[pass_name] == want
@@ -890,7 +893,7 @@ def test_im2col_forward_writes_output_in_place(case, slices, folds, queue, monke
     (Case("im2col_1x7_batch3", 3, 9, 9, 7, 9, 1, 7, padding=(0, 3)), "im2col"),   # K 63; in place
     (Case("im2col_3x3_s2_g2", 3, 12, 11, 9, 10, 3, 3, stride=2, groups=2), "im2col"),   # K 54 per group
     (Case("1x1_5x5_batch3", 3, 45, 5, 5, 27, 1, 1), "1x1"),   # folded over the images
-    (Case("1x1_9x8_batch2", 2, 30, 9, 8, 21, 1, 1), "1x1"),   # 72 positions: a product per image
+    (Case("1x1_16x17_batch2", 2, 30, 16, 17, 21, 1, 1), "1x1"),   # 272 positions: a product per image
 ], ids=repr)
 def test_deep_tile(case, algorithm, slices, queue, monkeypatch):
     """On clconv's GPU GEMM kernel a forward's products at least DEEP_K deep, where the model gives
@@ -905,17 +908,21 @@ def test_deep_tile(case, algorithm, slices, queue, monkeypatch):
     monkeypatch.setattr(gemm_gpu, "DEEP_MIN_SHARE", 1 << 20)   # (a grid of one work-group large enough)
     monkeypatch.setattr(gemm_gpu, "tile", lambda *args, **kwargs: gemm_gpu.TILES[2][0])
     monkeypatch.setattr(module, "k_slices", lambda *args, **kwargs: slices)
-    deep, run = {}, gemm_gpu.grid_gemm   # {what: deep} of the GEMMs launched
-    monkeypatch.setattr(gemm_gpu, "grid_gemm", lambda *args, **kwargs: deep.update(
-        {kwargs["what"].split(" ")[0]: kwargs.get("deep", False)}) or run(*args, **kwargs))
+    tiles, run, planes = {}, gemm_gpu.grid_gemm, gemm_gpu.sliced   # {pass: tiles its GEMMs launched}
+    current = []
+    monkeypatch.setattr(gemm_gpu, "grid_gemm", lambda *args, **kwargs: current.insert(0, kwargs["what"].split(" ")[0])
+                        or run(*args, **kwargs))
+    monkeypatch.setattr(gemm_gpu, "sliced", lambda device, t, *args, **kwargs: tiles.setdefault(current[0], set()).add(
+        (t.tm, t.tn, t.rm, t.rn)) or planes(device, t, *args, **kwargs))
     x, w, b, dy = case.data()
     opts = case.options
     p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm=algorithm, gemm="gpu")
     algo, k = p._choice["forward"][0], p.geometry.Kd
     assert algo.deep and algo.split["forward"] == max(d for d in range(1, slices + 1) if k % d == 0)
     assert "deep tile" in algo.describe("forward") and "deep tile" not in algo.describe("backward_input")
+    tiles.clear()   # (the known-answer check's own plans launch on their rules' tiles)
     assert_passes_match(p, x, w, b, dy, opts, weight=False)
-    assert deep["forward"] and not deep["grad-input"]
+    assert tiles["forward"] == {(64, 64, 8, 4)} and tiles["grad-input"] == {(32, 64, 4, 4)}
 
 
 @pytest.mark.parametrize("case,deep,slices", [
@@ -923,15 +930,18 @@ def test_deep_tile(case, algorithm, slices, queue, monkeypatch):
     (((32, 384, 5, 5), (384, 384, 3, 1), dict(padding=(1, 0))), True, 4),   # 78: K 1152 in slices of 288
     (((32, 96, 25, 25), (96, 96, 3, 3), dict(stride=2)), False, 2),   # K 864: the split rule before
     (((1, 192, 12, 12), (192, 192, 1, 7), dict(padding=(0, 3))), False, 4),   # 9 work-groups: too few
-], ids=["1x7_c192", "3x1_c384", "3x3_s2_k864", "1x7_c192_batch1"])
+    (((32, 2048, 5, 5), (320, 2048, 1, 1), {}), True, 8),   # 1x1, folded: 65 work-groups, slices of 256
+], ids=["1x7_c192", "3x1_c384", "3x3_s2_k864", "1x7_c192_batch1", "1x1_c2048_5x5"])
 def test_deep_tile_rule(case, deep, slices, queue):
     """The deep tile's rule on a stand-in H200 (132 compute units): inception_v3's im2col forwards
-    at batch 32, and one at batch 1. A plan only: the deep tile's results are checked against the reference above."""
+    at batch 32, one at batch 1, and a 1x1 forward. A plan only: the deep tile's results are
+    checked against the reference above."""
     input_shape, weight_shape, opts = case
     g = conv_geometry(input_shape, weight_shape, **opts)
     fake = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=132, max_work_group_size=1024,
                    max_work_item_sizes=(1024, 1024, 64), local_mem_size=49152)
-    algo = clconv.Plan(g, np.float32, fake, algorithm="im2col", gemm="gpu", selfcheck=False)._choice["forward"][0]
+    algorithm = "1x1" if weight_shape[2:] == (1, 1) else "im2col"
+    algo = clconv.Plan(g, np.float32, fake, algorithm=algorithm, gemm="gpu", selfcheck=False)._choice["forward"][0]
     assert algo.deep == deep and algo.split["forward"] == slices
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import clconv
+from clconv.algorithms.pointwise import FOLD_BELOW
 from clconv.bench import networks as nb
 
 
@@ -112,8 +113,9 @@ def test_gemm_tiles_times_a_layers_gemms_with_each_tile(data, tmp_path, monkeypa
     assert record["batch"] == 2 and set(record["tiles"]) == {"128x64", "32x64_by_4x4"}
     shapes = record["shapes"]
     products = {(s["m"], s["n"]) for s in shapes}
-    K, C = layer["K"], layer["C"]
-    assert {(K, layer["H"] * layer["W"]), (C, layer["H"] * layer["W"]), (K, C)} <= products   # fwd, dgrad, wgrad
+    K, C, P = layer["K"], layer["C"], layer["H"] * layer["W"]
+    n = 2 * P if P < FOLD_BELOW else P   # (forward and grad-input: both images' positions in one GEMM, or one each)
+    assert {(K, n), (C, n), (K, C)} <= products   # fwd, dgrad, wgrad
     wgrad = next(s for s in shapes if (s["m"], s["n"]) == (K, C))
     assert wgrad["b_transp"] and wgrad["k_blocks"] * wgrad["products"] == 2   # both images, as K blocks or slices
     for s in shapes:

@@ -137,8 +137,9 @@ class Im2col(Algorithm):
         # (the forward's long products on clconv's GPU GEMM kernel's deep tile: gemm_gpu.deep)
         room, ld = workspace_limit // itemsize - per_image * self.chunk, self.chunk * g.P
         self.deep = not self._implicit() and deep(device, gemm, g.Kg, ld, g.Kd, g.groups, itemsize)
-        split = lambda m, k, outputs, deep=False: fit_slices(k, k_slices(device, gemm, m, ld, k, g.groups, itemsize,
-                                                                         deep=deep), room // (outputs * ld))
+        split = lambda m, k, outputs, in_deep=False: fit_slices(k, k_slices(device, gemm, m, ld, k, g.groups,
+                                                                            itemsize, deep=in_deep),
+                                                                room // (outputs * ld))
         self.split = {"backward_input": split(g.Kd, g.Kg, self.rows)}
         self.packed_at = per_image * self.chunk + _partials(self.split["backward_input"], self.rows * ld)
         if self._implicit():

@@ -27,7 +27,9 @@ On clconv's GPU kernel, forward and grad-input over small maps (FOLD_BELOW) are 
 per group over every image's positions. On a GPU, with one group, forward and grad-input
 grids of products too small to fill the device are also cut along their K into slices
 (:func:`clconv.gemm.k_slices`), the slices taking the grid's group axis, into partial
-outputs summed in order. Such grids come from small images with many channels.
+outputs summed in order. Such grids come from small images with many channels. Forwards of
+long products run the GPU kernel's deep tile, split to fill the device more
+(:func:`clconv.gemm.gemm_gpu.deep`).
 """
 from ..bias import after_gemm, before_gemm
 from ..buffers import Ref, idx_for
@@ -103,8 +105,8 @@ class Pointwise(Algorithm):
         cols, count = (g.N * g.P, 1) if self.fold else (g.P, g.N)
         # (the forward's long products on clconv's GPU GEMM kernel's deep tile: gemm_gpu.deep)
         self.deep = g.groups == 1 and deep(device, gemm, g.K, cols, g.C, count, item)
-        split = (lambda m, k, outputs, deep=False: 1 if g.groups > 1 else
-                 fit_slices(k, k_slices(device, gemm, m, cols, k, count, item, deep=deep),
+        split = (lambda m, k, outputs, in_deep=False: 1 if g.groups > 1 else
+                 fit_slices(k, k_slices(device, gemm, m, cols, k, count, item, deep=in_deep),
                             workspace_limit // (outputs * item)))
         self.split = {"forward": split(g.K, g.C, g.N * g.K * g.P, self.deep),
                       "backward_input": split(g.C, g.K, g.N * g.C * g.P),

@@ -81,7 +81,7 @@ MIN_K_SLICE = 256
 def deep(device, engine, m, n, k, count, itemsize=4):
     """Whether a forward's ``count`` M x N x K products run clconv's GPU kernel's deep tile
     (:func:`.gemm_gpu.deep`): then :func:`k_slices` and :func:`grid_gemm` take ``deep=True``."""
-    return engine == "gpu" and gemm_gpu.deep(device, m, n, k, count, itemsize) is not None
+    return engine == "gpu" and gemm_gpu.deep(device, m, n, k, count, itemsize)
 
 
 def k_slices(device, engine, m, n, k, count, itemsize=4, min_slice=MIN_K_SLICE, waves=FILL_WAVES, tile=None,

@@ -156,8 +156,9 @@ def launched(device, t, im2col=False, itemsize=4):
 # compute unit (the caller's split, :func:`clconv.gemm.k_slices`): a 4x4 work-item does half the
 # multiply-adds per value read from local memory, which over a long K costs more than the partial
 # sums. H200, batch 32, every forward and grad-input of the networks and the reference workloads
-# this would change (device time, least of 7, interleaved with the rule off): the 26 forwards of
-# K >= 1024 (13 im2col, 13 1x1) 0.92x (geometric mean; 0.80x on inception_v3's 1x7 and 7x1 C192
+# this would change (device time, least of 7, interleaved with the rule off; before 1x1 layers
+# of 144 and 196 positions were folded, which leaves 25 of these forwards deep): the 26 forwards
+# of K >= 1024 (13 im2col, 13 1x1) 0.92x (geometric mean; 0.80x on inception_v3's 1x7 and 7x1 C192
 # on 12x12, 0.81x resnet50's layer4 3x3, at most 1.05x), inception_v3's step 0.34 ms shorter,
 # resnet50's 0.05; forwards of K 768-1023 1.02x (10, at most 1.14x); grad-inputs, whose A is
 # W^T, 1.08x (5, at most 1.16x), so only forwards take it. 2 or 6 work-groups per compute unit
@@ -178,11 +179,11 @@ def deep_note():
 
 
 def deep(device, m, n, k, count, itemsize=4):
-    """EIGHT_BY_FOUR for ``count`` M x N products K deep where the rule above takes it, else None."""
+    """Whether a forward's ``count`` M x N products K deep run EIGHT_BY_FOUR by the rule above."""
     t = tile(device, m, n, count, itemsize)
-    return (EIGHT_BY_FOUR if t is not None and t.rm * t.rn == 16 and k >= DEEP_K
+    return (t is not None and t.rm * t.rn == 16 and k >= DEEP_K
             and work_groups(device, m, n, count, itemsize, EIGHT_BY_FOUR) * DEEP_MIN_SHARE >= _facts(device)[1]
-            and fits(device, EIGHT_BY_FOUR, itemsize) else None)
+            and fits(device, EIGHT_BY_FOUR, itemsize))
 
 
 # In-work-group split-K: where a launch's grid has fewer work-items than SATURATION per compute
@@ -275,6 +276,7 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     """
     if im2col is not None and k_blocks is not None:
         raise ClconvError(f"clconv: {what}: an im2col B is not read in K blocks")
+    assert not (deep and im2col is not None), "the deep tile is not run over an im2col B (see launched)"
     kb = k_blocks or KBlocks(1, 0, 0)
     assert not c_fold or (gj == 1 and n % c_fold == 0), "a folded C is one matrix of whole images along j"
     assert not b_fold or (gj == 1 and n % b_fold == 0 and not b_transp and im2col is None and k_blocks is None), \
