@@ -162,7 +162,7 @@ def launched(device, t, im2col=False, itemsize=4):
 # on 12x12, 0.81x resnet50's layer4 3x3, at most 1.05x), inception_v3's step 0.34 ms shorter,
 # resnet50's 0.05; forwards of K 768-1023 1.02x (10, at most 1.14x); grad-inputs, whose A is
 # W^T, 1.08x (5, at most 1.16x), so only forwards take it. 2 or 6 work-groups per compute unit
-# measured no better than 4 (0.95x, 0.92x on those forwards). Only grids of at least one deep
+# measured no better than 4 (0.94x, 0.92x on those forwards). Only grids of at least one deep
 # work-group per DEEP_MIN_SHARE compute units before the split: at batch 1 the same forwards, of 3
 # to 32 such work-groups for 132 units, took 0.99-1.36x the time in it (27 forwards, 15 of them
 # 1.2x or more); at batch 32 the smallest grids it serves have 39 (0.89-0.98x).
