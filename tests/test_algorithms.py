@@ -899,8 +899,8 @@ def test_deep_tile(case, algorithm, slices, queue, monkeypatch):
     """On clconv's GPU GEMM kernel a forward's products at least DEEP_K deep, where the model gives
     the grid 4x4 work-items and that fill enough of the device, run the deep tile (64x64 of 8x4
     work-items), split-K or not. Forced here (DEEP_K 9, every grid given a 4x4 tile and counted
-    large enough, the split); forward with bias and through ReLU,
-    and grad-input (never deep), against the reference."""
+    large enough, the split); forward with bias and through ReLU, and grad-input (never deep),
+    against the reference."""
     from clconv.algorithms import im2col, pointwise
     from clconv.gemm import gemm_gpu
     module = im2col if algorithm == "im2col" else pointwise
