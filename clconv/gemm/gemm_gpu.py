@@ -271,8 +271,8 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     (gj == 1, B stored K x N, read as it is): the same for B's columns. ``a_fold`` (A stored
     M x K, read as it is): the same for A's depth, where the gj products along j are split-K
     slices of one depth of gj * K values (product j's depth k is j * K + k; an NCHW operand,
-    its batch in the GEMM's K). ``deep``: the grid runs EIGHT_BY_FOUR, which its
-    caller's split was counted in (:func:`deep`).
+    its batch in the GEMM's K). ``deep``: the grid runs EIGHT_BY_FOUR, the tile its caller's
+    split was counted in (:func:`deep`).
     """
     if im2col is not None and k_blocks is not None:
         raise ClconvError(f"clconv: {what}: an im2col B is not read in K blocks")
@@ -286,11 +286,14 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     ops = (a, b, c)
     assert (gi == 1 or c.per_group) and (gj == 1 or c.per_image or c_fold), "GEMMs into one C would race"
     itemsize = np.dtype(dtype).itemsize
-    chosen = EIGHT_BY_FOUR if deep else tile(queue.device, m, n, gi * gj, itemsize)
-    if chosen is None:
-        raise ClconvError(f"clconv: {what}: no tile of clconv's GEMM kernel fits {queue.device.name.strip()} "
-                          f"(work-group and local-memory limits); use gemm='clblast'")
-    chosen = chosen if deep else launched(queue.device, chosen, im2col is not None, itemsize)
+    if deep:
+        chosen = EIGHT_BY_FOUR
+    else:
+        chosen = tile(queue.device, m, n, gi * gj, itemsize)
+        if chosen is None:
+            raise ClconvError(f"clconv: {what}: no tile of clconv's GEMM kernel fits {queue.device.name.strip()} "
+                              f"(work-group and local-memory limits); use gemm='clblast'")
+        chosen = launched(queue.device, chosen, im2col is not None, itemsize)
     tm, tn = chosen.tm, chosen.tn
     groups = -(-m // tm) * -(-n // tn) * gi * gj
     depth, blocks = (k * kb.count, 1) if kb.continuous else (k, kb.count)   # (continuous: one depth)
