@@ -93,3 +93,13 @@ CASES = [
     # padding beyond the dilated kernel: the stride-1 grad-input's flipped padding goes negative
     Case("depthwise_x2_k3x2_overpad", 2, 3, 5, 7, 6, 3, 2, padding=((3, 1), (0, 2)), groups=3),
 ]
+
+
+REPLAYED = [  # one case per algorithm whose passes a plan replays (clconv's own GEMM kernel)
+    (Case("im2col_split_k", 4, 4, 17, 19, 6, 3, 3, padding=1, groups=2), "im2col"),
+    (Case("depthwise", 3, 6, 40, 33, 12, 3, 3, stride=2, padding=1, groups=6), "direct"),
+    (Case("winograd", 2, 6, 13, 11, 4, 3, 3, padding=1, groups=2), "winograd"),
+    (Case("fft", 2, 4, 9, 7, 6, 3, 3, padding=1, groups=2), "fft"),
+    (Case("fc", 5, 8, 3, 2, 12, 3, 2, groups=4), "fc"),
+    (Case("pointwise", 5, 6, 13, 7, 9, 1, 1, groups=3), "1x1"),
+]

@@ -9,7 +9,7 @@ import pytest
 
 import clconv
 from clconv import reference
-from helpers import CASES, Case, assert_close
+from helpers import CASES, REPLAYED, Case, assert_close
 
 DETERMINISM = [  # one case per algorithm, plus per-group queues and split-K grad-weight
     (Case("im2col_split_k", 4, 4, 17, 19, 6, 3, 3, padding=1, groups=2), "im2col", "single"),
@@ -89,16 +89,6 @@ def test_three_threads_share_one_plan_and_queue(algorithm, queue, monkeypatch):
     entries = p._replays._entries.values()
     assert len(entries) >= 2 and all(e[2] is not None for e in entries), \
         "the passes should have been kept and replayed on their kernel copies"
-
-
-REPLAYED = [  # one case per algorithm whose passes a plan replays (clconv's own GEMM kernel)
-    (Case("im2col_split_k", 4, 4, 17, 19, 6, 3, 3, padding=1, groups=2), "im2col"),
-    (Case("depthwise", 3, 6, 40, 33, 12, 3, 3, stride=2, padding=1, groups=6), "direct"),
-    (Case("winograd", 2, 6, 13, 11, 4, 3, 3, padding=1, groups=2), "winograd"),
-    (Case("fft", 2, 4, 9, 7, 6, 3, 3, padding=1, groups=2), "fft"),
-    (Case("fc", 5, 8, 3, 2, 12, 3, 2, groups=4), "fc"),
-    (Case("pointwise", 5, 6, 13, 7, 9, 1, 1, groups=3), "1x1"),
-]
 
 
 @pytest.mark.parametrize("case,algorithm", REPLAYED, ids=lambda v: getattr(v, "name", v))
