@@ -7,6 +7,7 @@ from . import nn, reference
 from .device import default_context, default_queue, device_queues, sub_device_queues
 from .functional import conv2d, conv2d_bias, conv2d_input, conv2d_weight
 from .geometry import ConvGeometry, conv_geometry, normalize_padding, output_size
+from .graph import Graph, graph
 from .plan import Plan
 from .planner import plan
 from .programs import ClconvError
@@ -18,4 +19,4 @@ __version__ = "0.1.0"
 __all__ = ["conv2d", "conv2d_input", "conv2d_weight", "conv2d_bias", "conv_transpose2d", "conv_transpose2d_input",
            "conv_transpose2d_weight", "nn", "plan", "Plan", "reference",
            "default_context", "default_queue", "device_queues", "sub_device_queues", "ClconvError", "ConvGeometry", "conv_geometry",
-           "normalize_padding", "output_size", "free_memory", "memory_stats"]
+           "normalize_padding", "output_size", "free_memory", "memory_stats", "graph", "Graph"]

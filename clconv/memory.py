@@ -26,7 +26,7 @@ import pyopencl as cl
 import pyopencl.array as cla
 import pyopencl.tools as cl_tools
 
-from .programs import ClconvError
+from .programs import ClconvError, not_capturable
 
 MAX_QUEUES = 16   # pools kept, for the queues used last; an evicted pool's free blocks are released
 _lock = threading.Lock()
@@ -88,6 +88,7 @@ def keep_until_done(queue, arrays):
         with _lock:
             _pending[:] = [(e, a) for e, a in _pending
                            if e.command_execution_status != cl.command_execution_status.COMPLETE]
+    not_capturable()
     event = cl.enqueue_marker(queue)
     with _lock:
         _pending.append((event, arrays))

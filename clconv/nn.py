@@ -17,6 +17,7 @@ from .device import check_dtype_supported, default_queue
 from .functional import conv2d_bias
 from .geometry import normalize_padding, pair
 from .planner import is_several, plan_for_call
+from .programs import current_graph
 from .validate import queue_context
 from .transpose import conv_transpose2d, conv_transpose2d_input, conv_transpose2d_weight
 
@@ -59,7 +60,12 @@ class _ConvBase:
         return self.forward(x)
 
     def _to_device(self, a):
-        return a if isinstance(a, cla.Array) else cla.to_device(self.queue, np.ascontiguousarray(a, self.dtype))
+        if isinstance(a, cla.Array):
+            return a
+        if current_graph() is not None:
+            raise TypeError("inside clconv.graph() a module's arrays must be pyopencl arrays, whose buffers a "
+                            f"replay reuses; got {type(a).__name__}")
+        return cla.to_device(self.queue, np.ascontiguousarray(a, self.dtype))
 
     def _accumulate(self, grad_weight, grad_output):
         storage.accumulate(self.queue, self.grad_weight, grad_weight)

@@ -184,6 +184,9 @@ def launch(queue, kernel, global_size, local_size, *args, what=""):
     if capture is not None:
         capture.launches.append((kernel, global_size, local_size, args, what))
         capture.names.append(kernel.function_name)
+    graph = _graph.current
+    if graph is not None:
+        graph.add_launch(queue, kernel, global_size, local_size, args, what)
     return event
 
 
@@ -223,6 +226,10 @@ def relaunch(queue, launches, bufs):
     if _capture.current is not None:   # a capture in progress would not see these
         for kernel, *_ in launches:
             not_capturable(kernel.function_name)
+    graph = _graph.current
+    if graph is not None:
+        for kernel, global_size, local_size, slots, what in launches:
+            graph.add_relaunch(queue, kernel, global_size, local_size, slots, bufs, what)
     return event
 
 
@@ -266,6 +273,50 @@ def not_capturable(name=None, times=1):
     if capture is not None:
         capture.complete = False
         capture.names += [name] * times if name else []
+    graph = _graph.current
+    if graph is not None:
+        graph.refuse(name or "markers and barriers")
+
+
+class _GraphSlot(threading.local):
+    current = None   # the clconv.graph.Graph this thread records into
+
+
+_graph = _GraphSlot()
+
+
+def current_graph():
+    """The :class:`clconv.graph.Graph` this thread is recording into, or None."""
+    return _graph.current
+
+
+@contextmanager
+def recording_graph(graph):
+    """Keep this thread's launches (and fills, and what a replay would miss) in ``graph`` while in
+    the block (:func:`clconv.graph.graph`)."""
+    if _graph.current is not None:
+        raise ValueError("clconv.graph() blocks do not nest: this thread is already recording one")
+    _graph.current = graph
+    try:
+        yield graph
+    finally:
+        _graph.current = None
+
+
+@contextmanager
+def outside_graph():
+    """This thread's launches in the block are not part of a graph it is recording: the work of
+    planning a call (known-answer checks, autotuning) is not the call's. Also a decorator."""
+    saved, _graph.current = _graph.current, None
+    try:
+        yield
+    finally:
+        _graph.current = saved
+
+
+def launch_lock():
+    """The lock under which kernel arguments are set and kernels enqueued (see _launch_lock)."""
+    return _launch_lock
 
 
 class _Recording(threading.local):

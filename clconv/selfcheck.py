@@ -22,7 +22,7 @@ import pyopencl as cl
 
 from . import reference, tuning
 from .geometry import conv_geometry
-from .programs import ClconvError, kernel_dir
+from .programs import ClconvError, kernel_dir, outside_graph
 
 # (algorithm, label, input, weight, options): every algorithm at least once, on small odd
 # shapes (groups, uneven padding, dilation, channels not multiples of any vector width)
@@ -63,6 +63,7 @@ def key(device, algorithm, engine, dtype):
                      engine, sources_digest()))
 
 
+@outside_graph()
 def run(make_plan, queue, algorithm, engine, dtype, queues="single"):
     """Run ``algorithm``'s cases on ``queue`` with GEMM ``engine``: a list of
     (case label, pass, normalised error or None, ok, message). ``make_plan(geometry, dtype, queue,

@@ -31,7 +31,7 @@ from . import memory, storage
 from .algorithms.partials import sum_partials
 from .buffers import Ref, idx_for, ref
 from .geometry import PASSES
-from .programs import ClconvError
+from .programs import ClconvError, not_capturable
 from .validate import check_grad_output_array, finish, prepare, queue_context
 
 SPLITS = ("images", "groups")
@@ -225,6 +225,7 @@ class SpreadPlan:
         result = {"forward": "output", "backward_input": "grad_input", "backward_weight": "grad_weight"}[pass_name]
         isz = self.dtype.itemsize
         out = dev["out"]
+        not_capturable()   # markers, barriers and copies between the devices' queues
         start = cl.enqueue_marker(home)   # the inputs are ready (uploads, the caller's work on home)
         home.flush()                      # waited on from the other queues: it must reach the device
         # Where each part writes, all taken from the home pool before any part is enqueued: a block

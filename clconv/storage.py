@@ -8,7 +8,7 @@ import numpy as np
 import pyopencl as cl
 
 from .buffers import Ref, idx_for, ref
-from .programs import ClconvError, get_kernel, launch
+from .programs import ClconvError, current_graph, get_kernel, launch
 
 HALF = np.dtype(np.float16)
 
@@ -66,3 +66,6 @@ def zero(queue, array):
             cl.enqueue_fill_buffer(queue, array.base_data, np.zeros(1, np.uint8), array.offset, array.nbytes)
         except cl.Error as exc:
             raise ClconvError(f"clconv: zeroing {array.nbytes} bytes failed: {exc}") from exc
+        graph = current_graph()
+        if graph is not None:
+            graph.add_fill(queue, array.base_data, array.offset, array.nbytes)

@@ -12,7 +12,7 @@ from .algorithms import ALGORITHMS
 from .gemm import clblast_params
 from .geometry import PASSES
 from .plan import Plan
-from .programs import recording
+from .programs import outside_graph, recording
 from .spread import SpreadPlan
 from .tuning import entry_key, spread_key, store, time_ms
 
@@ -43,6 +43,7 @@ def _arrays(g, dtype, queue, rng):
     return x, w, dy, outs
 
 
+@outside_graph()
 def tune(g, dtype, queue, passes=PASSES, save=True, progress=None):
     """Time every candidate for each pass on ``queue``'s device; store and return the winners.
 
@@ -73,6 +74,7 @@ def tune(g, dtype, queue, passes=PASSES, save=True, progress=None):
     return results
 
 
+@outside_graph()
 def tune_spread(g, dtype, queues, make_plan, passes=PASSES, save=True):
     """Per pass, each split of geometry ``g`` over ``queues`` (:mod:`clconv.spread`): first
     each device's throughput on an even part alone (the shares), then the spread plan with

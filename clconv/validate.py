@@ -15,6 +15,7 @@ import pyopencl.array as cla
 from . import memory
 from .device import check_dtype_supported, default_queue
 from .geometry import check_grad_output
+from .programs import current_graph, not_capturable
 
 
 def is_device_array(a):
@@ -220,6 +221,11 @@ def prepare(queue, plan, arrays, shapes, out, out_shape, allocator=None):
     for name, a in given:
         check_array(name, a, shapes[name], context)
     check_out(out, out_shape, context, given)
+    if current_graph() is not None:
+        host = [name for name, a in (*given, ("out", out)) if a is not None and not is_device_array(a)]
+        if host:
+            raise TypeError(f"inside clconv.graph() arrays must be pyopencl arrays, whose buffers a replay reuses; "
+                            f"got NumPy arrays for {', '.join(host)}")
     _after_their_queues(queue, arrays.values(), out)
     dev = dict(arrays)
     numpy_mode = True
@@ -242,6 +248,7 @@ def _after_their_queues(queue, arrays, out):
     events = [e for a in (*arrays, out) if is_device_array(a) and a.queue is not None and a.queue is not queue
               for e in a.events]
     if events:
+        not_capturable()
         cl.enqueue_barrier(queue, wait_for=events)
 
 

@@ -1,0 +1,156 @@
+"""clconv.graph(): calls recorded once, replayed on the same arrays with new data."""
+import numpy as np
+import pyopencl.array as cla
+import pytest
+
+import clconv
+from clconv import reference
+from helpers import REPLAYED, Case, assert_close
+
+
+def _device(queue, arrays):
+    return [cla.to_device(queue, a) for a in arrays]
+
+
+def _calls(x, w, b, dy, opts, algorithm, outs=None):
+    """Every pass of one layer through the functional API: [output, grad_input, grad_weight, grad_bias]."""
+    outs = outs or {}
+    return [clconv.conv2d(x, w, b, **opts, algorithm=algorithm, out=outs.get("forward")),
+            clconv.conv2d_input(x.shape, w, dy, **opts, algorithm=algorithm, out=outs.get("backward_input")),
+            clconv.conv2d_weight(x, w.shape, dy, **opts, algorithm=algorithm, out=outs.get("backward_weight")),
+            clconv.conv2d_bias(dy, out=outs.get("bias"))]
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["first_calls", "fast_calls"])
+@pytest.mark.parametrize("case,algorithm", REPLAYED, ids=lambda v: getattr(v, "name", v))
+def test_replay_recomputes_from_new_data_bit_for_bit(case, algorithm, warm, queue, monkeypatch):
+    """A graph of a layer's four passes, replayed after new data is written into its inputs,
+    gives bit for bit what the same calls give on that data, and matches the reference. Recorded
+    on the plans' first calls (full runs), or on calls that take the fast path."""
+    monkeypatch.setenv("CLCONV_GEMM", "clconv")   # CLBlast GEMMs cannot be replayed
+    opts = case.options
+    # a layout of its own (odd batch) per parametrisation: the first calls below are the plan's first
+    shape = (case.input_shape[0] + 2 * warm + 1,) + case.input_shape[1:]
+    layer = Case("graph", *shape, case.weight_shape[0], *case.weight_shape[2:], **opts)
+    x, w, b, dy = _device(queue, layer.data(seed=1))
+    if warm:
+        for _ in range(3):
+            _calls(x, w, b, dy, opts, algorithm)
+    with clconv.graph() as g:
+        results = _calls(x, w, b, dy, opts, algorithm)
+    plans = clconv.planner.plan_for_call(x.shape, w.shape, opts["stride"], opts["padding"], opts["dilation"],
+                                         opts["groups"], x.dtype, queue, (x,), algorithm, "single", "auto")
+    assert g.names == [*plans.launches("forward"), *plans.launches("backward_input"),
+                       *plans.launches("backward_weight"), "bias_grad"]
+    new = layer.data(seed=2)
+    for dev, host in zip((x, w, b, dy), new):
+        dev.set(host)
+    for r in results:
+        r.fill(np.nan)
+    g.replay()
+    fresh = _calls(*_device(queue, new), opts, algorithm)
+    for got, want in zip(results, fresh):
+        np.testing.assert_array_equal(got.get(), want.get())
+    hx, hw, hb, hdy = new
+    assert_close(results[0].get(), reference.conv2d(hx, hw, hb, **opts), np.float32, "forward")
+    assert_close(results[1].get(), reference.conv2d_input(hx.shape, hw, hdy, **opts), np.float32, "grad-input")
+    assert_close(results[2].get(), reference.conv2d_weight(hx, hw.shape, hdy, **opts), np.float32, "grad-weight")
+    assert_close(results[3].get(), reference.conv2d_bias(hdy), np.float32, "grad-bias")
+
+
+def test_a_chain_of_layers_and_the_pool_between_replays(queue, monkeypatch):
+    """Two layers chained, the same plan called twice on other arrays in the graph, and other
+    calls between replays (whose results and workspaces come from the pool the graph's came
+    from): each replay reads and writes the graph's own arrays."""
+    monkeypatch.setenv("CLCONV_GEMM", "clconv")
+    layer = Case("chain", 2, 6, 11, 9, 8, 3, 3, padding=1, groups=2)
+    x, w, b, _ = _device(queue, layer.data(seed=1))
+    x2 = cla.to_device(queue, layer.data(seed=3)[0])
+    w2 = cla.to_device(queue, np.random.default_rng(4).standard_normal((5, 8, 1, 1)).astype(np.float32))
+    with clconv.graph() as g:
+        y = clconv.conv2d(x, w, b, padding=1, groups=2, algorithm="im2col")
+        z = clconv.conv2d(y, w2, relu=True)
+        y2 = clconv.conv2d(x2, w, b, padding=1, groups=2, algorithm="im2col")   # the same plan, other arrays
+    for seed in (5, 6):
+        hx, hx2 = (np.random.default_rng(seed + i).standard_normal(layer.input_shape).astype(np.float32)
+                   for i in (0, 10))
+        x.set(hx)
+        x2.set(hx2)
+        for other in range(3):   # other calls of the same plans and pool, on other arrays
+            clconv.conv2d(cla.to_device(queue, hx2), w, b, padding=1, groups=2, algorithm="im2col")
+            clconv.conv2d(cla.to_device(queue, hx), w, padding=1, groups=2, algorithm="direct")
+        g.replay()
+        hw, hb = w.get(), b.get()
+        want_y = reference.conv2d(hx, hw, hb, padding=1, groups=2)
+        assert_close(y.get(), want_y, np.float32, "first layer")
+        assert_close(z.get(), np.maximum(reference.conv2d(want_y, w2.get()), 0), np.float32, "second layer")
+        assert_close(y2.get(), reference.conv2d(hx2, hw, hb, padding=1, groups=2), np.float32, "same plan again")
+
+
+def test_the_graph_keeps_its_workspaces_from_the_pool(queue, monkeypatch):
+    """A workspace taken from the queue's pool during recording stays the graph's: blocks of its
+    size taken from the pool afterwards are other blocks, which a replay leaves alone."""
+    monkeypatch.setenv("CLCONV_GEMM", "clconv")
+    layer = Case("workspace", 2, 4, 9, 7, 6, 3, 3, padding=1)
+    x, w, _, _ = _device(queue, layer.data())
+    p = clconv.plan(x.shape, w.shape, padding=1, queue=queue, algorithm="im2col")
+    nbytes = p._runs["forward"][2]
+    assert nbytes > 0
+    with clconv.graph() as g:
+        y = p.forward(x, w)
+    taken = [cla.Array(queue, nbytes // 4, np.float32, data=clconv.memory.allocate(queue, nbytes)) for _ in range(4)]
+    for t in taken:
+        t.fill(-7.0)
+    g.replay()
+    assert_close(y.get(), reference.conv2d(x.get(), w.get(), padding=1), np.float32, "replayed")
+    for t in taken:
+        np.testing.assert_array_equal(t.get(), np.full(nbytes // 4, -7.0, np.float32))
+
+
+def test_an_empty_batch_replays_its_zero_fill(queue):
+    x = cla.zeros(queue, (0, 4, 5, 5), np.float32)
+    dy = cla.zeros(queue, (0, 6, 3, 3), np.float32)
+    with clconv.graph() as g:
+        dw = clconv.conv2d_weight(x, (6, 4, 3, 3), dy)
+    assert g.names == ["fill"]
+    dw.fill(np.nan)
+    g.replay()
+    np.testing.assert_array_equal(dw.get(), np.zeros((6, 4, 3, 3), np.float32))
+
+
+def test_numpy_arrays_are_refused_before_anything_is_enqueued(queue):
+    x, w, b, _ = Case("numpy", 1, 4, 6, 5, 6, 3, 3, padding=1, groups=2).data()
+    with pytest.raises(TypeError, match=r"inside clconv.graph\(\) arrays must be pyopencl arrays.*input, weight, bias"):
+        with clconv.graph() as g:
+            clconv.conv2d(x, w, b, padding=1, groups=2)
+    assert len(g) == 0
+    module = clconv.nn.Conv2d(4, 6, 3, padding=1, queue=queue)
+    with pytest.raises(TypeError, match="a module's arrays must be pyopencl arrays"):
+        with clconv.graph():
+            module(x)
+
+
+def test_per_group_queues_are_refused_when_the_block_ends(queue, monkeypatch):
+    monkeypatch.setenv("CLCONV_GEMM", "clconv")
+    x, w, _, _ = _device(queue, Case("per_group", 2, 4, 7, 6, 6, 3, 3, padding=1, groups=2).data())
+    with pytest.raises(clconv.ClconvError, match=r"enqueued work a replay would miss \(markers and barriers\)"):
+        with clconv.graph() as g:
+            y = clconv.conv2d(x, w, padding=1, groups=2, algorithm="im2col", queues="per-group")
+    assert_close(y.get(), reference.conv2d(x.get(), w.get(), padding=1, groups=2), np.float32, "the call itself")
+    with pytest.raises(clconv.ClconvError, match="a replay would miss"):
+        g.replay()
+
+
+@pytest.mark.clblast
+def test_clblast_gemms_are_refused_when_the_block_ends(queue):
+    x, w, _, _ = _device(queue, Case("clblast", 2, 4, 7, 6, 6, 3, 3, padding=1).data())
+    with pytest.raises(clconv.ClconvError, match=r"\(clblast_gemm\).*gemm='clconv'"):
+        with clconv.graph():
+            clconv.conv2d(x, w, padding=1, algorithm="im2col", gemm="clblast")
+
+
+def test_graphs_do_not_nest(queue):
+    with clconv.graph():
+        with pytest.raises(ValueError, match="do not nest"):
+            with clconv.graph():
+                pass
