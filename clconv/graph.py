@@ -36,7 +36,7 @@ class Graph:
 
     def __init__(self):
         self._steps = []      # (queue, kernel or None for a fill, global, local, slots or fill arguments, what)
-        self._kept = []       # every buffer a step uses: alive while the graph is
+        self._kept = []       # every buffer and program a step uses: alive while the graph is
         self._refused = []    # what the block enqueued that a replay would miss
         self.names = []
 
@@ -46,7 +46,7 @@ class Graph:
     def add_launch(self, queue, kernel, global_size, local_size, args, what):
         """A launch of a cached kernel with ``args``: replayed on a private copy with them set."""
         self._steps.append((queue, programs.bound_kernel(kernel, args, what), global_size, local_size, (), what))
-        self._kept.append([a for a in args if isinstance(a, cl.MemoryObjectHolder)])
+        self._kept.append([kernel.clconv_program, *(a for a in args if isinstance(a, cl.MemoryObjectHolder))])
         self.names.append(kernel.function_name)
 
     def add_relaunch(self, queue, kernel, global_size, local_size, slots, bufs, what):
@@ -54,7 +54,7 @@ class Graph:
         arguments the plan's next call may change: set again before each replay."""
         slots = tuple((pos, bufs[i]) for pos, i in slots)
         self._steps.append((queue, kernel, global_size, local_size, slots, what))
-        self._kept.append([buf for _, buf in slots])
+        self._kept.append([kernel.clconv_program, *(buf for _, buf in slots)])
         self.names.append(kernel.function_name)
 
     def add_fill(self, queue, buf, offset, nbytes):

@@ -196,6 +196,7 @@ def bound_kernel(kernel, args, what=""):
     20-30 for some kernels, costs host time on every call."""
     try:
         copy = cl.Kernel(kernel.clconv_program, kernel.function_name)
+        copy.clconv_program = kernel.clconv_program   # kept with it, as with the cached kernels
         for i, (value, dtype) in enumerate(zip(args, kernel.clconv_arg_dtypes)):
             copy.set_arg(i, value if dtype is None else dtype(value))
     except cl.Error as exc:

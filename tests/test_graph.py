@@ -1,5 +1,8 @@
 """clconv.graph(): calls recorded once, replayed on the same arrays with new data."""
+import gc
+
 import numpy as np
+import pyopencl as cl
 import pyopencl.array as cla
 import pytest
 
@@ -107,6 +110,32 @@ def test_the_graph_keeps_its_workspaces_from_the_pool(queue, monkeypatch):
         np.testing.assert_array_equal(t.get(), np.full(nbytes // 4, -7.0, np.float32))
 
 
+def test_a_module_training_step_replays(queue, monkeypatch):
+    """A module's zero_grad, forward (with the fused ReLU) and backward recorded: each replay on new
+    data gives bit for bit what a twin module (same weights) computes with plain calls."""
+    monkeypatch.setenv("CLCONV_GEMM", "clconv")
+    conv, twin = (clconv.nn.Conv2d(4, 6, 3, padding=1, groups=2, queue=queue, seed=1, relu=True) for _ in range(2))
+    rng = np.random.default_rng(7)
+    x = cla.to_device(queue, rng.standard_normal((2, 4, 7, 5)).astype(np.float32))
+    dy = cla.to_device(queue, rng.standard_normal((2, 6, 7, 5)).astype(np.float32))
+    with clconv.graph() as g:
+        conv.zero_grad()
+        y = conv(x)
+        gx = conv.backward(x, dy)
+    for seed in (8, 9):
+        rng = np.random.default_rng(seed)
+        hx, hdy = rng.standard_normal(x.shape).astype(np.float32), rng.standard_normal(dy.shape).astype(np.float32)
+        x.set(hx)
+        dy.set(hdy)
+        g.replay()
+        twin.zero_grad()
+        tx = cla.to_device(queue, hx)
+        ty = twin(tx)
+        tgx = twin.backward(tx, cla.to_device(queue, hdy))
+        for got, want in ((y, ty), (gx, tgx), (conv.grad_weight, twin.grad_weight), (conv.grad_bias, twin.grad_bias)):
+            np.testing.assert_array_equal(got.get(), want.get())
+
+
 def test_an_empty_batch_replays_its_zero_fill(queue):
     x = cla.zeros(queue, (0, 4, 5, 5), np.float32)
     dy = cla.zeros(queue, (0, 6, 3, 3), np.float32)
@@ -154,3 +183,31 @@ def test_graphs_do_not_nest(queue):
         with pytest.raises(ValueError, match="do not nest"):
             with clconv.graph():
                 pass
+
+
+def test_graph_outlives_its_plans_and_the_callers_context(queue, monkeypatch):
+    """Graphs recorded on a plan's first calls (private kernel copies) and on fast calls (the
+    plan's bound kernels) replay after the caller's context and every plan are dropped."""
+    monkeypatch.setenv("CLCONV_GEMM", "clconv")
+    case = Case("lifetime", 3, 4, 9, 7, 6, 3, 3, stride=2, padding=(1, 2), groups=2)
+    opts = case.options
+    x, w, _, _ = case.data()
+    context = cl.Context([queue.device])
+    q = cl.CommandQueue(context)
+    xd, wd = cla.to_device(q, x), cla.to_device(q, w)
+    graphs, results = [], []
+    for _ in range(2):   # the first calls, then fast calls (after the replay that arms them)
+        with clconv.graph() as g:
+            results.append(clconv.conv2d(xd, wd, **opts))
+        graphs.append(g)
+        clconv.conv2d(xd, wd, **opts)
+    del context
+    monkeypatch.setattr(clconv.planner, "_calls", {})
+    monkeypatch.setattr(clconv.planner, "_plan_cache", type(clconv.planner._plan_cache)())
+    gc.collect()
+    new = case.data(seed=5)[0]
+    xd.set(new)
+    for g, y in zip(graphs, results):
+        y.fill(np.nan)
+        g.replay()
+        assert_close(y.get(), reference.conv2d(new, w, **opts), np.float32, "replayed")
