@@ -12,6 +12,9 @@ call) and the call with ``out=``. Each is timed two ways, in R rounds interleave
 - ``sync``: one call, then ``queue.finish()``, per call: the latency a caller waiting for each
   result sees.
 
+Beside them, ``graph``: the pass recorded once in a :func:`clconv.graph` and replayed, pipelined
+(what each layer of a recorded network costs: its launches alone).
+
 Least and median over the batches; ``host``: the pipelined batches' time before their finish,
 per call (what the host spent, the device's backlog aside). Launches per pass come from the
 plan (:meth:`clconv.Plan.launches`), device time from a profiling queue. Each result is checked
@@ -108,7 +111,8 @@ def main(argv=None):
     print(f"empty kernel launch: pipelined least {floor['pipelined'][0]:.1f} us (median {floor['pipelined'][1]:.1f}), "
           f"sync least {floor['sync'][0]:.1f} us (median {floor['sync'][1]:.1f})")
     print(f"{'layer':24s} {'pass':5s} {'launch':>6s} {'dev us':>7s} | {'plain: pipelined':>16s} {'host':>6s} "
-          f"{'sync':>6s} | {'out=: pipelined':>15s} {'sync':>6s} | {'x empty (pipelined, sync)':>24s}")
+          f"{'sync':>6s} | {'out=: pipelined':>15s} {'sync':>6s} | {'graph replay':>15s} | "
+          f"{'x empty (pipelined, sync; graph)':>31s}")
     rows = []
     rng = np.random.default_rng(0)
     for name, (xs, ws, opts) in LAYERS.items():
@@ -131,7 +135,13 @@ def main(argv=None):
         for pass_name in PASSES:
             call = calls[pass_name]
             error = float(normalised_error(call().get(), want[pass_name]))
-            t = measure({"plain": call, "out": lambda: call(out=outs[pass_name])}, queue.finish, args.rounds)
+            with clconv.graph() as g:
+                replayed = call()
+            replayed.fill(np.nan)   # the check below reads what the replay wrote
+            g.replay()
+            error = max(error, float(normalised_error(replayed.get(), want[pass_name])))
+            t = measure({"plain": call, "out": lambda: call(out=outs[pass_name]), "graph": g.replay}, queue.finish,
+                        args.rounds)
             device_us, launches = device_time(lambda q: call(q), profiling)
             on_plan[pass_name]()
             row = {"layer": name, "pass": pass_name, "input": list(xs), "weight": list(ws), "options": opts,
@@ -141,10 +151,12 @@ def main(argv=None):
             print(f"{name:24s} {SHORT[pass_name]:5s} {launches:6d} {device_us:7.1f} | "
                   f"{t['plain']['pipelined'][0]:7.1f} ({t['plain']['pipelined'][1]:6.1f}) {t['plain']['host'][0]:6.1f} "
                   f"{t['plain']['sync'][0]:6.1f} | {t['out']['pipelined'][0]:6.1f} ({t['out']['pipelined'][1]:6.1f}) "
-                  f"{t['out']['sync'][0]:6.1f} | {t['plain']['pipelined'][0] / floor['pipelined'][0]:11.2f} "
-                  f"{t['plain']['sync'][0] / floor['sync'][0]:11.2f}"
+                  f"{t['out']['sync'][0]:6.1f} | {t['graph']['pipelined'][0]:6.1f} ({t['graph']['pipelined'][1]:6.1f}) | "
+                  f"{t['plain']['pipelined'][0] / floor['pipelined'][0]:11.2f} "
+                  f"{t['plain']['sync'][0] / floor['sync'][0]:11.2f} {t['graph']['pipelined'][0] / floor['pipelined'][0]:6.2f}"
                   + ("" if row["ok"] else f"  WRONG RESULT: error {error:.2e}"), flush=True)
-    print("(us per call: least (median); 'x empty': the plain call's least over the empty launch's least)")
+    print("(us per call: least (median); 'x empty': the plain call's least, and the graph replay's, over the empty "
+          "launch's least)")
     path = Path(args.json) if args.json else HERE / "results" / f"{slug(device.name)}-host.json"
     path.write_text(json.dumps({"date": datetime.date.today().isoformat(), "device": device.name.strip(),
                                 "platform": device.platform.name.strip(), "driver": device.driver_version,

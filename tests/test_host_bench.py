@@ -19,5 +19,5 @@ def test_host_benchmark_writes_its_json(tmp_path):
     for r in record["layers"]:
         assert r["ok"], r
         assert r["launched"] and r["launches"] == len(r["launched"]), r   # profiled events = the plan's count
-        for style in ("plain", "out"):
+        for style in ("plain", "out", "graph"):
             assert all(0 < least <= median for least, median in r[style].values()), r
