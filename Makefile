@@ -46,13 +46,14 @@ export RUSTICL_ENABLE ?= llvmpipe
 demo: setup
 	$(PY) -m clconv.demo
 
-# One job per device side by side, and the Oclgrind sweeps as another. Each is mostly one busy
+# One job per device side by side, and each Oclgrind sweep as another. Each is mostly one busy
 # thread (the runtimes' kernel builds, single-threaded; Oclgrind's simulation), so on two cores
 # the jobs keep both busy to the end (devices in turn left one core idle while the last ran on:
-# 39-44 minutes cold). -k: every job runs to its end whatever another's outcome; any failure
+# 39-44 minutes cold; the two sweeps one after the other, the second ran alone for 2-5 minutes
+# after the pytest jobs). -k: every job runs to its end whatever another's outcome; any failure
 # fails the target.
 test: setup
-	@$(MAKE) --no-print-directory -k -j$(words check-kernels $(TEST_DEVICES)) check-kernels $(PYTEST_JOBS)
+	@$(MAKE) --no-print-directory -k -j$(words $(OCLGRIND_JOBS) $(TEST_DEVICES)) $(OCLGRIND_JOBS) $(PYTEST_JOBS)
 
 # The suite on each device of TEST_DEVICES: the three CPU runtimes, PoCL, Intel's and Mesa's
 # rusticl (llvmpipe, with the compiler path rusticl takes for AMD and Intel GPUs), or the one
@@ -91,23 +92,27 @@ $(PYTEST_JOBS): pytest-%: setup
 	echo "pytest on CLCONV_DEVICE=$$d, $${m:-all tests}"; cat $$log; exit $$status
 
 # Every kernel and algorithm under Oclgrind; fails unless its log stays empty. At a lower
-# priority (nice): beside make test's pytest jobs, which are its longest, it ends well within them.
-# Run 1: with CLBlast, data races and out-of-bounds accesses. Run 2: GEMMs on the host
-# (see tests/oclgrind_sweep.py for why), plus uninitialised-memory tracking. The known-answer
-# check is off there: the sweep checks every result itself, on the kernels Oclgrind simulates.
+# priority (nice): beside make test's pytest jobs, which are its longest, the sweeps take what
+# they leave. Two sweeps, each a job: clblast, with CLBlast, data races and out-of-bounds
+# accesses; host-gemm, GEMMs on the host (see tests/oclgrind_sweep.py for why), plus
+# uninitialised-memory tracking. The known-answer check is off in both: the sweep checks every
+# result itself, on the kernels Oclgrind simulates.
 OCLGRIND_DIR := build/oclgrind
-check-kernels: setup
-	@mkdir -p $(OCLGRIND_DIR) && echo /usr/lib/oclgrind/liboclgrind-rt-icd.so > $(OCLGRIND_DIR)/oclgrind.icd
-	@set -e; for mode in clblast host-gemm; do \
-	  log=$(OCLGRIND_DIR)/$$mode.log; rm -f $$log; \
-	  if [ $$mode = host-gemm ]; then checks="OCLGRIND_UNINITIALIZED=1"; args=--host-gemm; else checks=; args=; fi; \
-	  echo "Oclgrind sweep ($$mode)"; \
-	  nice -n 10 env OCL_ICD_VENDORS=$(CURDIR)/$(OCLGRIND_DIR) CLCONV_DEVICE=oclgrind OCLGRIND_LOG=$$log CLCONV_SELFCHECK=0 \
-	      OCLGRIND_DATA_RACES=1 $$checks $(PY) tests/oclgrind_sweep.py $$args > $(OCLGRIND_DIR)/$$mode.out \
-	    || { cat $(OCLGRIND_DIR)/$$mode.out; exit 1; }; \
-	  if [ -s $$log ]; then echo "Oclgrind reported problems ($$log):"; head -60 $$log; exit 1; fi; \
-	  echo "  $$(grep -c ' ok' $(OCLGRIND_DIR)/$$mode.out) results match the reference; Oclgrind log empty"; \
-	done
+OCLGRIND_JOBS := oclgrind-clblast oclgrind-host-gemm
+.PHONY: $(OCLGRIND_JOBS)
+check-kernels: $(OCLGRIND_JOBS)
+
+$(OCLGRIND_DIR)/oclgrind.icd:
+	@mkdir -p $(OCLGRIND_DIR) && echo /usr/lib/oclgrind/liboclgrind-rt-icd.so > $@
+
+$(OCLGRIND_JOBS): oclgrind-%: setup $(OCLGRIND_DIR)/oclgrind.icd
+	@mode=$*; log=$(OCLGRIND_DIR)/$$mode.log; rm -f $$log; \
+	if [ $$mode = host-gemm ]; then checks="OCLGRIND_UNINITIALIZED=1"; args=--host-gemm; else checks=; args=; fi; \
+	nice -n 10 env OCL_ICD_VENDORS=$(CURDIR)/$(OCLGRIND_DIR) CLCONV_DEVICE=oclgrind OCLGRIND_LOG=$$log CLCONV_SELFCHECK=0 \
+	    OCLGRIND_DATA_RACES=1 $$checks $(PY) tests/oclgrind_sweep.py $$args > $(OCLGRIND_DIR)/$$mode.out \
+	  || { echo "Oclgrind sweep ($$mode) failed:"; cat $(OCLGRIND_DIR)/$$mode.out; exit 1; }; \
+	if [ -s $$log ]; then echo "Oclgrind sweep ($$mode) reported problems ($$log):"; head -60 $$log; exit 1; fi; \
+	echo "Oclgrind sweep ($$mode): $$(grep -c ' ok' $(OCLGRIND_DIR)/$$mode.out) results match the reference; Oclgrind log empty"
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
