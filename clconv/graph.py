@@ -16,9 +16,9 @@ launches use alive, so no workspace returns to a memory pool while the graph liv
 
 Only clconv's own kernels are recorded, and a call whose work cannot be replayed that way is
 refused: NumPy arrays (their device copies are temporary) with a ``TypeError`` before anything
-is enqueued; CLBlast GEMMs, per-group queues, passes spread over several devices and arrays of
-another queue (markers, barriers and copies a replay would miss) with a ``ClconvError`` when the
-block ends, and by :meth:`Graph.replay`. Other work enqueued inside the block (pyopencl
+is enqueued; CLBlast GEMMs, per-group queues, passes spread over several devices, arrays of
+another queue and MPI reductions (markers, barriers, copies and collectives a replay would miss)
+with a ``ClconvError`` when the block ends, and by :meth:`Graph.replay`. Other work enqueued inside the block (pyopencl
 operations, copies) is not part of the graph.
 """
 from contextlib import contextmanager

@@ -31,6 +31,8 @@ import time
 import numpy as np
 import pyopencl as cl
 
+from .programs import not_capturable
+
 OVERLAP_MIN_BYTES = 1 << 20   # "auto": a layer's float64 gradients from this size on go to the helper thread
 
 
@@ -112,6 +114,7 @@ class DataParallel:
         if any(job[0] is module for job in self._waiting):
             raise RuntimeError(f"DataParallel.ready() twice in one step for {module!r}")
         _, parts, threaded = self._host[id(module)]
+        not_capturable()   # copies to the host and back, and collectives: nothing a graph can replay
         events = [cl.enqueue_copy(module.queue, h, g.base_data, src_offset=g.offset, is_blocking=False)
                   for h, g in zip(parts, _grads(module))]
         job = (module, events, threading.Event())
