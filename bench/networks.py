@@ -1,7 +1,7 @@
 """The networks benchmark: every convolution of six torchvision networks, clconv against PyTorch.
 
     python -m bench.networks [--networks a,b] [--batch N] [--device SPEC] [--budget S] [--rounds R]
-                             [--layers PATTERNS] [--limit N] [--json PATH] [--plot PNG]
+                             [--layers PATTERNS] [--limit N] [--json PATH] [--plot PNG] [--profile] [--graph]
 
 The layers are bench/networks.json (made by bench/network_layers.py): each distinct Conv2d of
 resnet50, mobilenet_v2, efficientnet_b0, convnext_tiny, regnet_y_400mf and inception_v3 at a
@@ -26,6 +26,10 @@ per kind of layer; per network the convolutions' time of one training step (forw
 gradients of every layer, weighted by its count) and the first-call time (a layer shared with
 an earlier network counted there); the worst layer-passes. A table goes to stdout, JSON to
 bench/results/<device>-networks-b<batch>-<date>.json. Exit status 1 if a result was wrong.
+
+--graph also times each pass recorded once in a clconv.graph() and replayed (its launches alone,
+as a recorded network runs them; the result checked too), in the same alternating rounds, and
+reports its ratio against PyTorch's plain call beside the plain call's.
 """
 import argparse
 import datetime
@@ -142,9 +146,10 @@ def profiled(fn, queue):
     return sum(parts.values()), len(events), dict(parts)
 
 
-def run_layer(layer, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, profile_queue=None):
+def run_layer(layer, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, profile_queue=None, graph=False):
     """({pass: measurements}, the peer's label) of one layer: first calls and the correctness
-    check, then timing in rounds; with ``profile_queue``, each pass's device time by kernel."""
+    check, then timing in rounds; with ``profile_queue``, each pass's device time by kernel; with
+    ``graph``, each pass recorded in a clconv.graph() and its replay timed too."""
     g = geometry(layer, batch)
     opts = options(layer)
     rng = np.random.default_rng(0)
@@ -165,7 +170,8 @@ def run_layer(layer, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, profile_que
             "backward_input": lambda: clconv.conv2d_input(g.input_shape, dev["w"], dev["dy"], **opts),
             "backward_weight": lambda: clconv.conv2d_weight(dev["x"], g.weight_shape, dev["dy"], **opts)}
     on_cpu = not queue.device.type & cl.device_type.GPU
-    per_side_s = budget_s / (2 * rounds)
+    sides = 3 if graph else 2
+    per_side_s = budget_s / (sides * rounds)
     on = {"forward": lambda q: clconv.conv2d(dev["x"], dev["w"], **opts, queue=q),
           "backward_input": lambda q: clconv.conv2d_input(g.input_shape, dev["w"], dev["dy"], **opts, queue=q),
           "backward_weight": lambda q: clconv.conv2d_weight(dev["x"], g.weight_shape, dev["dy"], **opts, queue=q)}
@@ -176,20 +182,32 @@ def run_layer(layer, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, profile_que
         want = torch_result(exact[p](), p)
         error = float(normalised_error(mine.get(), want))
         torch_error = float(normalised_error(torch_result(reference, p), want))
+        if graph:   # the pass recorded once; its replay writes into the recorded result
+            with clconv.graph() as recorded:
+                replayed = ours[p]()
+            replayed.fill(np.nan)
+            recorded.replay()
+            error = max(error, float(normalised_error(replayed.get(), want)))
         del mine, reference, want
-        times, torch_times = [], []
+        times, torch_times, graph_times = [], [], []
         for r in range(rounds):
             warmup = 2 if r == 0 else 1
             times.append(time_it(ours[p], queue.finish, MAX_BATCHES, per_side_s, warmup))
             torch_times.append(time_it(theirs[p], torch_sync, MAX_BATCHES, per_side_s, warmup))
             if on_cpu:
                 time.sleep(SETTLE_S)   # PyTorch's threads spin a while after a call: not on clconv's time
+            if graph:
+                graph_times.append(time_it(recorded.replay, queue.finish, MAX_BATCHES, per_side_s, warmup))
         ms = statistics.median(t[1] for t in times) * 1e3
         torch_ms = statistics.median(t[1] for t in torch_times) * 1e3
         passes[p] = {"clconv_ms": ms, "clconv_min_ms": min(t[0] for t in times) * 1e3,
                      "torch_ms": torch_ms, "torch_min_ms": min(t[0] for t in torch_times) * 1e3,
                      "ratio": ms / torch_ms, "error": error, "torch_error": torch_error, "ok": bool(error <= TOL),
                      "first_call_ms": first_ms, "torch_first_call_ms": torch_first_ms}
+        if graph:
+            graph_ms = statistics.median(t[1] for t in graph_times) * 1e3
+            passes[p].update(graph_ms=graph_ms, graph_min_ms=min(t[0] for t in graph_times) * 1e3,
+                             graph_ratio=graph_ms / torch_ms)
         if profile_queue is not None:
             device_ms, launches, kernels = profiled(on[p], profile_queue)
             passes[p].update(device_ms=device_ms, launches=launches, kernels=kernels)
@@ -201,7 +219,7 @@ def run_layer(layer, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, profile_que
     return passes, label
 
 
-def run_layers(layers, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, progress=True, profile=False):
+def run_layers(layers, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, progress=True, profile=False, graph=False):
     """[{"id", "kind", "shape", "layer", "count", "peer", "passes"}] for ``layers``."""
     profile_queue = (cl.CommandQueue(queue.context, queue.device,
                                      properties=cl.command_queue_properties.PROFILING_ENABLE) if profile else None)
@@ -209,7 +227,7 @@ def run_layers(layers, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, progress=
     with tqdm(layers, desc="layers", unit="layer", file=sys.stderr, disable=not progress) as bar:
         for layer in bar:
             bar.set_postfix_str(layer["id"])
-            passes, peer = run_layer(layer, batch, queue, budget_s, rounds, profile_queue)
+            passes, peer = run_layer(layer, batch, queue, budget_s, rounds, profile_queue, graph)
             results.append({"id": layer["id"], "kind": kind(layer), "shape": describe(layer),
                             "layer": {k: v for k, v in layer.items() if k not in ("id", "count")},
                             "count": layer["count"], "peer": peer, "passes": passes})
@@ -242,7 +260,17 @@ def summarise(results, networks, info):
                             "ratio": step["clconv"] / step["torch"] if mine else float("nan"),
                             "clconv_first_call_s": first["clconv"], "torch_first_call_s": first["torch"]}
     worst = sorted(rows, key=lambda row: -row[2]["ratio"])[:WORST]
-    return {"overall": mean(rows),
+    graphs = {}
+    if rows and all("graph_ms" in d for _, _, d in rows):   # --graph: the replays against PyTorch's plain calls
+        graphs = {"overall": geomean([d["graph_ratio"] for _, _, d in rows]),
+                  "per_pass": {p: geomean([d["graph_ratio"] for _, q, d in rows if q == p]) for p in PASSES},
+                  "networks": {}}
+        for net in networks:
+            mine = [r for r in results if net in r["count"]]
+            step = sum(r["count"][net] * d["graph_ms"] for r in mine for d in r["passes"].values())
+            graphs["networks"][net] = {"graph_step_ms": step,
+                                       "ratio": step / per_network[net]["torch_step_ms"] if mine else float("nan")}
+    return {"overall": mean(rows), **({"graph": graphs} if graphs else {}),
             "per_pass": {p: mean([row for row in rows if row[1] == p]) for p in PASSES},
             "per_kind": {k: mean([row for row in rows if row[0]["kind"] == k])
                          for k in KINDS if any(row[0]["kind"] == k for row in rows)},
@@ -274,6 +302,11 @@ def report(record):
                  ", ".join(f"{SHORT[p]} {m['geomean_ratio']:.2f}" for p, m in s["per_pass"].items()) +
                  f"); of the minimum times: {s['overall']['geomean_min_ratio']:.2f} (less sensitive to a busy machine)")
     lines.append(f"clconv faster on {s['faster']['clconv']} layer-passes, {peer} on {s['faster']['torch']}")
+    if "graph" in s:
+        lines.append(f"each pass recorded in a clconv.graph() and replayed, against {peer}'s plain calls: "
+                     f"{s['graph']['overall']:.2f}   (" +
+                     ", ".join(f"{SHORT[p]} {m:.2f}" for p, m in s["graph"]["per_pass"].items()) + "); per network: " +
+                     ", ".join(f"{net} {m['ratio']:.2f}" for net, m in s["graph"]["networks"].items()))
     lines.append("per kind of layer:")
     for k, m in s["per_kind"].items():
         lines.append(f"  {k:22s} {m['geomean_ratio']:6.2f}  over {m['layer_passes']} layer-passes")
@@ -358,6 +391,8 @@ def main(argv=None):
     ap.add_argument("--file", default=str(LAYERS), help="the layers file (default: networks.json beside this module)")
     ap.add_argument("--profile", action="store_true", help="also run each layer-pass once on a profiling queue: "
                                                            "its device time by kernel and its launches")
+    ap.add_argument("--graph", action="store_true", help="also time each pass recorded in a clconv.graph() and "
+                                                         "replayed (a recorded network's launches alone)")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="instead of measuring, combine runs of network subsets "
                     "on one device and batch (one device call each, say) into one record (--json, --plot)")
     args = ap.parse_args(argv)
@@ -384,7 +419,7 @@ def main(argv=None):
     batch = args.batch or (32 if device.type & cl.device_type.GPU else 8)
     print(f"device: {device.platform.name} / {device.name}; batch {batch}; {len(layers)} layers x 3 passes; "
           f"networks: {', '.join(networks)}", flush=True)
-    results = run_layers(layers, batch, queue, args.budget, args.rounds, profile=args.profile)
+    results = run_layers(layers, batch, queue, args.budget, args.rounds, profile=args.profile, graph=args.graph)
     today = datetime.date.today().isoformat()
     record = {"date": today, "device": device.name, "platform": device.platform.name,
               "driver": device.driver_version, "machine": platform.machine(), "python": sys.version.split()[0],
