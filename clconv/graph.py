@@ -17,8 +17,10 @@ launches use alive, so no workspace returns to a memory pool while the graph liv
 Only clconv's own kernels are recorded, and a call whose work cannot be replayed that way is
 refused: NumPy arrays (their device copies are temporary) with a ``TypeError`` before anything
 is enqueued; CLBlast GEMMs, per-group queues, passes spread over several devices, arrays of
-another queue and MPI reductions (markers, barriers, copies and collectives a replay would miss)
-with a ``ClconvError`` when the block ends, and by :meth:`Graph.replay`. Other work enqueued inside the block (pyopencl
+another queue, MPI reductions and a module's load_numpy (markers, barriers, copies and
+collectives a replay would miss) with a ``ClconvError`` when the block ends, and by
+:meth:`Graph.replay`; so is a graph whose block raised. A graph replayed inside another's block
+becomes part of it. Other work enqueued inside the block (pyopencl
 operations, copies) is not part of the graph.
 """
 from contextlib import contextmanager
@@ -69,14 +71,15 @@ class Graph:
 
     def _check(self):
         if self._refused:
-            raise ClconvError("clconv.graph: the calls recorded enqueued work a replay would miss ("
-                              + ", ".join(sorted(set(self._refused))) + "): replay needs clconv's own GEMM "
-                              "kernels (gemm='clconv', 'cpu' or 'gpu'), single queues, one device and arrays "
-                              "of the queue the calls run on")
+            raise ClconvError("clconv.graph: this graph cannot be replayed: its block had "
+                              + ", ".join(sorted(set(self._refused))) + ", which a replay would miss (a graph "
+                              "replays clconv's own kernels on single queues of one device: gemm='clconv', "
+                              "'cpu' or 'gpu', queues='single', arrays of the queue the calls run on)")
 
     def replay(self):
         """Enqueue the recorded launches again, in order, on the queues they ran on; returns the
-        last one's event (None for an empty graph)."""
+        last one's event (None for an empty graph). Replayed inside another graph's block, its
+        steps become that graph's too."""
         self._check()
         event = None
         try:
@@ -92,6 +95,11 @@ class Graph:
         except cl.Error as exc:
             raise ClconvError(f"clconv.graph: replaying {what} ({'fill' if kernel is None else kernel.function_name}) "
                               f"failed: {exc}") from exc
+        outer = programs.current_graph()
+        if outer is not None:
+            outer._steps += list(self._steps)
+            outer._kept.append(self._kept)
+            outer.names += list(self.names)
         return event
 
 
@@ -103,5 +111,9 @@ def graph():
     """A :class:`Graph` of the clconv calls this thread makes in the block (they run as usual)."""
     g = Graph()
     with programs.recording_graph(g):
-        yield g
+        try:
+            yield g
+        except BaseException:   # what the block had recorded is not what it meant to
+            g.refuse("an exception")
+            raise
     g._check()

@@ -88,7 +88,7 @@ def keep_until_done(queue, arrays):
         with _lock:
             _pending[:] = [(e, a) for e, a in _pending
                            if e.command_execution_status != cl.command_execution_status.COMPLETE]
-    not_capturable()
+    not_capturable(what="arrays of another queue (a marker keeps them)")
     event = cl.enqueue_marker(queue)
     with _lock:
         _pending.append((event, arrays))

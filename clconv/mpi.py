@@ -114,7 +114,7 @@ class DataParallel:
         if any(job[0] is module for job in self._waiting):
             raise RuntimeError(f"DataParallel.ready() twice in one step for {module!r}")
         _, parts, threaded = self._host[id(module)]
-        not_capturable()   # copies to the host and back, and collectives: nothing a graph can replay
+        not_capturable(what="MPI reductions")   # copies to the host and back, and collectives
         events = [cl.enqueue_copy(module.queue, h, g.base_data, src_offset=g.offset, is_blocking=False)
                   for h, g in zip(parts, _grads(module))]
         job = (module, events, threading.Event())
@@ -142,6 +142,8 @@ class DataParallel:
                     self._reduce(job)
         finally:
             self._weight = self._total = None
+        if jobs:
+            not_capturable(what="MPI reductions")   # the sums copied back
         for module, _, _ in jobs:
             parts = self._host[id(module)][1]
             for h, g in zip(parts, _grads(module)):

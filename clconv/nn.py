@@ -17,7 +17,7 @@ from .device import check_dtype_supported, default_queue
 from .functional import conv2d_bias
 from .geometry import normalize_padding, pair
 from .planner import is_several, plan_for_call
-from .programs import current_graph
+from .programs import current_graph, not_capturable
 from .validate import queue_context
 from .transpose import conv_transpose2d, conv_transpose2d_input, conv_transpose2d_weight
 
@@ -94,6 +94,7 @@ class _ConvBase:
         if bias is not None and np.shape(bias) != self.bias.shape:
             raise ValueError(f"bias of size {list(np.shape(bias))} does not fit {self!r}: expected "
                              f"{list(self.bias.shape)}")
+        not_capturable(what="copies from the host (load_numpy)")
         self.weight.set(np.ascontiguousarray(weight, self.dtype))
         if bias is not None:
             self.bias.set(np.ascontiguousarray(bias, self.dtype))

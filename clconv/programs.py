@@ -266,17 +266,18 @@ def capturing():
             outer.names += capture.names
 
 
-def not_capturable(name=None, times=1):
-    """Mark the capture in progress (if any) incomplete: this thread enqueues something a replay
-    of the captured launches would miss: ``times`` launches of ``name`` (a CLBlast GEMM), or
-    with no name, markers and barriers."""
+def not_capturable(name=None, times=1, what=None):
+    """Mark the capture in progress (if any) incomplete, and the graph being recorded (if any)
+    unreplayable: this thread enqueues something a replay of the captured launches would miss:
+    ``times`` launches of ``name`` (a CLBlast GEMM), or with no name, markers, barriers or
+    copies; ``what`` it is, as the graph's refusal names it."""
     capture = _capture.current
     if capture is not None:
         capture.complete = False
         capture.names += [name] * times if name else []
     graph = _graph.current
     if graph is not None:
-        graph.refuse(name or "markers and barriers")
+        graph.refuse(what or name or "markers and barriers")
 
 
 class _GraphSlot(threading.local):

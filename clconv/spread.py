@@ -225,7 +225,7 @@ class SpreadPlan:
         result = {"forward": "output", "backward_input": "grad_input", "backward_weight": "grad_weight"}[pass_name]
         isz = self.dtype.itemsize
         out = dev["out"]
-        not_capturable()   # markers, barriers and copies between the devices' queues
+        not_capturable(what="a pass spread over several devices")   # markers, barriers, copies between queues
         start = cl.enqueue_marker(home)   # the inputs are ready (uploads, the caller's work on home)
         home.flush()                      # waited on from the other queues: it must reach the device
         # Where each part writes, all taken from the home pool before any part is enqueued: a block

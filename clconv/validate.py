@@ -248,7 +248,7 @@ def _after_their_queues(queue, arrays, out):
     events = [e for a in (*arrays, out) if is_device_array(a) and a.queue is not None and a.queue is not queue
               for e in a.events]
     if events:
-        not_capturable()
+        not_capturable(what="arrays of another queue (a barrier on their writes)")
         cl.enqueue_barrier(queue, wait_for=events)
 
 

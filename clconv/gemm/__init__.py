@@ -157,7 +157,7 @@ def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1
         flags["deep"] = True
     ops = (a, b, c)
     if per_group and groups > 1:
-        not_capturable()
+        not_capturable(what="per-group queues")
         ready = cl.enqueue_marker(queue)
         queue.flush()   # other queues wait on this marker: it must reach the device
         done = []

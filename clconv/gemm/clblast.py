@@ -80,7 +80,7 @@ def gemm_strided_batched(queue, dtype, m, n, k, count, a, a_off, lda, a_stride, 
                 pass
         if not risky:
             (a, a_off, _, _), (b, b_off, _, _), (c, c_off, _, _) = ops.values()
-    not_capturable("clblast_gemm", 1 if not risky else count)
+    not_capturable("clblast_gemm", 1 if not risky else count, what="CLBlast GEMMs")
     try:
         if not risky:
             event = pyclblast.gemmStridedBatched(
