@@ -20,8 +20,8 @@ is enqueued; CLBlast GEMMs, per-group queues, passes spread over several devices
 another queue, MPI reductions and a module's load_numpy (markers, barriers, copies and
 collectives a replay would miss) with a ``ClconvError`` when the block ends, and by
 :meth:`Graph.replay`; so is a graph whose block raised. A graph replayed inside another's block
-becomes part of it. Other work enqueued inside the block (pyopencl
-operations, copies) is not part of the graph.
+becomes part of it. Other work enqueued inside the block (pyopencl operations, copies) is not
+part of the graph.
 """
 from contextlib import contextmanager
 
