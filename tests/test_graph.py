@@ -8,7 +8,7 @@ import pytest
 
 import clconv
 from clconv import reference
-from helpers import REPLAYED, Case, assert_close
+from helpers import REPLAYED, Case, QueueAs, assert_close
 
 
 def _device(queue, arrays):
@@ -59,6 +59,35 @@ def test_replay_recomputes_from_new_data_bit_for_bit(case, algorithm, warm, queu
     assert_close(results[1].get(), reference.conv2d_input(hx.shape, hw, hdy, **opts), np.float32, "grad-input")
     assert_close(results[2].get(), reference.conv2d_weight(hx, hw.shape, hdy, **opts), np.float32, "grad-weight")
     assert_close(results[3].get(), reference.conv2d_bias(hdy), np.float32, "grad-bias")
+
+
+@pytest.mark.gpu_form
+@pytest.mark.parametrize("case,algorithm", REPLAYED, ids=lambda v: getattr(v, "name", v))
+def test_gpu_forms_replay_bit_for_bit(case, algorithm, queue):
+    """Plans made for a GPU (clconv's GPU GEMM kernel, the direct and im2col kernels' GPU forms)
+    recorded on first calls and replayed on new data: bit for bit what the same plan's calls give."""
+    gpu = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=16)
+    opts = case.options
+    p = clconv.Plan(clconv.conv_geometry(case.input_shape, case.weight_shape, **opts), np.float32, gpu,
+                    algorithm=algorithm, gemm="gpu", selfcheck=False)
+
+    def passes(x, w, b, dy):
+        return [p.forward(x, w, b, queue=queue), p.backward_input(w, dy, queue=queue),
+                p.backward_weight(x, dy, queue=queue)]
+    x, w, b, dy = _device(queue, case.data(seed=1))
+    with clconv.graph() as g:
+        results = passes(x, w, b, dy)
+    assert ("direct_forward" if algorithm == "direct" else "gemm_gpu") in g.names   # the GPU forms
+    new = case.data(seed=2)
+    for dev, host in zip((x, w, b, dy), new):
+        dev.set(host)
+    for r in results:
+        r.fill(np.nan)
+    g.replay()
+    for got, want in zip(results, passes(*_device(queue, new))):
+        np.testing.assert_array_equal(got.get(), want.get())
+    hx, hw, hb, hdy = new
+    assert_close(results[0].get(), reference.conv2d(hx, hw, hb, **opts), np.float32, "forward")
 
 
 def test_a_chain_of_layers_and_the_pool_between_replays(queue, monkeypatch):
