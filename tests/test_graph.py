@@ -15,13 +15,12 @@ def _device(queue, arrays):
     return [cla.to_device(queue, a) for a in arrays]
 
 
-def _calls(x, w, b, dy, opts, algorithm, outs=None):
+def _calls(x, w, b, dy, opts, algorithm):
     """Every pass of one layer through the functional API: [output, grad_input, grad_weight, grad_bias]."""
-    outs = outs or {}
-    return [clconv.conv2d(x, w, b, **opts, algorithm=algorithm, out=outs.get("forward")),
-            clconv.conv2d_input(x.shape, w, dy, **opts, algorithm=algorithm, out=outs.get("backward_input")),
-            clconv.conv2d_weight(x, w.shape, dy, **opts, algorithm=algorithm, out=outs.get("backward_weight")),
-            clconv.conv2d_bias(dy, out=outs.get("bias"))]
+    return [clconv.conv2d(x, w, b, **opts, algorithm=algorithm),
+            clconv.conv2d_input(x.shape, w, dy, **opts, algorithm=algorithm),
+            clconv.conv2d_weight(x, w.shape, dy, **opts, algorithm=algorithm),
+            clconv.conv2d_bias(dy)]
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["first_calls", "fast_calls"])
@@ -64,8 +63,8 @@ def test_replay_recomputes_from_new_data_bit_for_bit(case, algorithm, warm, queu
 @pytest.mark.gpu_form
 @pytest.mark.parametrize("case,algorithm", REPLAYED, ids=lambda v: getattr(v, "name", v))
 def test_gpu_forms_replay_bit_for_bit(case, algorithm, queue):
-    """Plans made for a GPU (clconv's GPU GEMM kernel, the direct and im2col kernels' GPU forms)
-    recorded on first calls and replayed on new data: bit for bit what the same plan's calls give."""
+    """Plans made for a GPU (clconv's GPU GEMM kernel and every algorithm's GPU forms) recorded on
+    first calls and replayed on new data: bit for bit what the same plan's calls give."""
     gpu = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=16)
     opts = case.options
     p = clconv.Plan(clconv.conv_geometry(case.input_shape, case.weight_shape, **opts), np.float32, gpu,
