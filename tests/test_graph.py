@@ -107,7 +107,7 @@ def test_a_chain_of_layers_and_the_pool_between_replays(queue, monkeypatch):
                    for i in (0, 10))
         x.set(hx)
         x2.set(hx2)
-        for other in range(3):   # other calls of the same plans and pool, on other arrays
+        for _ in range(3):   # other calls of the same plans and pool, on other arrays
             clconv.conv2d(cla.to_device(queue, hx2), w, b, padding=1, groups=2, algorithm="im2col")
             clconv.conv2d(cla.to_device(queue, hx), w, padding=1, groups=2, algorithm="direct")
         g.replay()
