@@ -15,6 +15,18 @@ def _device(queue, arrays):
     return [cla.to_device(queue, a) for a in arrays]
 
 
+def _replay_matches(g, inputs, new, results, run):
+    """Write ``new`` (host arrays) into the device ``inputs``, fill ``results`` with NaN, replay
+    ``g``: the results are bit for bit what ``run`` gives on fresh device copies of ``new``."""
+    for dev, host in zip(inputs, new):
+        dev.set(host)
+    for r in results:
+        r.fill(np.nan)
+    g.replay()
+    for got, want in zip(results, run(*_device(inputs[0].queue, new))):
+        np.testing.assert_array_equal(got.get(), want.get())
+
+
 def _calls(x, w, b, dy, opts, algorithm):
     """Every pass of one layer through the functional API: [output, grad_input, grad_weight, grad_bias]."""
     return [clconv.conv2d(x, w, b, **opts, algorithm=algorithm),
@@ -45,14 +57,7 @@ def test_replay_recomputes_from_new_data_bit_for_bit(case, algorithm, warm, queu
     assert g.names == [*plans.launches("forward"), *plans.launches("backward_input"),
                        *plans.launches("backward_weight"), "bias_grad"]
     new = layer.data(seed=2)
-    for dev, host in zip((x, w, b, dy), new):
-        dev.set(host)
-    for r in results:
-        r.fill(np.nan)
-    g.replay()
-    fresh = _calls(*_device(queue, new), opts, algorithm)
-    for got, want in zip(results, fresh):
-        np.testing.assert_array_equal(got.get(), want.get())
+    _replay_matches(g, (x, w, b, dy), new, results, lambda *fresh: _calls(*fresh, opts, algorithm))
     hx, hw, hb, hdy = new
     assert_close(results[0].get(), reference.conv2d(hx, hw, hb, **opts), np.float32, "forward")
     assert_close(results[1].get(), reference.conv2d_input(hx.shape, hw, hdy, **opts), np.float32, "grad-input")
@@ -78,13 +83,7 @@ def test_gpu_forms_replay_bit_for_bit(case, algorithm, queue):
         results = passes(x, w, b, dy)
     assert ("direct_forward" if algorithm == "direct" else "gemm_gpu") in g.names   # the GPU forms
     new = case.data(seed=2)
-    for dev, host in zip((x, w, b, dy), new):
-        dev.set(host)
-    for r in results:
-        r.fill(np.nan)
-    g.replay()
-    for got, want in zip(results, passes(*_device(queue, new))):
-        np.testing.assert_array_equal(got.get(), want.get())
+    _replay_matches(g, (x, w, b, dy), new, results, passes)
     hx, hw, hb, hdy = new
     assert_close(results[0].get(), reference.conv2d(hx, hw, hb, **opts), np.float32, "forward")
 
