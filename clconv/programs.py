@@ -7,6 +7,7 @@ options); that cache, the only one of kernels, lives on the context (pyopencl's
 context-dependent memoize).
 """
 import re
+import struct
 import threading
 from contextlib import contextmanager
 from functools import lru_cache
@@ -92,18 +93,87 @@ def _build(context, filename, dtype, defines):
         # The program is kept with its kernels: a runtime may treat a program whose last
         # application reference is gone as released (Intel's does), and bound_kernel needs it.
         k.clconv_program = program
-        k.clconv_arg_dtypes = signatures[name]   # kept for bound_kernel's copies
+        # what launch() packs struct parameters with; a struct is set as its bytes (dtype None)
+        k.clconv_pack = _packer(signatures[name])
+        k.clconv_arg_dtypes = [None if isinstance(t, StructArg) else t for t in signatures[name]]
         k.set_scalar_arg_dtypes(k.clconv_arg_dtypes)
     return kernels
 
 
 _SCALAR_TYPES = {"int": np.int32, "long": np.int64, "float": np.float32, "double": np.float64}
 _QUALIFIERS = {"const", "__private", "private", "restrict", "volatile"}
+_STRUCT_CODES = {np.int32: "i", np.int64: "q", np.float32: "f", np.float64: "d"}   # struct module, standard sizes
+
+
+class StructArg:
+    """A kernel parameter that is a struct of scalars, passed by value: ``name``, ``fields``
+    ((field, NumPy type), ...) and ``layout``, a :class:`struct.Struct` laying the fields out as
+    OpenCL C does (each aligned to its size, the whole to its largest field's). A kernel takes
+    its many scalars as one such argument because drivers copy each argument of every launch:
+    two dozen ints cost PoCL and NVIDIA's OpenCL about a microsecond more per launch than one
+    struct of them."""
+
+    def __init__(self, name, fields):
+        self.name, self.fields = name, tuple(fields)
+        fmt, size, largest = "<", 0, 1
+        for _, t in self.fields:
+            item = np.dtype(t).itemsize
+            fmt += "x" * (-size % item) + _STRUCT_CODES[t]
+            size += -size % item + item
+            largest = max(largest, item)
+        self.layout = struct.Struct(fmt + "x" * (-size % largest))
+
+
+def _packer(signature):
+    """For a kernel with struct parameters, a function from its launch arguments (each struct's
+    fields in its place, in order) to the arguments the kernel takes (each struct as its bytes);
+    None for a kernel without."""
+    if not any(isinstance(t, StructArg) for t in signature):
+        return None
+    count = sum(len(t.fields) if isinstance(t, StructArg) else 1 for t in signature)
+
+    def pack(args):
+        if len(args) != count:
+            raise ClconvError(f"clconv: a launch gave {len(args)} arguments where the kernel takes {count}")
+        packed, i = [], 0
+        for t in signature:
+            if isinstance(t, StructArg):
+                packed.append(t.layout.pack(*args[i:i + len(t.fields)]))
+                i += len(t.fields)
+            else:
+                packed.append(args[i])
+                i += 1
+        return tuple(packed)
+    return pack
+
+
+def _declared(words, names, what):
+    """The NumPy type of a declaration's words (its qualifiers, type and name)."""
+    types = [names.get(w, w) for w in words[:-1] if w not in _QUALIFIERS]
+    if len(types) != 1 or types[0] not in _SCALAR_TYPES:
+        raise ClconvError(f"clconv: {what}: cannot tell the type of {' '.join(words)!r}")
+    return _SCALAR_TYPES[types[0]]
+
+
+def kernel_structs(source, names):
+    """{struct name: StructArg} of the source's ``struct name { int a, b; IDX c; };`` definitions,
+    ``names`` mapping macro type names (REAL, IDX) to C types."""
+    found = {}
+    for name, body in re.findall(r"\bstruct\s+(\w+)\s*\{([^}]*)\}\s*;", source):
+        fields = []
+        for decl in re.sub(r"/\*.*?\*/|//[^\n]*", " ", body).split(";"):
+            if decl.strip():
+                first, *more = [part.split() for part in decl.split(",")]
+                t = _declared(first, names, f"struct {name}")
+                fields += [(first[-1], t)] + [(words[-1], t) for words in more]
+        found[name] = StructArg(name, fields)
+    return found
 
 
 def kernel_signatures(source, dtype, defines):
-    """{kernel name: argument dtypes (None for buffers and local memory)} read from our own
-    source: pyopencl then packs arguments ~20x faster than when it has to inspect each
+    """{kernel name: argument types} read from our own source: None for buffers and local
+    memory, the NumPy type of a scalar, a :class:`StructArg` for a struct of scalars. pyopencl,
+    told the scalars' types, packs arguments ~20x faster than when it has to inspect each
     scalar on every call (~250 us a launch otherwise). The driver is not asked
     (clGetKernelArgInfo): it is optional, and programs that pyopencl rebuilds from its binary
     cache lack it on some runtimes (Intel's). A parameter that is one macro name is expanded
@@ -111,6 +181,7 @@ def kernel_signatures(source, dtype, defines):
     macros = dict(re.findall(r"^[ \t]*#define[ \t]+(\w+)[ \t]+((?:.*\\\n)*.*)$", source, re.M))
     macros = {k: v.replace("\\\n", " ") for k, v in macros.items()}
     names = {"REAL": _C_TYPES[np.dtype(dtype)][0], "IDX": str(defines.get("IDX", "long"))}
+    structs = kernel_structs(source, names)
     found = {}
     for match in re.finditer(r"__kernel\b.*?\bvoid\s+(\w+)\s*\(", source, re.S):
         depth, end = 1, match.end()
@@ -126,11 +197,10 @@ def kernel_signatures(source, dtype, defines):
                 continue
             if any("*" in w for w in words) or "__local" in words or "local" in words:
                 dtypes.append(None)
-                continue
-            types = [names.get(w, w) for w in words[:-1] if w not in _QUALIFIERS]
-            if len(types) != 1 or types[0] not in _SCALAR_TYPES:
-                raise ClconvError(f"clconv: kernel {match[1]}: cannot tell the type of parameter {' '.join(words)!r}")
-            dtypes.append(_SCALAR_TYPES[types[0]])
+            elif "struct" in words:
+                dtypes.append(structs[words[words.index("struct") + 1]])
+            else:
+                dtypes.append(_declared(words, names, f"kernel {match[1]}"))
         found[match[1]] = dtypes
     return found
 
@@ -177,8 +247,11 @@ def _enqueue(kernel, global_size, what, enqueue):
 def launch(queue, kernel, global_size, local_size, *args, what=""):
     """Enqueue ``kernel``; global_size is rounded up to a multiple of local_size (the kernels
     guard the excess). Every launch names its local size: left to the driver (None) it cost
-    about 5 us more host time per launch on the H200's NVIDIA OpenCL."""
+    about 5 us more host time per launch on the H200's NVIDIA OpenCL. ``args``: the kernel's
+    parameters in order, a struct parameter's fields in its place (packed here)."""
     global_size = tuple(-(-g // l) * l for g, l in zip(global_size, local_size))
+    if kernel.clconv_pack is not None:
+        args = kernel.clconv_pack(args)
     event = _enqueue(kernel, global_size, what, lambda: kernel(queue, global_size, local_size, *args))
     capture = _capture.current
     if capture is not None:

@@ -28,6 +28,23 @@
 #define EPI_ADD 4              // (fill_bias) onto the output's values, instead of onto 0
 #define EPILOGUE(flags, v) (((flags) & EPI_RELU) && (v) < (REAL)0 ? (REAL)0 : (v))
 
+// The GEMM kernels' scalars, in three structs: a driver copies each argument of every launch,
+// and two dozen ints cost PoCL and NVIDIA's OpenCL about a microsecond more per launch than a
+// few structs of them. The sizes: C = alpha * A B + beta * C for GI x GJ matrices, the K-deep
+// products in KB blocks. Fields are lower case: the host's #defines are upper case. An operand's place: its offset, leading dimension, steps between
+// matrices i and between matrices j, and between K blocks; the result's the same, less the last.
+struct gemm_sizes { int m, n, k; REAL alpha, beta; int gj, blocks; };
+struct gemm_operand { IDX off; int ld; IDX si, sj, kb; };
+struct gemm_result { IDX off; int ld; IDX si, sj; };
+// the kernels' parameters sizes, a_at, b_at and c_at under the names their bodies use
+#define GEMM_NAMES                                                                                 \
+    const int M = sizes.m, N = sizes.n, K = sizes.k, GJ = sizes.gj, KB = sizes.blocks;           \
+    const REAL alpha = sizes.alpha, beta = sizes.beta;                                            \
+    const IDX a_off = a_at.off, a_si = a_at.si, a_sj = a_at.sj, a_kb = a_at.kb;                   \
+    const IDX b_off = b_at.off, b_si = b_at.si, b_sj = b_at.sj, b_kb = b_at.kb;                   \
+    const IDX c_off = c_at.off, c_si = c_at.si, c_sj = c_at.sj;                                   \
+    const int lda = a_at.ld, ldb = b_at.ld, ldc = c_at.ld
+
 // p[i] for 0 <= i < n, else zero: the load clamped into the row and always made, so that the
 // compiler selects rather than branches on each value. Used where that measured no slower on
 // either CPU runtime (batch 4): im2col_rows' edges, 0.91-0.97x the time on PoCL's strided layers,

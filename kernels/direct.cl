@@ -13,12 +13,17 @@
 #define RT 8
 #endif
 
-// Every size is an argument; the filter's shape, stride, dilation, padding and channels
-// per group can also be compile-time constants set by the host (KH, ...), so index
-// arithmetic by them folds (no division by a variable) and the tap loops unroll.
-#define GEOMETRY const int N, const int C, const int H, const int W, const int K, const int OH, const int OW, \
-                 const int kh, const int kw, const int sh, const int sw, const int dh, const int dw, \
-                 const int pt, const int pl, const int cg, const int kg
+// Every size is an argument, all in one struct (a driver copies each argument of every launch:
+// see clconv.h), under their own names from the first line of each kernel (GEOMETRY_NAMES;
+// fields are lower case: the host's #defines are upper case). The filter's shape, stride,
+// dilation, padding and channels per group can also be compile-time constants set by the host
+// (KH, ...), so index arithmetic by them folds (no division by a variable) and the tap loops
+// unroll.
+struct geometry { int n, c, h, w, k, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl, cg, kg; };
+#define GEOMETRY const struct geometry geo
+#define GEOMETRY_NAMES const int N = geo.n, C = geo.c, H = geo.h, W = geo.w, K = geo.k, OH = geo.oh, \
+    OW = geo.ow, kh = geo.kh, kw = geo.kw, sh = geo.sh, sw = geo.sw, dh = geo.dh, dw = geo.dw, pt = geo.pt, \
+    pl = geo.pl, cg = geo.cg, kg = geo.kg
 #ifndef KH             // filter rows and columns
 #define KH kh
 #endif
@@ -167,6 +172,7 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
                     __global const REAL* restrict bias, const IDX bias_off, const int flags,
                     __global REAL* restrict y, const IDX y_off, GEOMETRY)
 {
+    GEOMETRY_NAMES;
 #if STAGE
     __local REAL patch[PH][PW];
     const int lid = get_local_id(1) * TX + get_local_id(0);
@@ -281,6 +287,7 @@ void direct_input(__global const REAL* restrict w, const IDX w_off,
                   __global const REAL* restrict dy, const IDX dy_off,
                   __global REAL* restrict dx, const IDX dx_off, GEOMETRY)
 {
+    GEOMETRY_NAMES;
     const int ix = get_global_id(0), iy = get_global_id(1), nc = get_global_id(2);
     if (ix >= W || iy >= H) return;
     const int c = nc % C, n = nc / C, k0 = (c / CG) * KG, cw = c % CG;
@@ -323,6 +330,7 @@ void direct_weight_partial(__global const REAL* restrict x, const IDX x_off,
                            __global const REAL* restrict dy, const IDX dy_off,
                            __global REAL* restrict part, const int S, GEOMETRY)
 {
+    GEOMETRY_NAMES;
     __local REAL red[RT][WG];
     const int k = get_group_id(0) / S, s = get_group_id(0) % S, l = get_local_id(0);
     const int c0 = (k / KG) * CG, P = OH * OW;
@@ -491,6 +499,7 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
                  __global const REAL* restrict bias, const IDX bias_off, const int flags,
                  __global REAL* restrict y, const IDX y_off, GEOMETRY)
 {
+    GEOMETRY_NAMES;
     const int nk = get_global_id(1);
     const int k0 = (nk % (K / KB)) * KB, n = nk / (K / KB), c0 = (k0 / KG) * CG;
     const int oy_end = min(OH, (int)(get_global_id(0) + 1) * RB);
@@ -608,6 +617,7 @@ void direct_weight_rows(__global const REAL* restrict x, const IDX x_off,
                         __global const REAL* restrict dy, const IDX dy_off,
                         __global REAL* restrict part, const int S, GEOMETRY)
 {
+    GEOMETRY_NAMES;
     const int k = get_global_id(0) / S, s = get_global_id(0) % S;
     const int c0 = (k / KG) * CG, rows = N * OH, per = (rows + S - 1) / S;
     const int begin = per * s, end = min(rows, begin + per);
@@ -675,6 +685,7 @@ void direct_input_rows(__global const REAL* restrict w, const IDX w_off,
                        __global const REAL* restrict dy, const IDX dy_off,
                        __global REAL* restrict dx, const IDX dx_off, GEOMETRY)
 {
+    GEOMETRY_NAMES;
     const int nc = get_global_id(1) * CB, c0 = nc % C, n = nc / C, k0 = (c0 / CG) * KG, cw = c0 % CG;
     const int iy_end = min(H, (int)(get_global_id(0) + 1) * RB);
 #if RI > 1

@@ -117,14 +117,11 @@ inline REALV load_edge(__global const REAL* p, const int rest)   // p[0 .. rest-
 #endif
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void gemm_cpu(const int M, const int N, const int K, const REAL alpha, const REAL beta, const int GJ, const int KB,
-              __global const REAL* restrict a, const IDX a_off, const int lda, const IDX a_si, const IDX a_sj,
-              const IDX a_kb,
-              __global const REAL* restrict b, const IDX b_off, const int ldb, const IDX b_si, const IDX b_sj,
-              const IDX b_kb,
-              __global REAL* restrict c, const IDX c_off, const int ldc, const IDX c_si, const IDX c_sj,
-              const int panels)
+void gemm_cpu(const struct gemm_sizes sizes, __global const REAL* restrict a, const struct gemm_operand a_at,
+              __global const REAL* restrict b, const struct gemm_operand b_at,
+              __global REAL* restrict c, const struct gemm_result c_at, const int panels)
 {
+    GEMM_NAMES;
     const int n0 = get_global_id(1) * COLS, z = get_global_id(2);
 #if !INNER
     // the columns this block computes start at nb: n0, or for a last block past N, N - COLS (when

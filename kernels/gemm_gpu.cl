@@ -62,8 +62,8 @@
 #ifndef IM2COL         // 1: B is the im2col matrix of an NCHW input, read in place (IM_* below)
 #define IM2COL 0
 #endif
-#ifndef K_FOLD         // > 0: depth k of A and B is k % K_FOLD into block k / K_FOLD, blocks a_sq and
-#define K_FOLD 0       // b_sq values apart (KB = 1)
+#ifndef K_FOLD         // > 0: depth k of A and B is k % K_FOLD into block k / K_FOLD, blocks a_kb and
+#define K_FOLD 0       // b_kb values apart (KB = 1)
 #endif
 #ifndef C_FOLD         // > 0: C's columns run over several images, C_FOLD positions each: column n is
 #define C_FOLD 0       // position n % C_FOLD of image n / C_FOLD, whose rows start c_sj values apart
@@ -141,8 +141,8 @@
 #endif
 
 #if K_FOLD
-#define A_AT(m, k) ((IDX)((k) / K_FOLD) * a_sq + A_AT_OFF(m, (k) % K_FOLD))
-#define B_AT(k, n) ((IDX)((k) / K_FOLD) * b_sq + B_AT_OFF((k) % K_FOLD, n))
+#define A_AT(m, k) ((IDX)((k) / K_FOLD) * a_kb + A_AT_OFF(m, (k) % K_FOLD))
+#define B_AT(k, n) ((IDX)((k) / K_FOLD) * b_kb + B_AT_OFF((k) % K_FOLD, n))
 #elif B_FOLD
 #define A_AT(m, k) A_AT_OFF(m, k)
 #define B_AT(k, n) ((IDX)((n) / B_FOLD) * b_sj + B_AT_OFF(k, (n) % B_FOLD))
@@ -221,13 +221,11 @@ inline REAL im2col_at(__global const REAL* x, const int r, const int p)
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WX, WY, KS)))
-void gemm_gpu(const int M, const int N, const int K, const REAL alpha, const REAL beta, const int GJ, const int KB,
-              __global const REAL* restrict a, const IDX a_off, const int lda, const IDX a_si, const IDX a_sj,
-              const IDX a_sq,
-              __global const REAL* restrict b, const IDX b_off, const int ldb, const IDX b_si, const IDX b_sj,
-              const IDX b_sq,
-              __global REAL* restrict c, const IDX c_off, const int ldc, const IDX c_si, const IDX c_sj)
+void gemm_gpu(const struct gemm_sizes sizes, __global const REAL* restrict a, const struct gemm_operand a_at,
+              __global const REAL* restrict b, const struct gemm_operand b_at,
+              __global REAL* restrict c, const struct gemm_result c_at)
 {
+    GEMM_NAMES;
     // typed as vectors so that the reads in the inner loop are single 16-byte loads
     __local REAL4 As[2][TK][(TM + PAD) / 4];
     __local REAL4 Bs[2][TK][(TN + PAD) / 4];
@@ -258,8 +256,8 @@ void gemm_gpu(const int M, const int N, const int K, const REAL alpha, const REA
     k0 += TK;                                                                       \
     if (k0 >= K) {                                                                  \
         k0 = 0;                                                                     \
-        ap += a_sq;                                                                 \
-        bp += b_sq;                                                                 \
+        ap += a_kb;                                                                 \
+        bp += b_kb;                                                                 \
     }
 #define STAGE(s)                                                                    \
     for (int q = 0; q < A_PER; ++q) {                                               \

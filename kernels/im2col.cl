@@ -7,6 +7,13 @@
 //
 // Specialised by the host with prepended #defines; the defaults below are for reading.
 
+// The CPU forms' sizes, in one struct (a driver copies each argument of every launch: see
+// clconv.h), under their own names from the first line of each kernel. Fields are lower case:
+// the host's #defines are upper case.
+struct col_geometry { int b, c, h, w, kh, kw, oh, ow, sh, sw, pt, pl, dh, dw; };
+#define COL_GEOMETRY_NAMES const int B = geo.b, C = geo.c, H = geo.h, W = geo.w, KH = geo.kh, KW = geo.kw, \
+    OH = geo.oh, OW = geo.ow, SH = geo.sh, SW = geo.sw, PT = geo.pt, PL = geo.pl, DH = geo.dh, DW = geo.dw
+
 #ifndef COL_KH         // the GPU forms of im2col and col2im: taps
 #define COL_KH 3
 #endif
@@ -164,11 +171,9 @@ typedef union { REALV v; REAL s[VW]; } lanes;   // a vector and its values
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void im2col_rows(__global const REAL* restrict x, const IDX x_off,
                  __global REAL* restrict col, const IDX col_off,
-                 const int B, const int C, const int H, const int W,
-                 const int KH, const int KW, const int OH, const int OW,
-                 const int SH, const int SW, const int PT, const int PL,
-                 const int DH, const int DW)
+                 const struct col_geometry geo)
 {
+    COL_GEOMETRY_NAMES;
     const int boy = get_global_id(0), c = get_global_id(1), b = boy / OH, oy = boy - b * OH;
     const IDX ld = (IDX)B * OH * OW;
     const __global REAL* xc = x + x_off + ((IDX)b * C + c) * H * W;
@@ -214,11 +219,9 @@ void im2col_rows(__global const REAL* restrict x, const IDX x_off,
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void col2im_rows(__global const REAL* restrict col, const IDX col_off,
                  __global REAL* restrict dx, const IDX dx_off,
-                 const int B, const int C, const int H, const int W,
-                 const int KH, const int KW, const int OH, const int OW,
-                 const int SH, const int SW, const int PT, const int PL,
-                 const int DH, const int DW, const int q0, const int accumulate)
+                 const struct col_geometry geo, const int q0, const int accumulate)
 {
+    COL_GEOMETRY_NAMES;
     const int rows = get_global_size(0) / B;
     const int by = get_global_id(0), c = get_global_id(1), b = by / rows, y = q0 / W + by - b * rows;
     const IDX ld = (IDX)B * OH * OW;

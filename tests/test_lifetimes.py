@@ -16,7 +16,8 @@ import pytest
 
 import clconv
 from clconv import reference
-from clconv.programs import bound_kernel, get_kernel, kernel_dir, kernel_signatures, program_source, relaunch
+from clconv.programs import (StructArg, bound_kernel, get_kernel, kernel_dir, kernel_signatures, kernel_structs,
+                             program_source, relaunch)
 from helpers import CASES, assert_close
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,8 +125,39 @@ def test_argument_types_read_from_the_source_match_the_driver(filename, dtype, i
                 name = k.get_arg_info(i, cl.kernel_arg_info.TYPE_NAME).strip()
             except cl.Error:
                 pytest.skip(f"{queue.device.platform.name} gives no argument information")
-            driver.append(None if space != cl.kernel_arg_address_qualifier.PRIVATE else scalar[name])
-        assert signatures[k.function_name] == driver, k.function_name
+            driver.append(None if space != cl.kernel_arg_address_qualifier.PRIVATE
+                          else name if name.startswith("struct ") else scalar[name])
+        ours = [f"struct {t.name}" if isinstance(t, StructArg) else t for t in signatures[k.function_name]]
+        assert ours == driver, k.function_name
+
+
+@pytest.mark.parametrize("dtype,idx", [(np.float32, "int"), (np.float64, "long")], ids=["float32-int", "float64-long"])
+def test_struct_arguments_are_laid_out_as_the_device_reads_them(dtype, idx, queue):
+    """Every struct our kernels take (read from the sources as kernel_signatures reads them), packed
+    as launch() packs it with distinct values, and read back field by field by a kernel of the
+    device's own compiler, beside its sizeof."""
+    if dtype == np.float64 and not clconv.device.has_fp64(queue.device):
+        pytest.skip("the device has no float64")
+    texts = [f.read_text() for f in sorted(kernel_dir().glob("*.cl")) + [kernel_dir() / "clconv.h"]]
+    definitions = "\n".join(dict.fromkeys(line for t in texts for line in t.splitlines() if line.startswith("struct ")))
+    real = "double" if dtype == np.float64 else "float"
+    structs = kernel_structs(definitions, {"REAL": real, "IDX": idx})
+    assert {"geometry", "col_geometry", "gemm_sizes", "gemm_operand", "gemm_result"} <= set(structs)
+    reads = ["#pragma OPENCL EXTENSION cl_khr_fp64 : enable" if dtype == np.float64 else "",
+             f"#define IDX {idx}", f"#define REAL {real}", definitions]
+    for name, t in structs.items():
+        fields = " ".join(f"out[{i}] = s.{field};" for i, (field, _) in enumerate(t.fields))
+        reads.append(f"__kernel void read_{name}(__global {real}* out, const struct {name} s, __global long* size)"
+                     f" {{ {fields} size[0] = sizeof(struct {name}); }}")
+    program = cl.Program(queue.context, "\n".join(reads)).build()
+    for name, t in structs.items():
+        values = [(3 * i + 1) * (-1) ** i for i in range(len(t.fields))]
+        out = cla.zeros(queue, len(values), dtype)
+        size = cla.zeros(queue, 1, np.int64)
+        kernel = getattr(program, f"read_{name}")
+        kernel(queue, (1,), (1,), out.data, t.layout.pack(*values), size.data)
+        assert out.get().tolist() == values, name
+        assert size.get()[0] == t.layout.size, name
 
 
 def test_builds_never_ask_the_driver_for_argument_types(queue, monkeypatch):
