@@ -5,10 +5,12 @@
 Times each engine that runs on the device (clconv's CPU kernel, clconv's GPU kernel, CLBlast)
 on the products the fully-connected, pointwise and im2col passes of bench/workloads.json run
 (their layouts and batch counts), interleaved round by round, plus NumPy's matmul (its BLAS)
-on the same shapes in the same process. The peak is measured: an OpenCL kernel of independent
-vector multiply-add chains on every compute unit (FLOP/s the device's compiler can issue), beside the
-figure derived from the clock /proc/cpuinfo reports and 32 single-precision FLOP per cycle and
-core (two 256-bit FMA pipes, as on AVX2 and AVX-512 x86 cores of this generation).
+and, where it imports, PyTorch's on the same shapes in the same process. The peak is measured: an OpenCL kernel of independent
+multiply-add chains on every compute unit, in vectors of the device's native width (8 values at
+least: 16 on AVX-512 CPUs, whose 512-bit peak is about 1.8x the 256-bit one on the 2-core Xeon,
+420 against 229 GFLOP/s), the FLOP/s the device's compiler can issue; beside it the figure
+derived from the clock /proc/cpuinfo reports and two FMA pipes per core of the widest vectors its
+flags list (32 single-precision FLOP per cycle with AVX2, 64 with AVX-512).
 """
 import argparse
 import json
@@ -30,14 +32,14 @@ from .run import load_workloads
 PEAK_SOURCE = """
 __kernel void peak(__global float* out, const int n, const float s)
 {
-    float8 v[CHAINS];
+    VEC v[CHAINS];
     #pragma unroll
-    for (int c = 0; c < CHAINS; ++c) v[c] = (float8)(get_global_id(0) + c);
+    for (int c = 0; c < CHAINS; ++c) v[c] = (VEC)(get_global_id(0) + c);
     for (int i = 0; i < n; ++i) {
         #pragma unroll
         for (int c = 0; c < CHAINS; ++c) v[c] = v[c] * s + 0.5f;
     }
-    float8 t = 0;
+    VEC t = 0;
     #pragma unroll
     for (int c = 0; c < CHAINS; ++c) t += v[c];
     out[get_global_id(0)] = t.s0 + t.s1 + t.s2 + t.s3 + t.s4 + t.s5 + t.s6 + t.s7;
@@ -47,9 +49,16 @@ CHAINS = 12
 SETTLE_S = 0.2
 
 
+def peak_vector_width(device):
+    """Values per vector of the peak kernel: the device's native float width, 8 to 16."""
+    return min(16, max(8, device.native_vector_width_float))
+
+
 def measured_peak(queue, seconds=0.5):
-    """GFLOP/s of independent float8 multiply-add chains, CHAINS per work-item, 8 work-items per compute unit."""
-    program = cl.Program(queue.context, f"#define CHAINS {CHAINS}\n" + PEAK_SOURCE).build()
+    """GFLOP/s of independent multiply-add chains of :func:`peak_vector_width` values, CHAINS per
+    work-item, 8 work-items per compute unit."""
+    vw = peak_vector_width(queue.device)
+    program = cl.Program(queue.context, f"#define CHAINS {CHAINS}\n#define VEC float{vw}\n" + PEAK_SOURCE).build()
     kernel = program.peak
     items = 8 * queue.device.max_compute_units
     out = cl.Buffer(queue.context, cl.mem_flags.WRITE_ONLY, 4 * items)
@@ -60,17 +69,22 @@ def measured_peak(queue, seconds=0.5):
         queue.finish()
         dt = time.perf_counter() - t0
         if dt > seconds:
-            return 2 * 8 * CHAINS * n * items / dt / 1e9
+            return 2 * vw * CHAINS * n * items / dt / 1e9
         n *= 2
 
 
 def clock_peak():
-    """(GHz, GFLOP/s) from /proc/cpuinfo's clock, 32 FLOP per cycle and core; None where unknown."""
+    """(GHz, FLOP per cycle and core, GFLOP/s) from /proc/cpuinfo's clock and flags: two FMA pipes
+    of 512-bit vectors where it lists avx512f (64 FLOP a cycle), else of 256-bit ones (32); None
+    where unknown."""
     try:
-        mhz = [float(line.split(":")[1]) for line in open("/proc/cpuinfo") if line.startswith("cpu MHz")]
+        lines = open("/proc/cpuinfo").read().splitlines()
     except OSError:
         return None
-    return (max(mhz) / 1e3, max(mhz) / 1e3 * 32 * os.cpu_count()) if mhz else None
+    mhz = [float(line.split(":")[1]) for line in lines if line.startswith("cpu MHz")]
+    wide = any(line.startswith("flags") and "avx512f" in line.split() for line in lines)
+    per_cycle = 64 if wide else 32
+    return (max(mhz) / 1e3, per_cycle, max(mhz) / 1e3 * per_cycle * os.cpu_count()) if mhz else None
 
 
 def shapes(size):
@@ -116,6 +130,27 @@ def engines(queue, names):
     return {k: v for k, v in found.items() if not names or k in names}
 
 
+def _torch_version():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.__version__
+
+
+def host_peers(opa, opb):
+    """{name: run()}: the same products on the host, NumPy's matmul (its BLAS) and, where it imports,
+    PyTorch's (its own BLAS, on every core: the best host GEMM a user has at hand)."""
+    peers = {"numpy": lambda: np.matmul(opa, opb)}
+    try:
+        import torch
+    except ImportError:
+        return peers
+    ta, tb = torch.from_numpy(opa), torch.from_numpy(opb)
+    peers["torch"] = lambda: torch.matmul(ta, tb)
+    return peers
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.gemm", description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5, help="rounds of interleaved runs (default 5)")
@@ -128,8 +163,9 @@ def main(argv=None):
     peak = measured_peak(queue)
     clock = clock_peak()
     print(f"device: {device.platform.name} / {device.name.strip()}")
-    print(f"measured fma peak: {peak:.1f} GFLOP/s" + (f"; clock {clock[0]:.2f} GHz x 32 FLOP x {os.cpu_count()} "
-                                                      f"cores = {clock[1]:.1f} GFLOP/s" if clock else ""))
+    print(f"measured fma peak ({peak_vector_width(device)}-wide vectors): {peak:.1f} GFLOP/s"
+          + (f"; clock {clock[0]:.2f} GHz x {clock[1]} FLOP x {os.cpu_count()} cores = {clock[2]:.1f} GFLOP/s"
+             if clock else ""))
     runs = engines(queue, args.engine)
     rng = np.random.default_rng(0)
     rows = []
@@ -141,15 +177,16 @@ def main(argv=None):
         opb = hb.transpose(0, 2, 1) if bt else hb
         want = np.matmul(opa.astype(np.float64), opb.astype(np.float64))
         flop = 2.0 * m * n * k * count
-        times = {e: [] for e in runs}
-        times["numpy"] = []
+        hosts = host_peers(opa, opb)
+        times = {e: [] for e in (*runs, *hosts)}
         outs = {e: cla.empty(queue, (count, m, n), np.float32) for e in runs}
         for e, fn in runs.items():   # warm up, and check once
             fn(m, n, k, count, a.base_data, b.base_data, outs[e].base_data, at, bt)
             queue.finish()
             err = np.abs(outs[e].get() - want).max() / np.abs(want).max()
             assert err < 1e-4, f"{e} {name}: normalised error {err}"
-        np.matmul(opa, opb)
+        for fn in hosts.values():
+            fn()
         for _ in range(args.repeat):   # interleaved rounds
             for e, fn in runs.items():
                 inner = max(1, int(0.2 / max(min(times[e], default=0.05), 1e-4)))
@@ -158,10 +195,13 @@ def main(argv=None):
                     fn(m, n, k, count, a.base_data, b.base_data, outs[e].base_data, at, bt)
                 queue.finish()
                 times[e].append((time.perf_counter() - t0) / inner)
-            t0 = time.perf_counter()
-            np.matmul(opa, opb)
-            times["numpy"].append(time.perf_counter() - t0)
-            time.sleep(SETTLE_S)   # the BLAS's threads spin a while after a call: not on the next engine's time
+            for e, fn in hosts.items():   # as many calls back to back as the engines make
+                inner = max(1, int(0.2 / max(min(times[e], default=0.05), 1e-4)))
+                t0 = time.perf_counter()
+                for _ in range(inner):
+                    fn()
+                times[e].append((time.perf_counter() - t0) / inner)
+                time.sleep(SETTLE_S)   # the BLAS's threads spin a while after a call: not on the next engine's time
         row = {"gemm": name, "m": m, "n": n, "k": k, "count": count, "a_transp": at, "b_transp": bt,
                "engines": {e: {"median_ms": statistics.median(t) * 1e3, "min_ms": min(t) * 1e3,
                                "gflops": flop / statistics.median(t) / 1e9,
@@ -176,8 +216,9 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump({"device": device.name.strip(), "platform": device.platform.name, "driver": device.driver_version,
                        "machine": platform.machine(), "measured_peak_gflops": peak,
-                       "clock_peak": clock and {"ghz": clock[0], "gflops": clock[1]},
-                       "numpy": np.__version__, "shapes": rows}, f, indent=1)
+                       "peak_vector_width": peak_vector_width(device),
+                       "clock_peak": clock and {"ghz": clock[0], "flop_per_cycle": clock[1], "gflops": clock[2]},
+                       "numpy": np.__version__, "torch": _torch_version(), "shapes": rows}, f, indent=1)
         print(f"wrote {args.json}")
     return 0
 
