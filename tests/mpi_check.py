@@ -6,7 +6,8 @@
 Every rank builds the same two-layer network (same seeds) and takes its uneven share of a
 batch of 7 images (``--images``; fewer than the ranks leaves some with none); the loss is mean(sum(output * R)) over the batch for a fixed random R.
 After the reduction each rank's gradients must equal the full batch's, computed by the same
-modules in one process, and be the same bits on every rank. ``--fault`` breaks the reduction
+modules in one process, and be the same bits on every rank; a step's reductions recorded
+in a clconv.graph() must be refused. ``--fault`` breaks the reduction
 on purpose (skipped, done twice, MPI.MAX instead of MPI.SUM): the check must then fail; with
 "forget" the last rank leaves one layer out of the reduction, and must abort every rank.
 Every rank exits with the combined verdict (0 only if all ranks passed), so one failing rank
@@ -40,6 +41,25 @@ def step(layers, x, r, scale, dp=None):
         g = layer.backward(xin, g)
         if dp is not None:
             dp.ready(layer)
+
+
+def graph_refused(dp, layers):
+    """A step's reductions recorded in a clconv.graph() (a replay would repeat none of the copies
+    and collectives): every rank runs the block, and each must have it refused, naming them."""
+    try:
+        with clconv.graph():
+            dp.start(1)
+            for layer in reversed(layers):
+                layer.zero_grad()
+                dp.ready(layer)
+            dp.finish()
+    except clconv.ClconvError as exc:
+        if "MPI reductions" in str(exc):
+            return True
+        print(f"graph refused, but not for the reductions: {exc}", flush=True)
+        return False
+    print("a graph of MPI reductions was not refused", flush=True)
+    return False
 
 
 def main():
@@ -85,7 +105,7 @@ def main():
     got = [a.get() for m in layers for a in (m.grad_weight, m.grad_bias)]
 
     errors = [normalised_error(a, b) for a, b in zip(got, expected)]
-    ok = all(e <= TOLERANCE[np.dtype(np.float32)] for e in errors)
+    ok = all(e <= TOLERANCE[np.dtype(np.float32)] for e in errors) and graph_refused(dp, layers)
     gathered = comm.allgather(np.concatenate([a.ravel() for a in got]))
     same = all(np.array_equal(gathered[0], other) for other in gathered[1:])
     verdict = comm.allreduce(int(ok and same), op=MPI.MIN)
