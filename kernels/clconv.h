@@ -29,10 +29,11 @@
 #define EPILOGUE(flags, v) (((flags) & EPI_RELU) && (v) < (REAL)0 ? (REAL)0 : (v))
 
 // The GEMM kernels' scalars, in three structs: a driver copies each argument of every launch,
-// and two dozen ints cost PoCL and NVIDIA's OpenCL about a microsecond more per launch than a
-// few structs of them. The sizes: C = alpha * A B + beta * C for GI x GJ matrices, the K-deep
-// products in KB blocks. Fields are lower case: the host's #defines are upper case. An operand's place: its offset, leading dimension, steps between
-// matrices i and between matrices j, and between K blocks; the result's the same, less the last.
+// and two dozen ints cost NVIDIA's OpenCL about a microsecond more per launch than a few structs
+// of them. The sizes: C = alpha * A B + beta * C for GI x GJ matrices, the K-deep products in KB
+// blocks. An operand's place: its offset, leading dimension, steps between matrices i and
+// between matrices j, and between K blocks; the result's the same, less the last. Fields are
+// lower case, as no #define the host prepends is.
 struct gemm_sizes { int m, n, k; REAL alpha, beta; int gj, blocks; };
 struct gemm_operand { IDX off; int ld; IDX si, sj, kb; };
 struct gemm_result { IDX off; int ld; IDX si, sj; };

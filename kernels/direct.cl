@@ -14,11 +14,11 @@
 #endif
 
 // Every size is an argument, all in one struct (a driver copies each argument of every launch:
-// see clconv.h), under their own names from the first line of each kernel (GEOMETRY_NAMES;
-// fields are lower case: the host's #defines are upper case). The filter's shape, stride,
-// dilation, padding and channels per group can also be compile-time constants set by the host
-// (KH, ...), so index arithmetic by them folds (no division by a variable) and the tap loops
-// unroll.
+// see clconv.h), under the names they had as arguments from the first line of each kernel
+// (GEOMETRY_NAMES; fields are lower case, as no #define the host prepends is). The filter's
+// shape, stride, dilation, padding and channels per group can also be compile-time constants
+// set by the host (KH, ...), so index arithmetic by them folds (no division by a variable) and
+// the tap loops unroll.
 struct geometry { int n, c, h, w, k, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl, cg, kg; };
 #define GEOMETRY const struct geometry geo
 #define GEOMETRY_NAMES const int N = geo.n, C = geo.c, H = geo.h, W = geo.w, K = geo.k, OH = geo.oh, \

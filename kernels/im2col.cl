@@ -8,8 +8,7 @@
 // Specialised by the host with prepended #defines; the defaults below are for reading.
 
 // The CPU forms' sizes, in one struct (a driver copies each argument of every launch: see
-// clconv.h), under their own names from the first line of each kernel. Fields are lower case:
-// the host's #defines are upper case.
+// clconv.h), under the names they had as arguments from the first line of each kernel.
 struct col_geometry { int b, c, h, w, kh, kw, oh, ow, sh, sw, pt, pl, dh, dw; };
 #define COL_GEOMETRY_NAMES const int B = geo.b, C = geo.c, H = geo.h, W = geo.w, KH = geo.kh, KW = geo.kw, \
     OH = geo.oh, OW = geo.ow, SH = geo.sh, SW = geo.sw, PT = geo.pt, PL = geo.pl, DH = geo.dh, DW = geo.dw

@@ -6,9 +6,9 @@
 Every rank builds the same two-layer network (same seeds) and takes its uneven share of a
 batch of 7 images (``--images``; fewer than the ranks leaves some with none); the loss is mean(sum(output * R)) over the batch for a fixed random R.
 After the reduction each rank's gradients must equal the full batch's, computed by the same
-modules in one process, and be the same bits on every rank; a step's reductions recorded
-in a clconv.graph() must be refused. ``--fault`` breaks the reduction
-on purpose (skipped, done twice, MPI.MAX instead of MPI.SUM): the check must then fail; with
+modules in one process, and be the same bits on every rank; a step's reductions recorded in a
+clconv.graph() must be refused. ``--fault`` breaks the reduction on purpose (skipped, done
+twice, MPI.MAX instead of MPI.SUM): the check must then fail; with
 "forget" the last rank leaves one layer out of the reduction, and must abort every rank.
 Every rank exits with the combined verdict (0 only if all ranks passed), so one failing rank
 cannot leave the others waiting.
@@ -104,8 +104,9 @@ def main():
         dp.finish()
     got = [a.get() for m in layers for a in (m.grad_weight, m.grad_bias)]
 
+    refused = graph_refused(dp, layers)   # on every rank: its collectives are every rank's
     errors = [normalised_error(a, b) for a, b in zip(got, expected)]
-    ok = all(e <= TOLERANCE[np.dtype(np.float32)] for e in errors) and graph_refused(dp, layers)
+    ok = all(e <= TOLERANCE[np.dtype(np.float32)] for e in errors) and refused
     gathered = comm.allgather(np.concatenate([a.ravel() for a in got]))
     same = all(np.array_equal(gathered[0], other) for other in gathered[1:])
     verdict = comm.allreduce(int(ok and same), op=MPI.MIN)

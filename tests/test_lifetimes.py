@@ -16,8 +16,8 @@ import pytest
 
 import clconv
 from clconv import reference
-from clconv.programs import (StructArg, bound_kernel, get_kernel, kernel_dir, kernel_signatures, kernel_structs,
-                             program_source, relaunch)
+from clconv.programs import (StructArg, bound_kernel, capturing, get_kernel, kernel_dir, kernel_signatures,
+                             kernel_structs, launch, program_source, relaunch)
 from helpers import CASES, assert_close
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,6 +158,30 @@ def test_struct_arguments_are_laid_out_as_the_device_reads_them(dtype, idx, queu
         kernel(queue, (1,), (1,), out.data, t.layout.pack(*values), size.data)
         assert out.get().tolist() == values, name
         assert size.get()[0] == t.layout.size, name
+
+
+def test_a_value_a_struct_cannot_hold_is_refused_before_the_launch(queue):
+    """A struct field given a value its type cannot hold (an int field past 2^31) raises a
+    ClconvError naming the kernel, the struct and the fields, and nothing is enqueued."""
+    kernel = get_kernel(queue.context, "im2col.cl", "im2col_rows", np.float32, IDX="int", VW=8)
+    x, col = cla.zeros(queue, 64, np.float32), cla.zeros(queue, 64, np.float32)
+    sizes = [1, 1, 4, 4, 1, 1, 4, 4, 1, 1, 0, 0, 1, 1]
+    sizes[2] = 2**31
+    with capturing() as capture, pytest.raises(clconv.ClconvError, match=r"im2col_rows: struct col_geometry .*h=2147483648"):
+        launch(queue, kernel, (4, 1), (1, 1), x.base_data, 0, col.base_data, 0, *sizes)
+    assert capture.names == []
+    with pytest.raises(clconv.ClconvError, match="im2col_rows: a launch gave 3 arguments where it takes 18"):
+        launch(queue, kernel, (4, 1), (1, 1), x.base_data, 0, col.base_data)
+
+
+@pytest.mark.parametrize("source, message", [
+    ("__kernel void k(__global float* a, const struct missing s) {}", "kernel k: no definition of struct missing"),
+    ("struct s { int a[4]; };\n__kernel void k(const struct s p) {}", r"struct s: only scalar fields"),
+    ("struct s { int a; float4 b; };\n__kernel void k(const struct s p) {}", r"struct s: cannot tell the type"),
+], ids=["undefined", "array-field", "vector-field"])
+def test_structs_the_sources_cannot_be_read_as_say_so(source, message):
+    with pytest.raises(clconv.ClconvError, match=message):
+        kernel_signatures(source, np.float32, {"IDX": "int"})
 
 
 def test_builds_never_ask_the_driver_for_argument_types(queue, monkeypatch):
