@@ -27,6 +27,7 @@ import pyopencl.array as cla
 import clconv
 from clconv.gemm import Operand, clblast, gemm_cpu, gemm_gpu
 
+from .peers import matmul_peers
 from .run import load_workloads
 
 PEAK_SOURCE = """
@@ -130,27 +131,6 @@ def engines(queue, names):
     return {k: v for k, v in found.items() if not names or k in names}
 
 
-def _torch_version():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch.__version__
-
-
-def host_peers(opa, opb):
-    """{name: run()}: the same products on the host, NumPy's matmul (its BLAS) and, where it imports,
-    PyTorch's (its own BLAS, on every core: the best host GEMM a user has at hand)."""
-    peers = {"numpy": lambda: np.matmul(opa, opb)}
-    try:
-        import torch
-    except ImportError:
-        return peers
-    ta, tb = torch.from_numpy(opa), torch.from_numpy(opb)
-    peers["torch"] = lambda: torch.matmul(ta, tb)
-    return peers
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.gemm", description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5, help="rounds of interleaved runs (default 5)")
@@ -177,7 +157,7 @@ def main(argv=None):
         opb = hb.transpose(0, 2, 1) if bt else hb
         want = np.matmul(opa.astype(np.float64), opb.astype(np.float64))
         flop = 2.0 * m * n * k * count
-        hosts = host_peers(opa, opb)
+        hosts = matmul_peers(opa, opb)
         times = {e: [] for e in (*runs, *hosts)}
         outs = {e: cla.empty(queue, (count, m, n), np.float32) for e in runs}
         for e, fn in runs.items():   # warm up, and check once
@@ -218,7 +198,8 @@ def main(argv=None):
                        "machine": platform.machine(), "measured_peak_gflops": peak,
                        "peak_vector_width": peak_vector_width(device),
                        "clock_peak": clock and {"ghz": clock[0], "flop_per_cycle": clock[1], "gflops": clock[2]},
-                       "numpy": np.__version__, "torch": _torch_version(), "shapes": rows}, f, indent=1)
+                       "numpy": np.__version__, "torch": getattr(sys.modules.get("torch"), "__version__", None),
+                       "shapes": rows}, f, indent=1)
         print(f"wrote {args.json}")
     return 0
 

@@ -146,6 +146,16 @@ def profiled(fn, queue):
     return sum(parts.values()), len(events), dict(parts)
 
 
+def record_and_replay(call):
+    """(the graph of ``call`` recorded once in a clconv.graph(), the result it recorded after one
+    replay): the result is NaN-filled first, so what it holds is what the replay wrote."""
+    with clconv.graph() as recorded:
+        result = call()
+    result.fill(np.nan)
+    recorded.replay()
+    return recorded, result
+
+
 def run_layer(layer, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, profile_queue=None, graph=False):
     """({pass: measurements}, the peer's label) of one layer: first calls and the correctness
     check, then timing in rounds; with ``profile_queue``, each pass's device time by kernel; with
@@ -182,11 +192,8 @@ def run_layer(layer, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, profile_que
         want = torch_result(exact[p](), p)
         error = float(normalised_error(mine.get(), want))
         torch_error = float(normalised_error(torch_result(reference, p), want))
-        if graph:   # the pass recorded once; its replay writes into the recorded result
-            with clconv.graph() as recorded:
-                replayed = ours[p]()
-            replayed.fill(np.nan)
-            recorded.replay()
+        if graph:
+            recorded, replayed = record_and_replay(ours[p])
             error = max(error, float(normalised_error(replayed.get(), want)))
         del mine, reference, want
         times, torch_times, graph_times = [], [], []

@@ -4,6 +4,7 @@
   (on CUDA with TF32 off and cudnn.benchmark on, when the OpenCL device is a GPU
   and CUDA is there; otherwise on the CPU).
 - NumPy: clconv.reference (im2col + BLAS matmul in float64), forward only.
+- For the GEMM benchmark, the same products through NumPy's and PyTorch's matmul on the host.
 - CLBlast convgemm looped over (image, group): the approach of the Torch OpenCL
   backend, through CLBlast's C API with ctypes.
 Each peer returns what to time ({pass: callable}; torch also its sync and label), or a
@@ -12,6 +13,7 @@ string saying why it cannot run here.
 import ctypes
 import ctypes.util
 
+import numpy as np
 import pyopencl as cl
 
 from clconv import reference
@@ -52,6 +54,19 @@ def torch_peer(w, ocl_device, arrays):
            "backward_input": backward([True, False, False]),
            "backward_weight": backward([False, True, False])}
     return fns, sync, label
+
+
+def matmul_peers(opa, opb):
+    """{name: fn}: op(A) @ op(B) of NumPy arrays through NumPy's matmul (its BLAS) and, where it
+    imports, PyTorch's (its own BLAS, on every core: the best host GEMM a user has at hand)."""
+    found = {"numpy": lambda: np.matmul(opa, opb)}
+    try:
+        import torch
+    except ImportError:
+        return found
+    ta, tb = torch.from_numpy(opa), torch.from_numpy(opb)
+    found["torch"] = lambda: torch.matmul(ta, tb)
+    return found
 
 
 def numpy_peer(w, arrays):
