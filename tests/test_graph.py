@@ -122,17 +122,19 @@ def test_the_graph_keeps_its_workspaces_from_the_pool(queue, monkeypatch):
     size taken from the pool afterwards are other blocks, which a replay leaves alone."""
     monkeypatch.setenv("CLCONV_GEMM", "clconv")
     layer = Case("workspace", 2, 4, 9, 7, 6, 3, 3, padding=1)
-    x, w, _, _ = _device(queue, layer.data())
+    x, w, _, dy = _device(queue, layer.data())
     p = clconv.plan(x.shape, w.shape, padding=1, queue=queue, algorithm="im2col")
-    nbytes = p._runs["forward"][2]
+    # grad-input: col2im's col is a workspace on every device (forward and grad-weight read the
+    # input in place on GPUs, with none)
+    nbytes = p._runs["backward_input"][2]
     assert nbytes > 0
     with clconv.graph() as g:
-        y = p.forward(x, w)
+        dx = p.backward_input(w, dy)
     taken = [cla.Array(queue, nbytes // 4, np.float32, data=clconv.memory.allocate(queue, nbytes)) for _ in range(4)]
     for t in taken:
         t.fill(-7.0)
     g.replay()
-    assert_close(y.get(), reference.conv2d(x.get(), w.get(), padding=1), np.float32, "replayed")
+    assert_close(dx.get(), reference.conv2d_input(x.shape, w.get(), dy.get(), padding=1), np.float32, "replayed")
     for t in taken:
         np.testing.assert_array_equal(t.get(), np.full(nbytes // 4, -7.0, np.float32))
 
