@@ -124,8 +124,8 @@ def test_the_graph_keeps_its_workspaces_from_the_pool(queue, monkeypatch):
     layer = Case("workspace", 2, 4, 9, 7, 6, 3, 3, padding=1)
     x, w, _, dy = _device(queue, layer.data())
     p = clconv.plan(x.shape, w.shape, padding=1, queue=queue, algorithm="im2col")
-    # grad-input: col2im's col is a workspace on every device (forward and grad-weight read the
-    # input in place on GPUs, with none)
+    # grad-input: col2im's col is a workspace on every device (on a GPU this 4-channel forward
+    # reads its input in place and has none)
     nbytes = p._runs["backward_input"][2]
     assert nbytes > 0
     with clconv.graph() as g:
