@@ -9,7 +9,7 @@ import pytest
 
 import clconv
 from clconv import reference
-from helpers import CASES, REPLAYED, Case, assert_close
+from helpers import CASES, REPLAYED, Case, QueueAs, assert_close
 
 DETERMINISM = [  # one case per algorithm, plus per-group queues and split-K grad-weight
     (Case("im2col_split_k", 4, 4, 17, 19, 6, 3, 3, padding=1, groups=2), "im2col", "single"),
@@ -221,3 +221,55 @@ def test_launches_per_pass(case, algorithm, launches, queue):
         assert [kernel_kind(name) for name in launched] == want, pass_name
         line = next(line for line in p.explain().splitlines() if line.startswith(pass_name))
         assert f"launches {len(want)} per call (" in line and all(name in line for name in launched), line
+
+
+GPU_LAUNCHES = [  # per algorithm, what each pass launches in a plan made for a GPU (GPU_FACTS), clconv's GPU GEMM
+    # 4 channels a group: forward and grad-weight read the input in place (no im2col); one group's
+    # forward over every image into Y, the bias filled first; grad-weight in split-K slices
+    (Case("im2col_implicit", 4, 4, 17, 19, 6, 3, 3, padding=1, groups=2), "im2col",
+     (["fill_bias", "gemm_gpu"], ["gemm_gpu", "col2im"], ["gemm_gpu", "sum_partials"])),
+    # 8 channels: col written; grad_output read in place by grad-input's GEMM, copied for grad-weight's
+    (Case("im2col_c8", 3, 8, 11, 9, 6, 3, 3, stride=2, padding=1), "im2col",
+     (["im2col", "fill_bias", "gemm_gpu"], ["gemm_gpu", "col2im"], ["im2col", "nchw_to_cnhw", "gemm_gpu"])),
+    (Case("depthwise", 3, 6, 40, 33, 12, 3, 3, stride=2, padding=1, groups=6), "direct",
+     (["direct_forward"], ["direct_input"], ["direct_weight_partial", "direct_weight_sum"])),
+    (Case("winograd", 2, 6, 13, 11, 4, 3, 3, padding=1, groups=2), "winograd",
+     (["winograd_filter", "winograd_input", "gemm_gpu", "winograd_output"],
+      ["winograd_filter", "winograd_input", "gemm_gpu", "winograd_output"],
+      ["winograd_input", "winograd_grad_output", "gemm_gpu", "winograd_grad_filter"])),
+    (Case("fft", 2, 4, 9, 7, 6, 3, 3, padding=1, groups=2), "fft",
+     (["fft_filter", "fft_image", "gemm_gpu", "fft_output"], ["fft_filter", "fft_image", "gemm_gpu", "fft_output"],
+      ["fft_image", "fft_image", "gemm_gpu", "fft_output"])),
+    (Case("fc", 5, 8, 3, 2, 12, 3, 2, groups=4), "fc", (["fill_bias", "gemm_gpu"], ["gemm_gpu"], ["gemm_gpu"])),
+    # 91 positions per image: every pass one GEMM over all images (folded, or K blocks)
+    (Case("pointwise", 5, 6, 13, 7, 9, 1, 1, groups=3), "1x1", (["fill_bias", "gemm_gpu"], ["gemm_gpu"], ["gemm_gpu"])),
+    # 899 positions per image: grad-weight in slices of the images, summed in order
+    (Case("pointwise_large_maps", 3, 4, 29, 31, 6, 1, 1, groups=2), "1x1",
+     (["fill_bias", "gemm_gpu"], ["gemm_gpu"], ["gemm_gpu", "sum_partials"])),
+]
+# The GPU the table's plans are made for, whatever device runs them (on a real GPU too, whose own
+# compute units would change the split-K counts, and with them some passes' partial sums)
+GPU_FACTS = dict(type=cl.device_type.GPU, max_compute_units=16, max_work_group_size=1024,
+                 max_work_item_sizes=(1024, 1024, 64), local_mem_size=49152)
+
+
+@pytest.mark.gpu_form
+@pytest.mark.parametrize("case,algorithm,launches", GPU_LAUNCHES, ids=lambda v: getattr(v, "name", None))
+def test_gpu_launches_per_pass(case, algorithm, launches, queue):
+    """The same table for plans made for a GPU (clconv's GPU GEMM kernel and the algorithms' GPU
+    forms), counted and shown by explain(), the results checked against the reference."""
+    opts = case.options
+    hx, hw, hb, hdy = case.data()
+    x, w, b, dy = (cla.to_device(queue, a) for a in (hx, hw, hb, hdy))
+    p = clconv.Plan(clconv.conv_geometry(case.input_shape, case.weight_shape, **opts), np.float32,
+                    QueueAs(queue, **GPU_FACTS), algorithm=algorithm, gemm="gpu", selfcheck=False)
+    results = (p.forward(x, w, b, queue=queue), p.backward_input(w, dy, queue=queue),
+               p.backward_weight(x, dy, queue=queue))
+    for pass_name, want in zip(("forward", "backward_input", "backward_weight"), launches):
+        launched = p.launches(pass_name)
+        assert launched == want, pass_name
+        line = next(line for line in p.explain().splitlines() if line.startswith(pass_name))
+        assert f"launches {len(want)} per call (" in line and all(name in line for name in launched), line
+    assert_close(results[0].get(), reference.conv2d(hx, hw, hb, **opts), np.float32, "forward")
+    assert_close(results[1].get(), reference.conv2d_input(hx.shape, hw, hdy, **opts), np.float32, "grad-input")
+    assert_close(results[2].get(), reference.conv2d_weight(hx, hw.shape, hdy, **opts), np.float32, "grad-weight")
