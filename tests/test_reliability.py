@@ -224,8 +224,8 @@ def test_launches_per_pass(case, algorithm, launches, queue):
 
 
 GPU_LAUNCHES = [  # per algorithm, what each pass launches in a plan made for a GPU (GPU_FACTS), clconv's GPU GEMM
-    # 4 channels a group: forward and grad-weight read the input in place (no im2col); one group's
-    # forward over every image into Y, the bias filled first; grad-weight in split-K slices
+    # 2 channels a group: forward and grad-weight read the input in place (no im2col); each group's
+    # forward over every image into Y in one launch, the bias filled first; grad-weight in split-K slices
     (Case("im2col_implicit", 4, 4, 17, 19, 6, 3, 3, padding=1, groups=2), "im2col",
      (["fill_bias", "gemm_gpu"], ["gemm_gpu", "col2im"], ["gemm_gpu", "sum_partials"])),
     # 8 channels: col written; grad_output read in place by grad-input's GEMM, copied for grad-weight's

@@ -25,12 +25,12 @@ of device time; with more channels the gathers cost more than writing col (forwa
 1.06-1.4x slower on AlexNet conv4, ResNet 3x3 and ResNeXt shapes; again on the networks' 28 im2col
 layers of more channels whose taps overlap, H200, batch 32, device time, least of 7 interleaved:
 forwards 0.94-1.57x, geometric mean 1.17, inception_v3's 1x7 and 7x1 on 12x12 1.15-1.57x;
-grad-weights 0.99-1.32x, 1.15; only RegNet's grouped 3x3 forwards of 13-55 groups and inception_v3's
-5x5, which FFT runs, gained, 0.94-0.98x). Kernels no wider than their stride (1x1 stride 2, patchify
-layers) read in place too, whatever their channels: there col is a copy of the input or of part of
-it. H200, the networks' 11 such layers, against col: forward 0.59-0.85x at batch 32 where the GEMM
-is small (RegNet, ResNet's first two downsamplings), 1.0-1.2x on the largest; grad-weight
-0.71-1.16x.
+grad-weights 0.99-1.32x, 1.15; of the forwards only RegNet's grouped 3x3 of 13-55 groups and
+inception_v3's 5x5, which FFT runs, gained, 0.94-0.98x). Kernels no wider than their stride (1x1
+stride 2, patchify layers) read in place too, whatever their channels: there col is a copy of the
+input or of part of it. H200, the networks' 11 such layers, against col: forward 0.59-0.85x at batch
+32 where the GEMM is small (RegNet, ResNet's first two downsamplings), 1.0-1.2x on the largest;
+grad-weight 0.71-1.16x.
 """
 import pyopencl as cl
 
