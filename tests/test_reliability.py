@@ -206,6 +206,16 @@ def kernel_kind(name):
     return name.removesuffix("_rows")   # (the layout kernels' row forms too: nchw_to_cnhw_rows, ...)
 
 
+def _assert_launches(p, launches):
+    """Plan ``p``'s launches per pass, once each pass has run, are ``launches`` (kernel kinds), and
+    explain() counts and names them."""
+    for pass_name, want in zip(("forward", "backward_input", "backward_weight"), launches):
+        launched = p.launches(pass_name)
+        assert [kernel_kind(name) for name in launched] == want, pass_name
+        line = next(line for line in p.explain().splitlines() if line.startswith(pass_name))
+        assert f"launches {len(want)} per call (" in line and all(name in line for name in launched), line
+
+
 @pytest.mark.parametrize("case,algorithm,launches", LAUNCHES, ids=lambda v: getattr(v, "name", None))
 def test_launches_per_pass(case, algorithm, launches, queue):
     """Every algorithm's launches per pass, counted and named by the plan and shown by explain():
@@ -216,11 +226,7 @@ def test_launches_per_pass(case, algorithm, launches, queue):
     p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm=algorithm, gemm="cpu")
     assert "launches counted when the pass first runs" in p.explain()
     p.forward(x, w, b), p.backward_input(w, dy), p.backward_weight(x, dy)
-    for pass_name, want in zip(("forward", "backward_input", "backward_weight"), launches):
-        launched = p.launches(pass_name)
-        assert [kernel_kind(name) for name in launched] == want, pass_name
-        line = next(line for line in p.explain().splitlines() if line.startswith(pass_name))
-        assert f"launches {len(want)} per call (" in line and all(name in line for name in launched), line
+    _assert_launches(p, launches)
 
 
 GPU_LAUNCHES = [  # per algorithm, what each pass launches in a plan made for a GPU (GPU_FACTS), clconv's GPU GEMM
@@ -265,11 +271,7 @@ def test_gpu_launches_per_pass(case, algorithm, launches, queue):
                     QueueAs(queue, **GPU_FACTS), algorithm=algorithm, gemm="gpu", selfcheck=False)
     results = (p.forward(x, w, b, queue=queue), p.backward_input(w, dy, queue=queue),
                p.backward_weight(x, dy, queue=queue))
-    for pass_name, want in zip(("forward", "backward_input", "backward_weight"), launches):
-        launched = p.launches(pass_name)
-        assert launched == want, pass_name
-        line = next(line for line in p.explain().splitlines() if line.startswith(pass_name))
-        assert f"launches {len(want)} per call (" in line and all(name in line for name in launched), line
+    _assert_launches(p, launches)
     assert_close(results[0].get(), reference.conv2d(hx, hw, hb, **opts), np.float32, "forward")
     assert_close(results[1].get(), reference.conv2d_input(hx.shape, hw, hdy, **opts), np.float32, "grad-input")
     assert_close(results[2].get(), reference.conv2d_weight(hx, hw.shape, hdy, **opts), np.float32, "grad-weight")
