@@ -17,8 +17,8 @@ Beside them, ``graph``: the pass recorded once in a :func:`clconv.graph` and rep
 
 Least and median over the batches; ``host``: the pipelined batches' time before their finish,
 per call (what the host spent, the device's backlog aside). Launches per pass come from the
-plan (:meth:`clconv.Plan.launches`), device time from a profiling queue. Each result is checked
-once against the float64 reference.
+plan (:meth:`clconv.Plan.launches`), device time from a profiling queue in steady state
+(:func:`bench.profile.device_time`). Each result is checked once against the float64 reference.
 """
 import argparse
 import datetime
@@ -35,10 +35,10 @@ import pyopencl.array as cla
 
 import clconv
 from clconv import reference
-from clconv.programs import recording
 from clconv.reference import TOLERANCE, normalised_error
 
 from .networks import record_and_replay, slug
+from .profile import device_time
 from .run import HERE, PASSES, SHORT, calls_per_batch
 
 LAYERS = {   # name: (input size, weight size, options); batch 1, as inference calls them
@@ -82,16 +82,6 @@ def measure(styles, sync, rounds):
                 runs[name].append(timed(fn, sync, batches[name]))
     return {name: {kind: (min(t[i] for t in r) * 1e6, statistics.median(t[i] for t in r) * 1e6)
                    for i, kind in enumerate(("pipelined", "host", "sync"))} for name, r in runs.items()}
-
-
-def device_time(fn, queue):
-    """(device us, launches) of one call of ``fn(queue)`` on a profiling ``queue``."""
-    fn(queue)
-    queue.finish()
-    with recording() as events:
-        fn(queue)
-        queue.finish()
-    return sum((e.profile.end - e.profile.start) for _, e in events) * 1e-3, len(events)
 
 
 def main(argv=None):
@@ -139,7 +129,8 @@ def main(argv=None):
             error = max(error, float(normalised_error(replayed.get(), want[pass_name])))
             t = measure({"plain": call, "out": lambda: call(out=outs[pass_name]), "graph": g.replay}, queue.finish,
                         args.rounds)
-            device_us, launches = device_time(lambda q: call(q), profiling)
+            device_ms, launches, _ = device_time(lambda q: call(q), profiling)
+            device_us = device_ms * 1e3
             on_plan[pass_name]()
             row = {"layer": name, "pass": pass_name, "input": list(xs), "weight": list(ws), "options": opts,
                    "algorithm": p.algorithms[pass_name], "launches": launches, "launched": p.launches(pass_name),

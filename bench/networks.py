@@ -41,7 +41,6 @@ import re
 import statistics
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -51,10 +50,10 @@ from tqdm import tqdm
 
 import clconv
 from clconv.geometry import PASSES, conv_geometry
-from clconv.programs import recording
 from clconv.reference import TOLERANCE, normalised_error
 
 from . import peers
+from .profile import device_time
 from .run import SHORT, geomean, time_it
 
 HERE = Path(__file__).resolve().parent
@@ -132,20 +131,6 @@ def torch_result(value, pass_name):
     return value.detach().cpu().numpy()
 
 
-def profiled(fn, queue):
-    """(device ms, launches, {kernel: device ms}) of one call of ``fn(queue)`` on ``queue``, a
-    profiling queue: what the pass's kernels and GEMMs took on the device, apart from the host."""
-    fn(queue)
-    queue.finish()
-    with recording() as events:
-        fn(queue)
-        queue.finish()
-    parts = defaultdict(float)
-    for kernel, event in events:
-        parts[kernel] += (event.profile.end - event.profile.start) * 1e-6
-    return sum(parts.values()), len(events), dict(parts)
-
-
 def record_and_replay(call):
     """(the graph of ``call`` recorded once in a clconv.graph(), the result it recorded after one
     replay): the result is NaN-filled first, so what it holds is what the replay wrote."""
@@ -216,7 +201,7 @@ def run_layer(layer, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, profile_que
             passes[p].update(graph_ms=graph_ms, graph_min_ms=min(t[0] for t in graph_times) * 1e3,
                              graph_ratio=graph_ms / torch_ms)
         if profile_queue is not None:
-            device_ms, launches, kernels = profiled(on[p], profile_queue)
+            device_ms, launches, kernels = device_time(on[p], profile_queue)
             passes[p].update(device_ms=device_ms, launches=launches, kernels=kernels)
     # the plan the calls used comes from the functional API's cache; one made with the same
     # arguments chooses the same algorithms (no kernels built: those are cached per context)

@@ -2,13 +2,15 @@
 
     python -m bench.profile [--workload NAME ...] [--size cpu|gpu] [--algorithm NAME]
 
-Runs every pass once to warm up, then once on a profiling queue, and sums the
-device time of each enqueued kernel or CLBlast GEMM by name ("gemm" is clconv's own
-GEMM kernel, "clblast_gemm" CLBlast's). CLBlast returns the event of its last kernel
-only: its helper kernels (padding, transposes), when it runs any, are not counted,
-so "clblast_gemm" can be an underestimate.
+Runs every pass once to warm up, then in a burst of back-to-back calls on a profiling queue
+(:func:`device_time`, which bench.networks and bench.host use too), and sums the device time of
+each enqueued kernel or CLBlast GEMM by name ("gemm_gpu" and "gemm_cpu" are clconv's own GEMM
+kernels, "clblast_gemm" CLBlast's). CLBlast returns the event of its last kernel only: its helper
+kernels (padding, transposes), when it runs any, are not counted, so "clblast_gemm" can be an
+underestimate.
 """
 import argparse
+import statistics
 from collections import defaultdict
 
 import numpy as np
@@ -19,6 +21,39 @@ import clconv
 from clconv.programs import recording
 
 from .run import load_workloads
+
+# A call's device time, measured in steady state: the calls of a burst after the first SETTLE,
+# median of each. The first kernel after an idle device reads longer (on the H200 up to 8 us more:
+# inception_v3's FFT filter transform 25 us as a pass's first call, 18 us within a burst; its
+# Winograd filter transforms 16 against 8), which a pipeline of calls, as a network runs them, does
+# not pay.
+CALLS = 8
+SETTLE = 2
+
+
+def device_time(fn, queue, calls=CALLS):
+    """(device ms, launches, {kernel: device ms}) of one call of ``fn(queue)`` on ``queue``, a
+    profiling queue: after a warm-up call, ``calls`` calls back to back, each's time and its
+    kernels' summed by name; the medians over the calls after the first SETTLE. Raises
+    RuntimeError unless every call launched the same kernels (else no call's events can be told
+    apart)."""
+    fn(queue)
+    queue.finish()
+    with recording() as events:
+        for _ in range(calls):
+            fn(queue)
+        queue.finish()
+    per, names = len(events) // calls, [kernel for kernel, _ in events]
+    if per * calls != len(events) or any(names[c * per:(c + 1) * per] != names[:per] for c in range(calls)):
+        raise RuntimeError(f"{calls} calls launched {len(events)} kernels in all, not the same ones each: {names}")
+    kept = []
+    for c in range(min(SETTLE, calls - 1), calls):
+        parts = defaultdict(float)
+        for kernel, event in events[c * per:(c + 1) * per]:
+            parts[kernel] += (event.profile.end - event.profile.start) * 1e-6
+        kept.append(parts)
+    kernels = {k: statistics.median(p[k] for p in kept) for k in kept[0]}
+    return statistics.median(sum(p.values()) for p in kept), per, kernels
 
 
 def profile(w, size, queue, algorithm="auto"):
@@ -32,15 +67,7 @@ def profile(w, size, queue, algorithm="auto"):
               "backward_weight": lambda: p.backward_weight(x, dy)}
     rows = []
     for name, run in passes.items():
-        run()
-        queue.finish()
-        with recording() as events:
-            run()
-            queue.finish()
-        parts = defaultdict(float)
-        for kernel, event in events:
-            parts[kernel] += (event.profile.end - event.profile.start) * 1e-6
-        total = sum(parts.values())
+        total, _, parts = device_time(lambda q: run(), queue)
         detail = ", ".join(f"{k} {v:.3f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]))
         rows.append(f"{w['name']:16s} {name:16s} {p.algorithms[name]:7s} {total:9.3f} ms = {detail}")
     return rows

@@ -53,7 +53,7 @@ def test_benchmark_writes_its_json(tiny, data, tmp_path):
     out = tmp_path / "run.json"
     nets = sorted({n for lay in tiny for n in lay["count"]})
     status = nb.main(["--networks", ",".join(nets), "--layers", ",".join(lay["id"] for lay in tiny),
-                      "--batch", "1", "--budget", "0.01", "--rounds", "1", "--graph", "--json", str(out)])
+                      "--batch", "1", "--budget", "0.01", "--rounds", "1", "--graph", "--profile", "--json", str(out)])
     assert status == 0
     record = json.loads(out.read_text())
     assert record["batch"] == 1 and record["networks"] == nets and record["peer"].startswith("torch-")
@@ -66,6 +66,7 @@ def test_benchmark_writes_its_json(tiny, data, tmp_path):
             assert d["ratio"] == pytest.approx(d["clconv_ms"] / d["torch_ms"])
             assert d["algorithm"] in ("fc", "1x1", "direct", "fft", "winograd", "im2col")
             assert d["graph_ms"] > 0 and d["graph_ratio"] == pytest.approx(d["graph_ms"] / d["torch_ms"])
+            assert d["device_ms"] > 0 and d["launches"] >= len(d["kernels"]) >= 1, d   # (--profile)
     s = record["summary"]
     assert set(s["graph"]["networks"]) == set(nets) and s["graph"]["overall"] > 0
     assert s["overall"]["layer_passes"] == 9 and s["failures"] == []
