@@ -33,23 +33,28 @@ SETTLE = 2
 
 def device_time(fn, queue, calls=CALLS):
     """(device ms, launches, {kernel: device ms}) of one call of ``fn(queue)`` on ``queue``, a
-    profiling queue: after a warm-up call, ``calls`` calls back to back, each's time and its
-    kernels' summed by name; the medians over the calls after the first SETTLE. Raises
-    RuntimeError unless every call launched the same kernels (else no call's events can be told
-    apart)."""
+    profiling queue: after a warm-up call, ``calls`` calls back to back (more than SETTLE), each's
+    time and its kernels' summed by name; the medians over the calls after the first SETTLE.
+    Raises RuntimeError unless every call launched the same kernels."""
+    if calls <= SETTLE:
+        raise ValueError(f"device_time needs more than {SETTLE} calls, got {calls}")
     fn(queue)
     queue.finish()
+    ends = []
     with recording() as events:
         for _ in range(calls):
             fn(queue)
+            ends.append(len(events))
         queue.finish()
-    per, names = len(events) // calls, [kernel for kernel, _ in events]
-    if per * calls != len(events) or any(names[c * per:(c + 1) * per] != names[:per] for c in range(calls)):
-        raise RuntimeError(f"{calls} calls launched {len(events)} kernels in all, not the same ones each: {names}")
+    each = [events[a:b] for a, b in zip([0] + ends, ends)]
+    names = [[kernel for kernel, _ in call] for call in each]
+    if any(n != names[0] for n in names):
+        raise RuntimeError(f"{calls} calls launched different kernels: {names}")
+    per = len(names[0])
     kept = []
-    for c in range(min(SETTLE, calls - 1), calls):
+    for call in each[SETTLE:]:
         parts = defaultdict(float)
-        for kernel, event in events[c * per:(c + 1) * per]:
+        for kernel, event in call:
             parts[kernel] += (event.profile.end - event.profile.start) * 1e-6
         kept.append(parts)
     kernels = {k: statistics.median(p[k] for p in kept) for k in kept[0]}

@@ -27,11 +27,22 @@ def test_device_time_is_per_call_and_names_the_plans_launches(profiling):
     assert ms <= 2 * sum(kernels.values())
 
 
-def test_device_time_refuses_calls_of_different_launch_counts(profiling):
+def test_device_time_refuses_calls_that_launch_differently(profiling):
     rng = np.random.default_rng(1)
     x = cla.to_device(profiling, rng.standard_normal((1, 4, 6, 5)).astype(np.float32))
     w = cla.to_device(profiling, rng.standard_normal((4, 4, 3, 3)).astype(np.float32))
     plans = [clconv.plan(x.shape, w.shape, queue=profiling, algorithm=a) for a in ("winograd", "direct")]
-    calls = iter(range(100))   # after the warm-up: direct's 1 launch, winograd's 4, direct's 1: 6, 2 a call by count
-    with pytest.raises(RuntimeError, match="not the same ones each"):
+    calls = iter(range(100))
+    # after the warm-up: direct's launches, winograd's, direct's again
+    with pytest.raises(RuntimeError, match="launched different kernels"):
         device_time(lambda q: plans[next(calls) % 2].forward(x, w, queue=q), profiling, calls=3)
+    # one plan's pass run once, twice, three times: the same kernel, 2 a call by count alone
+    repeats = iter(range(100))
+
+    def runs(q):
+        for _ in range(next(repeats) % 4):
+            plans[1].forward(x, w, queue=q)
+    with pytest.raises(RuntimeError, match="launched different kernels"):
+        device_time(runs, profiling, calls=3)
+    with pytest.raises(ValueError, match="more than 2 calls"):
+        device_time(runs, profiling, calls=2)

@@ -118,8 +118,9 @@ class FFT(Transform):
         self.nb, self.nbo = fits[0], min(8, fits[0])
         # filters per work-group of the filter transform: their rows staged in local memory, at
         # most half of it
-        self.filters = next(f for f in (MAX_FILTERS, 32, 16, 8, 4, 2, 1)
-                            if f == 1 or 2 * f * self.fw * dtype.itemsize <= device.local_mem_size)
+        self.filters = MAX_FILTERS
+        while self.filters > 1 and 2 * self.filters * self.fw * dtype.itemsize > device.local_mem_size:
+            self.filters //= 2
         F = self.F
         self._fit_chunks(workspace_limit,
                          per_image=lambda p, t: F * 2 * (2 * t.C + t.K),   # the image spectra, rotated, and the products
