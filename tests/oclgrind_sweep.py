@@ -179,6 +179,11 @@ SWEEP = [
      "winograd", "single", None),
     ("cpu_winograd_5x5_split_k", (2, 1, 32, 30), (2, 1, 5, 5), dict(padding=2, cpu=True), "winograd", "single",
      None),
+    # the transforms' lanes side by side in one tile row (rows of patches loaded whole), padding at
+    # both ends, chunks across tile rows and images; rows of tiles dilated
+    ("cpu_winograd_rows", (2, 3, 7, 37), (4, 3, 3, 3), dict(padding=1, cpu=True), "winograd", "single", None),
+    ("cpu_winograd_rows_d2x1", (1, 2, 13, 21), (3, 2, 3, 3), dict(padding=(2, 1), dilation=(2, 1), cpu=True),
+     "winograd", "single", None),
     ("cpu_winograd_5x5_pieces", (1, 3, 13, 10), (2, 3, 5, 5), dict(padding=2, cpu=True), "winograd", "single",
      9600),
     ("cpu_im2col_column_tiles", (1, 3, 5, 11), (4, 3, 3, 3), dict(stride=(1, 2), padding=((1, 0), (2, 1)), cpu=True),

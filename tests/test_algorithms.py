@@ -35,6 +35,9 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
     Case("winograd5_g2_d1x2_overpad", 2, 6, 14, 11, 4, 5, 5, padding=((5, 0), (1, 9)), dilation=(1, 2), groups=2),
     # tile rows of 12 tiles, dilated rows: CPU transforms whose lanes lie side by side in one tile row
     Case("winograd_rows_d2x1", 2, 4, 13, 45, 5, 3, 3, padding=(2, 1), dilation=(2, 1)),
+    # tile rows of 10 tiles, 2 per image: CPU transforms' lanes in one tile row (its patches' rows
+    # loaded whole, padding at both ends), across tile rows and across images
+    Case("winograd_rows_p1", 2, 3, 7, 37, 4, 3, 3, padding=1),
     Case("dense_c6_s2", 2, 6, 9, 8, 5, 3, 3, stride=2, padding=1),
     # groups of 8 and 24 channels (RegNet-like; 72 and 216 taps): direct on CPUs for forward and grad-input
     Case("grouped_cg8_s2", 2, 16, 11, 9, 6, 3, 3, stride=2, padding=1, groups=2),
