@@ -29,6 +29,11 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
     Case("split_k_1x1_g1", 6, 5, 13, 11, 7, 1, 1),
     Case("k1x1_per_image_g2", 5, 4, 16, 17, 6, 1, 1, groups=2),   # 272 positions: per-image grad-weight (CLBlast)
     Case("k1x1_29x31_g2", 3, 4, 29, 31, 6, 1, 1, groups=2),   # 899: per-image partial sums on the CPU kernel too
+    # maps of fewer than 32 positions: the CPU kernel's grad-input transposed (dX^T = dY^T W); 25 rows
+    # of row blocks of 6, 37 columns (a shifted last block), 130 deep (two K slices: the second adds
+    # to what the first stored transposed); 6 channels a group (narrower than a block)
+    Case("k1x1_5x5_c37_k130", 2, 37, 5, 5, 130, 1, 1),
+    Case("k1x1_3x5_g2_narrow", 3, 12, 3, 5, 10, 1, 1, groups=2),
     # Winograd: partial tiles on every edge, dilation phases, padding past the dilated filter
     Case("winograd_g2_d2_overpad", 2, 6, 13, 11, 4, 3, 3, padding=((5, 1), (0, 3)), dilation=2, groups=2),
     Case("winograd_wide_d1x2", 3, 32, 10, 15, 20, 3, 3, padding=(1, 2), dilation=(1, 2)),

@@ -24,7 +24,8 @@ the im2col layout), and otherwise the im2col algorithm, whose im2col for a 1x1 k
 (C, N*H*W) layout that makes it one GEMM per group.
 
 On clconv's GPU kernel, forward and grad-input over small maps (FOLD_BELOW) are one GEMM
-per group over every image's positions. On a GPU, with one group, forward and grad-input
+per group over every image's positions; on its CPU kernel, grad-input over small maps
+(CPU_TRANSPOSED_BELOW) runs transposed, dX^T = dY^T W. On a GPU, with one group, forward and grad-input
 grids of products too small to fill the device are also cut along their K into slices
 (:func:`clconv.gemm.k_slices`), the slices taking the grid's group axis, into partial
 outputs summed in order. Such grids come from small images with many channels. Forwards of
@@ -61,6 +62,16 @@ FOLD_BELOW = 256
 # Grad-weight over maps of fewer than CONTINUOUS_BELOW positions reads its K blocks as one
 # continuous depth.
 CONTINUOUS_BELOW = 64
+# Grad-input on clconv's CPU kernel over maps of fewer than CPU_TRANSPOSED_BELOW positions runs
+# transposed: dX^T (P x Cg) = dY^T (P x Kg) @ W (Kg x Cg), grad_output read transposed in place and
+# grad_input stored transposed, not dX = W^T dY with W^T packed first: the channels are the
+# columns (whole vector blocks) instead of a handful of positions, and there is no pack. 2-core
+# AVX-512 Xeon, batch 4, the networks' 1x1 grad-inputs, against the packed form, interleaved, least
+# of 7-9 (PoCL / Intel's runtime): 5x5 maps 0.56-0.64x / 0.69-0.82x the time (inception_v3's eight
+# C1280 and C2048 layers: 1.78 -> 1.06 ms for 2048 -> 384 on PoCL), 1x1 maps (squeeze-excitation)
+# 0.85-1.10x / 0.96-1.03x, the passes under the rule 0.78x / 0.85x count-weighted; but 7x7 maps
+# 0.69-1.12x / 0.96-1.19x, and 12x12 and 14x14 0.96-1.21x / 0.97-1.6x.
+CPU_TRANSPOSED_BELOW = 32
 
 
 class Pointwise(Algorithm):
@@ -102,6 +113,8 @@ class Pointwise(Algorithm):
         # forward and grad-input on the GPU kernel: one GEMM over every image's positions (folded)
         # where a map has fewer than FOLD_BELOW positions, not a GEMM per image
         self.fold = gemm == "gpu" and g.P < FOLD_BELOW and g.N * g.P <= INT32_MAX   # (N is a 32-bit argument)
+        # grad-input on the CPU kernel over small maps: dX^T = dY^T W, stored transposed
+        self.transposed = gemm == "cpu" and g.P < CPU_TRANSPOSED_BELOW
         cols, count = (g.N * g.P, 1) if self.fold else (g.P, g.N)
         # (the forward's long products on clconv's GPU GEMM kernel's deep tile: gemm_gpu.deep)
         self.deep = g.groups == 1 and deep(device, gemm, g.K, cols, g.C, count, item)
@@ -118,10 +131,10 @@ class Pointwise(Algorithm):
         # holds them (gemm_cpu.panels_size)
         first = {"forward": _partials(self.split["forward"], g.N * g.K * g.P),
                  "backward_input": (_partials(self.split["backward_input"], g.N * g.C * g.P)
-                                    + (g.K * g.Cg if gemm == "cpu" else 0))}
+                                    + (g.K * g.Cg if gemm == "cpu" and not self.transposed else 0))}
         for p, (m, k) in {"forward": (g.Kg, g.Cg), "backward_input": (g.Cg, g.Kg)}.items():
             size = (gemm_cpu.panels_size(device, m, g.P, k, g.groups * g.N, item)
-                    if self.packs and self.split[p] == 1 else 0)
+                    if self.packs and self.split[p] == 1 and not (p == "backward_input" and self.transposed) else 0)
             self._reserve_panels(p, first[p], size, workspace_limit)
         self.workspace["backward_weight"] = (_partials(self.slices, g.K * g.Cg) if self.blocked else
                                              self.images * self.split["backward_weight"] * g.K * g.Cg
@@ -157,6 +170,11 @@ class Pointwise(Algorithm):
                     f"partial sums of {self.images} image(s) per launch summed in order, no layout copies"
                     + split.format(g.P // S))
         m, k = (g.Kg, g.Cg) if pass_name == "forward" else (g.Cg, g.Kg)
+        if pass_name == "backward_input" and self.transposed:
+            return (f"1x1 GEMM per (group, image) run transposed, grad_input^T = grad_output^T @ weight, "
+                    f"{g.groups} group(s) x {g.N} image(s) in one launch, M={g.P} N={g.Cg} K={g.Kg}, grad_output "
+                    f"read and grad_input stored transposed in place (fewer than {CPU_TRANSPOSED_BELOW} positions "
+                    "per image: the channels fill the CPU kernel's vectors), no im2col")
         if pass_name == "forward" and self.deep:
             split += ", " + gemm_gpu.deep_note()
         if self.fold:
@@ -205,6 +223,11 @@ class Pointwise(Algorithm):
                        slices=S, a_transp=True, what="grad-input (1x1, split-K)", **fold)
             sum_partials(queue, self.dtype, idx_for(self.dtype, w, dy, dx, Ref(ws, 0)), Ref(ws, 0), S, n, dx, False,
                          "grad-input (1x1, sum of slices)")
+            return
+        if self.transposed:   # dX^T (P x Cg) = dY^T (P x Kg) @ W (Kg x Cg), dY and dX transposed in place
+            self._gemm(queue, g.P, g.Cg, g.Kg, Op(dy.buf, dy.off, g.P, g.Kg * g.P, g.K * g.P),
+                       Op(w.buf, w.off, g.Cg, g.Kg * g.Cg), Op(dx.buf, dx.off, g.P, g.Cg * g.P, g.C * g.P),
+                       images=g.N, a_transp=True, c_transp=True, what="grad-input (1x1, transposed)")
             return
         cols, images, fold = self._columns()
         self._gemm(queue, g.Cg, cols, g.Kg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),

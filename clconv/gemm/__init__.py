@@ -125,8 +125,8 @@ def group_queues(queue, count):
 
 
 def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False,
-              b_transp=False, per_group=False, im2col=None, k_blocks=None, c_fold=0, b_fold=0, a_fold=0,
-              a_packed=None, b_panels=None, deep=False, what=""):
+              b_transp=False, c_transp=False, per_group=False, im2col=None, k_blocks=None, c_fold=0, b_fold=0,
+              a_fold=0, a_packed=None, b_panels=None, deep=False, what=""):
     """C[g, i] = alpha * op(A[g, i]) @ op(B[g, i]) + beta * C[g, i] for every (group g, image i),
     row-major; ``a``, ``b``, ``c`` are :class:`Operand` s, op(A) M x K, op(B) K x N.
 
@@ -142,19 +142,23 @@ def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1
     :func:`.gemm_cpu.packed_size` elements): where op(A) = A^T alone, clconv's CPU kernel packs
     A^T there first (reading A^T in place costs it 1.5x); ``b_panels`` (of
     :func:`.gemm_cpu.panels_size` elements): it packs B in panels there first. The other engines
-    and per-group queues ignore both.
+    and per-group queues ignore both. ``c_transp``: C is stored transposed, on clconv's CPU kernel
+    only, with op(A) = A^T read in place (:func:`.gemm_cpu.grid_gemm`).
 
     With ``per_group`` each group's GEMMs (batched over the images) run on an in-order queue of
     their own: those queues wait for a marker of everything enqueued on ``queue`` so far, and
     ``queue`` waits for all of them before going on (CLBlast takes no wait list).
     """
     folded = c_fold or b_fold or a_fold
-    if (im2col is not None or folded or deep) and engine != "gpu" or k_blocks is not None and engine == "clblast":
+    if ((im2col is not None or folded or deep) and engine != "gpu" or k_blocks is not None and engine == "clblast"
+            or c_transp and engine != "cpu"):
         raise ClconvError(f"clconv: {what}: an implicit im2col operand, a folded operand or the deep tile need "
-                          "clconv's GPU GEMM kernel, K blocks one of clconv's kernels")
+                          "clconv's GPU GEMM kernel, a transposed C its CPU kernel, K blocks one of clconv's kernels")
     flags = dict(alpha=alpha, beta=beta, a_transp=a_transp, b_transp=b_transp, what=what)
     if deep:
         flags["deep"] = True
+    if c_transp:
+        flags["c_transp"] = True
     ops = (a, b, c)
     if per_group and groups > 1:
         not_capturable(what="per-group queues")

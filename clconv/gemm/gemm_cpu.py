@@ -140,11 +140,13 @@ def packed_size(gi, gj, m, k, a):
 
 
 def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False, b_transp=False,
-              a_packed=None, b_panels=None, k_blocks=None, what=""):
+              c_transp=False, a_packed=None, b_panels=None, k_blocks=None, what=""):
     """C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j] for i < gi, j < gj, in one
     launch; ``a``, ``b``, ``c``: :class:`clconv.gemm.Operand` s (matrix (i, j) at ``at(i, j)``),
     C matrices must not overlap. op(A) = A^T with op(B) = B^T runs as C^T = op(B)^T op(A)^T,
-    stored transposed. With op(A) = A^T alone and ``a_packed`` (an Operand of
+    stored transposed. ``c_transp``: C is stored transposed (element (r, s) of C[i, j] at
+    ``c.at(i, j) + s * c.ld + r``), for op(A) = A^T read in place and B untransposed, neither
+    packed, one K block. With op(A) = A^T alone and ``a_packed`` (an Operand of
     :func:`packed_size` elements in the caller's workspace), A^T is packed there first
     (pack_a_transposed, one launch more) and the GEMM reads the copy. With ``b_panels`` (an
     Operand of :func:`panels_size` elements in the caller's workspace), B is packed there in panels
@@ -154,15 +156,16 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     assert (gi == 1 or c.per_group) and (gj == 1 or c.per_image), "GEMMs into one C would race"
     kb = k_blocks or KBlocks(1, 0, 0)
     assert not kb.continuous and (kb.count == 1 or a_packed is None), "K blocks are read block by block, unpacked"
+    assert not c_transp or (a_transp and not b_transp and a_packed is None and b_panels is None
+                            and kb.count == 1), "C stored transposed: A^T read in place, B untransposed, unpacked"
     if a_transp and not b_transp and a_packed is not None:
         a = _pack(queue, dtype, gi, gj, m, k, a, a_packed, what)
         a_transp = False
-    c_transp = a_transp and b_transp
     panels = b_panels is not None
-    assert not (panels and c_transp), "B in panels: op(A) = A^T with op(B) = B^T runs transposed, unpacked"
+    assert not (panels and a_transp and b_transp), "B in panels: op(A) = A^T with op(B) = B^T runs transposed, unpacked"
     steps = (kb.a_step, kb.b_step)
-    if c_transp:   # C^T (N x M) = B (stored N x K) @ A (stored K x M): both untransposed
-        m, n, a, b, a_transp, b_transp, steps = n, m, b, a, False, False, steps[::-1]
+    if a_transp and b_transp:   # C^T (N x M) = B (stored N x K) @ A (stored K x M): both untransposed
+        m, n, a, b, a_transp, b_transp, steps, c_transp = n, m, b, a, False, False, steps[::-1], True
     itemsize = np.dtype(dtype).itemsize
     # B^T in panels runs as outer products on them, not dot products
     t = tile(queue.device, m, n, k, gi * gj, itemsize, b_transp and not panels, kb.count)
