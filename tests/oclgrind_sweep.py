@@ -192,6 +192,7 @@ SWEEP = [
      9600),
     ("cpu_im2col_column_tiles", (1, 3, 5, 11), (4, 3, 3, 3), dict(stride=(1, 2), padding=((1, 0), (2, 1)), cpu=True),
      "im2col", "single", 3 * 9 * 2 * 4),
+    ("cpu_im2col_patchify_s4", (1, 3, 13, 18), (4, 3, 4, 4), dict(stride=4, cpu=True), "im2col", "single", None),
     ("cpu_im2col_strided_dilated", (2, 4, 11, 13), (6, 2, 3, 2), dict(stride=(2, 3), padding=((2, 0), (1, 2)),
                                                                       dilation=(1, 2), groups=2, cpu=True),
      "im2col", "single", None),

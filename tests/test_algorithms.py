@@ -44,6 +44,9 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
     # loaded whole, padding at both ends), across tile rows and across images
     Case("winograd_rows_p1", 2, 3, 7, 37, 4, 3, 3, padding=1),
     Case("dense_c6_s2", 2, 6, 9, 8, 5, 3, 3, stride=2, padding=1),
+    # a patchify stem in small: 4x4 taps at stride 4 (col2im's strides of 4 without a division),
+    # rows and columns past the last patch
+    Case("patchify_4x4_s4", 2, 3, 13, 18, 5, 4, 4, stride=4),
     # groups of 8 and 24 channels (RegNet-like; 72 and 216 taps): direct on CPUs for forward and grad-input
     Case("grouped_cg8_s2", 2, 16, 11, 9, 6, 3, 3, stride=2, padding=1, groups=2),
     Case("grouped_cg24_pad_h", 1, 48, 9, 8, 4, 3, 3, padding=(1, 0), groups=2),
