@@ -666,6 +666,19 @@ void direct_weight_rows(__global const REAL* restrict x, const IDX x_off,
 }
 #endif
 
+// Columns px + (u0 + q) * SW of row rb from lanes q of out, up to the phase's count columns: a
+// whole vector's unrolled, without a test per lane (PoCL, batch 4: the networks' strided depthwise
+// and grouped grad-inputs on 56x56 and larger maps 0.81-0.90x the time, the direct grad-inputs
+// 0.96x count-weighted; Intel's runtime unchanged).
+#define STORE_PHASE(rb, out, px, u0, count)                                                     \
+    do {                                                                                        \
+        if ((u0) + VW <= (count)) {                                                             \
+            _Pragma("unroll") for (int q = 0; q < VW; ++q) (rb)[(px) + ((u0) + q) * SW] = (out).s[q]; \
+        } else {                                                                                \
+            for (int q = 0; q < VW && (u0) + q < (count); ++q) (rb)[(px) + ((u0) + q) * SW] = (out).s[q]; \
+        }                                                                                       \
+    } while (0)
+
 // direct_input's sum for CPU devices: work-item (band, (n * C + c) / CB) computes RB input-gradient
 // rows from band * RB of the CB planes (n, c .. c + CB - 1), channels of one group, which read
 // the same grad_output. A row's columns are taken by stride phase px, VW at a time: columns px,
@@ -673,16 +686,6 @@ void direct_weight_rows(__global const REAL* restrict x, const IDX x_off,
 // each (filter, tap) adds one vector of grad_output, loaded once for the CB channels. With RI > 1
 // a work-item sums RI input rows at once, each grad_output vector loaded once for every one of
 // them that it reaches (through tap row (iy + PT - oy * SH) / DH), not once per row and tap.
-// Columns px + (u0 + q) * SW of row rb from lanes q of out, up to the phase's count columns: a
-// whole vector's unrolled, without a test per lane (PoCL, batch 4: the networks' strided depthwise
-// and grouped grad-inputs on 56x56 and larger maps 0.81-0.90x the time, the direct grad-inputs
-// 0.96x count-weighted; Intel's runtime unchanged).
-#define STORE_PHASE(rb, out, px, u0, count)                                                     \
-    if ((u0) + VW <= (count)) {                                                                 \
-        _Pragma("unroll") for (int q = 0; q < VW; ++q) (rb)[(px) + ((u0) + q) * SW] = (out).s[q]; \
-    } else {                                                                                    \
-        for (int q = 0; q < VW && (u0) + q < (count); ++q) (rb)[(px) + ((u0) + q) * SW] = (out).s[q]; \
-    }
 #ifndef CB             // input channels per work-item of direct_input_rows (dividing CG)
 #define CB 1
 #endif

@@ -370,8 +370,10 @@ inline void load_planes(REALV v[36], const __global REAL* restrict src, const ID
             const __global REAL* p = src + t * step;
 #if VW == 8
             v[t] = (REALV)(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]);
-#else
+#elif VW == 4
             v[t] = (REALV)(p[0], p[1], p[2], p[3]);
+#else
+#error "VW (tiles per vector) must be 4 or 8"
 #endif
         }
         return;

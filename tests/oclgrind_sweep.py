@@ -143,8 +143,8 @@ SWEEP = [
     # 35 positions per image: the last column block shifted over the one before, K blocks with a tail
     ("cpu_gemm_1x1_shifted_block_k_tail", (3, 5, 5, 7), (11, 5, 1, 1), dict(gemm="cpu"), "1x1", "single", None),
     # grad-input over maps of fewer than 32 positions, transposed: a shifted last column block and
-    # two K slices; a group narrower than one block
-    ("cpu_gemm_1x1_transposed", (2, 37, 5, 5), (130, 37, 1, 1), dict(gemm="cpu"), "1x1", "single", None),
+    # two K slices (of 512 at Oclgrind's 4-wide vectors); a group narrower than one block
+    ("cpu_gemm_1x1_transposed", (2, 37, 5, 5), (520, 37, 1, 1), dict(gemm="cpu"), "1x1", "single", None),
     ("cpu_gemm_1x1_transposed_g2", (3, 12, 3, 5), (10, 6, 1, 1), dict(groups=2, gemm="cpu"), "1x1", "single", None),
     ("cpu_gemm_fc_groups", (3, 4, 3, 2), (6, 2, 3, 2), dict(groups=2, gemm="cpu"), "fc", "single", None),
     ("cpu_gemm_winograd", (1, 4, 5, 6), (4, 2, 3, 3), dict(padding=1, groups=2, gemm="cpu"), "winograd",

@@ -30,9 +30,10 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
     Case("k1x1_per_image_g2", 5, 4, 16, 17, 6, 1, 1, groups=2),   # 272 positions: per-image grad-weight (CLBlast)
     Case("k1x1_29x31_g2", 3, 4, 29, 31, 6, 1, 1, groups=2),   # 899: per-image partial sums on the CPU kernel too
     # maps of fewer than 32 positions: the CPU kernel's grad-input transposed (dX^T = dY^T W); 25 rows
-    # of row blocks of 6, 37 columns (a shifted last block), 130 deep (two K slices: the second adds
-    # to what the first stored transposed); 6 channels a group (narrower than a block)
-    Case("k1x1_5x5_c37_k130", 2, 37, 5, 5, 130, 1, 1),
+    # of row blocks of 6, 37 columns (a shifted last block), 520 deep (K slices of 128-512 values:
+    # the later ones add to what the first stored transposed); 6 channels a group (narrower than a
+    # block)
+    Case("k1x1_5x5_c37_k520", 2, 37, 5, 5, 520, 1, 1),
     Case("k1x1_3x5_g2_narrow", 3, 12, 3, 5, 10, 1, 1, groups=2),
     # Winograd: partial tiles on every edge, dilation phases, padding past the dilated filter
     Case("winograd_g2_d2_overpad", 2, 6, 13, 11, 4, 3, 3, padding=((5, 1), (0, 3)), dilation=2, groups=2),
@@ -40,9 +41,10 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
     Case("winograd5_g2_d1x2_overpad", 2, 6, 14, 11, 4, 5, 5, padding=((5, 0), (1, 9)), dilation=(1, 2), groups=2),
     # tile rows of 12 tiles, dilated rows: CPU transforms whose lanes lie side by side in one tile row
     Case("winograd_rows_d2x1", 2, 4, 13, 45, 5, 3, 3, padding=(2, 1), dilation=(2, 1)),
-    # tile rows of 10 tiles, 2 per image: CPU transforms' lanes in one tile row (its patches' rows
-    # loaded whole, padding at both ends), across tile rows and across images
-    Case("winograd_rows_p1", 2, 3, 7, 37, 4, 3, 3, padding=1),
+    # tile rows of 18 tiles, 2 per image: CPU transforms' lanes in one tile row (their patches'
+    # rows loaded whole: inside the image, and at its left and right padding), across tile rows
+    # and across images
+    Case("winograd_rows_p1", 2, 3, 7, 70, 4, 3, 3, padding=1),
     Case("dense_c6_s2", 2, 6, 9, 8, 5, 3, 3, stride=2, padding=1),
     # a patchify stem in small: 4x4 taps at stride 4 (col2im's strides of 4 without a division),
     # rows and columns past the last patch
@@ -776,13 +778,15 @@ class _Platform:
         self.name = name
 
 
+@pytest.mark.parametrize("name", ["winograd_g2_d2_overpad", "winograd_rows_p1"])
 @pytest.mark.parametrize("platform,rows", [("Portable Computing Language", True), ("Intel(R) OpenCL", False)],
                          ids=["pocl", "intel"])
-def test_winograd_transforms_per_cpu_runtime(platform, rows, queue):
+def test_winograd_transforms_per_cpu_runtime(platform, rows, name, queue):
     """The two CPU runtimes differ: PoCL 3.0 keeps the per-tile transform kernels scalar, so CPU
     devices there take the row forms (VW tiles per vector); Intel's runtime vectorises the
-    per-tile kernels across work-items, which then measure faster. Both match the reference."""
-    case = next(c for c in EXTRA if c.name == "winograd_g2_d2_overpad")
+    per-tile kernels across work-items, which then measure faster. Both match the reference, on
+    every runtime the suite runs (the row forms' lanes in one tile row too: winograd_rows_p1)."""
+    case = next(c for c in EXTRA if c.name == name)
     x, w, b, dy = case.data()
     opts = case.options
     g = conv_geometry(x.shape, w.shape, **opts)

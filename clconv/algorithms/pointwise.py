@@ -113,8 +113,6 @@ class Pointwise(Algorithm):
         # forward and grad-input on the GPU kernel: one GEMM over every image's positions (folded)
         # where a map has fewer than FOLD_BELOW positions, not a GEMM per image
         self.fold = gemm == "gpu" and g.P < FOLD_BELOW and g.N * g.P <= INT32_MAX   # (N is a 32-bit argument)
-        # grad-input on the CPU kernel over small maps: dX^T = dY^T W, stored transposed
-        self.transposed = gemm == "cpu" and g.P < CPU_TRANSPOSED_BELOW
         cols, count = (g.N * g.P, 1) if self.fold else (g.P, g.N)
         # (the forward's long products on clconv's GPU GEMM kernel's deep tile: gemm_gpu.deep)
         self.deep = g.groups == 1 and deep(device, gemm, g.K, cols, g.C, count, item)
@@ -126,6 +124,8 @@ class Pointwise(Algorithm):
                       "backward_weight": 1 if self._weight is not None or self.blocked else
                       fit_slices(g.P, k_slices(device, gemm, g.K, g.C, g.P, self.images, item),
                                  workspace_limit // (self.images * g.K * g.C * item)) if g.groups == 1 else 1}
+        # grad-input on the CPU kernel over small maps, unsplit: dX^T = dY^T W, stored transposed
+        self.transposed = gemm == "cpu" and g.P < CPU_TRANSPOSED_BELOW and self.split["backward_input"] == 1
         # on clconv's CPU GEMM kernel W^T is packed in the workspace first (gemm_cpu.packed_size), and
         # B (the input, grad_output) in panels after the rest where its rule says so and the budget
         # holds them (gemm_cpu.panels_size)
