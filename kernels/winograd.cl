@@ -500,8 +500,7 @@ void winograd_output_rows(__global const REAL* restrict m, const IDX m_off,
     #pragma unroll
     for (int i = 0; i < TM; ++i) output_1d_v(v + 6 * i, 1);
     // the lanes' tiles side by side in one tile row, inside the output: TM * VW consecutive outputs
-    const bool run = DW == 1 && p0 + VW <= P && img[VW - 1] == img[0] && ys[VW - 1] == ys[0] &&
-                     xs[VW - 1] + TM <= OW;
+    const bool run = ONE_TILE_ROW(p0, p0 % (TH * TW), P, TW, DW) && xs[VW - 1] + TM <= OW;
     #pragma unroll
     for (int i = 0; i < TM; ++i) {
         lanes t[TM];

@@ -134,7 +134,7 @@ class Pointwise(Algorithm):
                                     + (g.K * g.Cg if gemm == "cpu" and not self.transposed else 0))}
         for p, (m, k) in {"forward": (g.Kg, g.Cg), "backward_input": (g.Cg, g.Kg)}.items():
             size = (gemm_cpu.panels_size(device, m, g.P, k, g.groups * g.N, item)
-                    if self.packs and self.split[p] == 1 and not (p == "backward_input" and self.transposed) else 0)
+                    if self.packs and self.split[p] == 1 else 0)
             self._reserve_panels(p, first[p], size, workspace_limit)
         self.workspace["backward_weight"] = (_partials(self.slices, g.K * g.Cg) if self.blocked else
                                              self.images * self.split["backward_weight"] * g.K * g.Cg
