@@ -12,3 +12,15 @@ __kernel void sum_partials(__global const STORE* restrict part, const IDX part_o
     for (int s = 0; s < S; ++s) acc += LOAD(part, part_off + (IDX)s * stride + i);
     SAVE(out, out_off + i, acc);
 }
+
+// The same, four values per work-item (float32 and float64 storage), where n, stride and both
+// offsets, all counted in vectors here, were multiples of 4 values (the host checks).
+__kernel void sum_partials4(__global const REAL4* restrict part, const IDX part_off, const int S, const IDX n,
+                            const IDX stride, __global REAL4* restrict out, const IDX out_off, const int accumulate)
+{
+    if (get_global_id(0) >= (size_t)n) return;
+    const IDX i = get_global_id(0);
+    REAL4 acc = accumulate ? out[out_off + i] : (REAL4)0;
+    for (int s = 0; s < S; ++s) acc += part[part_off + (IDX)s * stride + i];
+    out[out_off + i] = acc;
+}
