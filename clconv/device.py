@@ -170,11 +170,13 @@ def vectorizes_work_items(device):
 
 @functools.lru_cache(maxsize=None)
 def scalar_work_items(device):
-    """Whether the device's compiler leaves a scalar kernel's work-items unvectorised, one at a
-    time, so that a kernel written with explicit vectors runs faster there: PoCL 3.0's CPU device
-    (its cost model keeps such kernels scalar). Four values per work-item in the split-K sum
-    (sum_partials4) took 0.35-0.55x the time of one on PoCL, 3-8x on Intel's CPU runtime and
-    1.7-2.6x on rusticl's llvmpipe, which vectorise across work-items (2-core AVX-512 Xeon)."""
+    """Whether a simple one-value-per-work-item kernel runs faster on the device written with
+    explicit vectors: PoCL's CPU device (measured on PoCL 3.0). Four values per work-item in the
+    split-K sum (sum_partials4) took 0.35-0.55x the time of one on PoCL, but 3-8x on Intel's CPU
+    runtime and 1.7-2.6x on rusticl's llvmpipe (2-core AVX-512 Xeon), whose compilers vectorise
+    such a kernel across work-items. (A different threshold from :func:`vectorizes_work_items`,
+    which asks whether the per-tile Winograd transforms, with their gathers, vectorise well
+    enough to beat the row forms: rusticl's do not.)"""
     return bool(device.type & cl.device_type.CPU) and device.platform.name == "Portable Computing Language"
 
 

@@ -633,17 +633,18 @@ def test_cpu_kernel_packs_b_in_panels_over_k_blocks_and_once_per_shared_matrix(b
     assert np.isnan(last[0])
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64], ids=["float16", "float32", "float64"])
 @pytest.mark.parametrize("n,stride,offsets", [(36, 40, (8, 4)), (36, 36, (0, 0)), (35, 40, (8, 4)), (36, 40, (9, 4)),
-                                              (36, 42, (8, 4))],
-                         ids=["four_wide", "packed", "odd_n", "odd_offset", "odd_stride"])
+                                              (36, 40, (8, 5)), (36, 42, (8, 4))],
+                         ids=["four_wide", "packed", "odd_n", "odd_part_offset", "odd_out_offset", "odd_stride"])
 @pytest.mark.parametrize("accumulate", [False, True], ids=["written", "added"])
 @pytest.mark.parametrize("forced", [False, True], ids=["device_rule", "four_wide_forced"])
 def test_split_k_partials_summed_in_order(n, stride, offsets, accumulate, forced, dtype, queue, monkeypatch):
     """kernels/partials.cl: out = (accumulate ? out : 0) + the S partials in order, four values per
     work-item where n, the stride and both offsets are multiples of 4 on a device that keeps
     work-items scalar (sum_partials4; PoCL), else one: against NumPy summing in the same order,
-    bit for bit; out's neighbours untouched. Elsewhere the four-wide form is forced too."""
+    bit for bit; out's neighbours untouched. Elsewhere the four-wide form is forced too; float16
+    storage (float32 sums) always takes the one-value form."""
     if dtype == np.float64 and "cl_khr_fp64" not in queue.device.extensions:
         pytest.skip("no float64 on this device")
     from clconv.algorithms.partials import sum_partials
@@ -657,10 +658,11 @@ def test_split_k_partials_summed_in_order(n, stride, offsets, accumulate, forced
     part = rng.standard_normal(part_off + S * stride).astype(dtype)
     out = rng.standard_normal(out_off + n + 4).astype(dtype)
     want = out.copy()
-    acc = out[out_off:out_off + n].copy() if accumulate else np.zeros(n, dtype)
+    real = np.float32 if dtype == np.float16 else dtype   # (float16 storage is summed in float32)
+    acc = out[out_off:out_off + n].astype(real) if accumulate else np.zeros(n, real)
     for s in range(S):
-        acc = acc + part[part_off + s * stride:][:n]
-    want[out_off:out_off + n] = acc
+        acc = acc + part[part_off + s * stride:][:n].astype(real)
+    want[out_off:out_off + n] = acc   # (rounded to float16 storage, to nearest even, as vstore_half_rte)
     buffers = [cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
                for a in (part, out)]
     with recording() as launched:
@@ -669,7 +671,7 @@ def test_split_k_partials_summed_in_order(n, stride, offsets, accumulate, forced
     got = np.empty_like(out)
     cl.enqueue_copy(queue, got, buffers[1])
     np.testing.assert_array_equal(got, want)
-    four = (n % 4 == 0 and stride % 4 == 0 and part_off % 4 == 0 and out_off % 4 == 0
+    four = (n % 4 == 0 and stride % 4 == 0 and part_off % 4 == 0 and out_off % 4 == 0 and dtype != np.float16
             and (forced or scalar_work_items(queue.device)))
     assert [name for name, _ in launched] == ["sum_partials4" if four else "sum_partials"]
 

@@ -54,9 +54,10 @@ def sum_partials(queue, dtype, idx, part, S, n, out, accumulate, what, stride=No
     storage is float32 or float64, n, the stride and both offsets are multiples of 4, and the
     device keeps work-items scalar (above)."""
     stride = stride or n
+    itemsize = np.dtype(dtype).itemsize
     if (VECTORS and np.dtype(dtype) in (np.float32, np.float64) and not (n % 4 or stride % 4 or part.off % 4
                                                                          or out.off % 4)
-            and scalar_work_items(queue.device)):
+            and queue.device.mem_base_addr_align >= 8 * 4 * itemsize and scalar_work_items(queue.device)):
         knl = get_kernel(queue.context, "partials.cl", "sum_partials4", dtype, IDX=idx)
         launch(queue, knl, (n // 4,), (LOCAL_SIZE,), part.buf, part.off // 4, S, n // 4, stride // 4, out.buf,
                out.off // 4, int(accumulate), what=what)
