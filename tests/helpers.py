@@ -15,6 +15,15 @@ def assert_close(actual, expected, dtype, what=""):
     assert err <= TOLERANCE[np.dtype(dtype)], f"{what}: normalised max error {err:.3g} > {TOLERANCE[np.dtype(dtype)]}"
 
 
+def kernel_kind(name):
+    """A launch's kernel without its variant's suffix: whether a runtime gets a transform's row
+    kernel (direct_rows, winograd_input_rows, the layout kernels' nchw_to_cnhw_rows, ...) or its
+    per-tile one depends on what its compiler vectorises (clconv.algorithms.winograd, .direct),
+    as whether split-K's sum runs four values a work-item (sum_partials4) does, not on the pass's
+    launches."""
+    return name.removesuffix("_rows").replace("sum_partials4", "sum_partials")
+
+
 def assert_passes_match(p, x, w, b, dy, options, dtype=np.float32, weight=True):
     """Plan ``p``'s forward (with bias, and through ReLU), grad-input and (with ``weight``)
     grad-weight on host arrays, each against the float64 reference."""

@@ -674,4 +674,3 @@ def test_split_k_partials_summed_in_order(n, stride, offsets, accumulate, forced
     four = (n % 4 == 0 and stride % 4 == 0 and part_off % 4 == 0 and out_off % 4 == 0 and dtype != np.float16
             and (forced or scalar_work_items(queue.device)))
     assert [name for name, _ in launched] == ["sum_partials4" if four else "sum_partials"]
-

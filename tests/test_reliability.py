@@ -9,7 +9,7 @@ import pytest
 
 import clconv
 from clconv import reference
-from helpers import CASES, REPLAYED, Case, QueueAs, assert_close
+from helpers import CASES, REPLAYED, Case, QueueAs, assert_close, kernel_kind
 
 DETERMINISM = [  # one case per algorithm, plus per-group queues and split-K grad-weight
     (Case("im2col_split_k", 4, 4, 17, 19, 6, 3, 3, padding=1, groups=2), "im2col", "single"),
@@ -197,14 +197,6 @@ LAUNCHES = [  # per algorithm, what each pass launches on a CPU device with clco
      (["fill_bias", "pack_b_panels", "gemm_cpu"], ["pack_a_transposed", "pack_b_panels", "gemm_cpu"],
       ["pack_bt_panels", "gemm_cpu"])),
 ]
-
-
-def kernel_kind(name):
-    """A launch's kernel without the CPU variant's suffix: whether a runtime gets a transform's
-    row kernel (direct_rows, winograd_input_rows, ...) or its per-tile one depends on what its
-    compiler vectorises (clconv.algorithms.winograd, .direct), not on the pass's launches."""
-    return name.removesuffix("_rows").replace("sum_partials4", "sum_partials")   # (also the layout kernels' row forms, nchw_to_cnhw_rows,
-    # ..., and sum_partials4, sum_partials' four-wide form where the partials' layout allows it)
 
 
 def _assert_launches(p, launches):

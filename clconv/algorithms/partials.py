@@ -38,14 +38,16 @@ def largest_divisor_at_most(n, limit):
     return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
 
 
-# Four values per work-item (sum_partials4) where the layout allows, on devices where such a kernel
-# runs faster with explicit vectors (clconv.device.scalar_work_items: PoCL): 2-core AVX-512 Xeon, PoCL, the sum
-# alone 0.35-0.55x the time (737280 values in 2 partials 470 -> 166-177 us, 9408 in 64 155 ->
-# 69-84), the networks' 1x1 and im2col grad-weights over maps of 700+ positions at batch 4 (35
-# passes, interleaved, results bit-identical) 0.95x count-weighted, RegNet's g6 3x3 0.79x. Intel's
-# runtime and rusticl, which vectorise across work-items, took 3-8x and 1.7-2.6x the time with it.
-VECTORS = True
-LOCAL_SIZE = 64
+# Four values per work-item (sum_partials4) where the layout allows, on devices where such a
+# kernel runs faster with explicit vectors (clconv.device.scalar_work_items: PoCL). 2-core AVX-512
+# Xeon, PoCL: the sum alone 0.35-0.55x the time (737280 values in 2 partials 470 -> 166-177 us,
+# 9408 in 64 155 -> 69-84), the networks' 1x1 and im2col grad-weights over maps of 700+ positions
+# at batch 4 (35 passes, interleaved, results bit-identical) 0.95x count-weighted, RegNet's g6 3x3
+# 0.79x. Intel's runtime and rusticl, which vectorise across work-items, took 3-8x and 1.7-2.6x.
+def _four_wide(device, itemsize):
+    """Whether ``device`` sums four values of ``itemsize`` bytes per work-item: it keeps work-items
+    scalar, and its buffers start aligned to such a vector."""
+    return scalar_work_items(device) and device.mem_base_addr_align >= 8 * 4 * itemsize
 
 
 def sum_partials(queue, dtype, idx, part, S, n, out, accumulate, what, stride=None):
@@ -54,11 +56,11 @@ def sum_partials(queue, dtype, idx, part, S, n, out, accumulate, what, stride=No
     storage is float32 or float64, n, the stride and both offsets are multiples of 4 (buffers
     aligned to vectors), on the devices above."""
     stride, dtype = stride or n, np.dtype(dtype)
-    if (VECTORS and dtype in (np.float32, np.float64) and not (n % 4 or stride % 4 or part.off % 4 or out.off % 4)
-            and queue.device.mem_base_addr_align >= 8 * 4 * dtype.itemsize and scalar_work_items(queue.device)):
+    if (dtype in (np.float32, np.float64) and not (n % 4 or stride % 4 or part.off % 4 or out.off % 4)
+            and _four_wide(queue.device, dtype.itemsize)):
         knl = get_kernel(queue.context, "partials.cl", "sum_partials4", dtype, IDX=idx)
-        launch(queue, knl, (n // 4,), (LOCAL_SIZE,), part.buf, part.off // 4, S, n // 4, stride // 4, out.buf,
-               out.off // 4, int(accumulate), what=what)
+        launch(queue, knl, (n // 4,), (64,), part.buf, part.off // 4, S, n // 4, stride // 4, out.buf, out.off // 4,
+               int(accumulate), what=what)
         return
     knl = get_kernel(queue.context, "partials.cl", "sum_partials", dtype, IDX=idx)
     launch(queue, knl, (n,), (64,), part.buf, part.off, S, n, stride, out.buf, out.off, int(accumulate),
