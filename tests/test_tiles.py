@@ -9,6 +9,7 @@ import pytest
 
 import clconv
 from clconv import reference
+from clconv.algorithms import im2col
 from helpers import Case, QueueAs, assert_close
 
 TILED = [
@@ -54,6 +55,33 @@ def test_one_image_in_tiles(case, algorithm, budget, queue):
         assert len(cols) == 3 and all(1 <= int(c) < full.geometry.OW for c in cols), p.explain()
     assert p.workspace_bytes <= limit
     _check_passes(p, case, queue)
+
+
+# over 512 output positions: enough for split-K slices, which CPUs' tiles do without
+CACHE_TILED = [Case("cache_k3_p1", 1, 3, 37, 29, 4, 3, 3, padding=1),
+               Case("cache_s2_asym_g2", 2, 4, 47, 45, 6, 3, 2, stride=2, padding=((2, 0), (1, 1)), groups=2)]
+
+
+@pytest.mark.parametrize("case", CACHE_TILED, ids=repr)
+def test_cpu_col_above_the_cache_budget_in_tiles(case, queue, monkeypatch):
+    """On CPUs an image whose col is above im2col.CPU_COL_BYTES (here three rows' col) runs in
+    tiles of at most that much col whatever the workspace limit, grad-weight's tiles each added
+    by their own GEMM (no partial sums); a GPU's plan of the same layer keeps whole images."""
+    if queue.device.type & cl.device_type.GPU:
+        pytest.skip("a CPU rule")
+    x, w = case.data()[:2]
+    row = _row_bytes(clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="im2col"))
+    monkeypatch.setattr(im2col, "CPU_COL_BYTES", 3 * row)
+    p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="im2col")
+    bands = re.findall(rf" tiles of (\d+) output rows per image \(one image's col is \d+ bytes, above {3 * row}: ",
+                       p.explain())
+    assert len(bands) == 3 and all(1 <= int(rows) <= 3 for rows in bands), p.explain()
+    assert p.workspace_bytes <= 3 * row
+    _check_passes(p, case, queue)
+    assert "sum_partials" not in " ".join(p.launches("backward_weight")), p.launches("backward_weight")
+    gpu = clconv.Plan(p.geometry, np.float32, QueueAs(queue, type=cl.device_type.GPU), algorithm="im2col",
+                      selfcheck=False)
+    assert " tiles of " not in gpu.explain(), gpu.explain()
 
 
 @pytest.mark.parametrize("case", WINOGRAD_TILED, ids=repr)

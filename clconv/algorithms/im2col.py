@@ -76,6 +76,15 @@ CPU_IMAGE_POSITIONS, CPU_IMAGE_WORK = 3136, 8e6
 # runtime, 0.71-0.88x on PoCL (inception_v3's 7x1 and 1x7 0.71-0.80), except resnet50's 1x1
 # stride-2 C256 -> K512 on PoCL (1.24x; 0.66x on Intel's runtime); the stems unsplit took 1.27-1.37x.
 CPU_SPLIT_BELOW = 1 << 16
+# CPUs: where one image's col is above this many bytes (large images: a 3x3 over 64 channels of
+# 256x256 is 144 MB), every pass runs image by image in tiles of output rows whose col is at most
+# that, written and read back within the caches rather than through memory (_fit_bands). 2-core
+# AVX-512 Xeon, five layers of 49-147 MB col per image (1x7, 3x3 and 7x7 stride-2 kernels on
+# 128x128 to 1024x1024 images), against whole images: forwards 0.55-0.79x the time on PoCL,
+# 0.56-0.79x on Intel's runtime; grad-inputs 0.54-1.08x and 0.62-1.02x; grad-weights 0.53-0.95x
+# and 0.45-0.83x; tiles of 16 MB as fast or slower, of 32 MB slower. Of the networks' layers at
+# 224x224 those im2col runs have at most 7.4 MB per image (resnet50's stem): none is tiled so.
+CPU_COL_BYTES = 8 << 20
 
 
 class Im2col(Algorithm):
@@ -108,9 +117,10 @@ class Im2col(Algorithm):
         # grad-weight's partials and it are never needed at once
         packed = g.K * g.Kd if gemm == "cpu" else 0
         reserved = max(partials, packed)
-        self.band = None   # output rows per tile, when one image does not fit the budget
-        if (per_image + reserved) * itemsize > workspace_limit:   # (the tiles pack nothing)
-            self._fit_bands(workspace_limit, (per_image + partials) * itemsize, partials)
+        self.band = None   # output rows per tile, when one image does not fit the budget (or the cache)
+        cache_bound = bool(self.vw) and self.rows * g.P * itemsize > CPU_COL_BYTES
+        if cache_bound or (per_image + reserved) * itemsize > workspace_limit:   # (the tiles pack nothing)
+            self._fit_bands(workspace_limit, (per_image + partials) * itemsize, partials, cache_bound)
             return
         # clconv's CPU GEMM kernel packs B (col, T) in panels after the rest where its rule says so
         # (gemm_cpu.panels_size): per image at most B's rows by its positions, and a block of
@@ -185,20 +195,29 @@ class Im2col(Algorithm):
                 return whole
         return most
 
-    def _fit_bands(self, workspace_limit, whole, partials):
-        """One image's workspace (``whole`` bytes) is above the budget: the passes run image by
-        image over tiles of ``band`` output rows, as evenly sized as the budget allows, each
-        tile's col (rows x band * OW) the workspace; where one row's col is above the budget too,
-        over tiles of ``cols`` columns of one row. Output, grad_output and grad-weight are read
-        and written in place. Grad-weight cuts each tile's positions into split-K slices (its
-        ``partials`` after col), summed in order, tile after tile."""
+    def _fit_bands(self, workspace_limit, whole, partials, cache_bound=False):
+        """One image's workspace (``whole`` bytes) is above the budget, or on a CPU its col above
+        CPU_COL_BYTES (``cache_bound``): the passes run image by image over tiles of ``band``
+        output rows, as evenly sized as the budget allows, each tile's col (rows x band * OW, at
+        most CPU_COL_BYTES where cache-bound) the workspace; where one row's col is above the
+        budget too, over tiles of ``cols`` columns of one row. Output, grad_output and grad-weight
+        are read and written in place. Grad-weight adds the tiles into grad_weight in order: on
+        GPUs each tile's positions cut into split-K slices (its ``partials`` after col) and
+        summed; on CPUs each tile's GEMM adds its product itself (unsplit: 2-core AVX-512 Xeon,
+        PoCL, a 3x3 over 64 channels of 256x256 and of 300x300 at stride 2 in tiles of 8 MB took
+        3.0x and 2.2x the time in split-K slices; resnet50's 7x7 stem at batch 4 in tiles of 2 MB
+        11.7 ms in 64 slices a tile, 8.5 unsplit)."""
         g, itemsize = self.g, self.dtype.itemsize
         column = self.rows * itemsize       # col of one output position
-        # split-K's partial sums take at most half the budget, and leave room for one position
-        room = min(workspace_limit // 2, workspace_limit - column) // itemsize
-        self.max_slices = max(1, min(self.max_slices, room // (g.K * g.Kd)))
+        if self.vw:
+            self.max_slices = 1
+        else:   # split-K's partial sums take at most half the budget, and leave room for one position
+            room = min(workspace_limit // 2, workspace_limit - column) // itemsize
+            self.max_slices = max(1, min(self.max_slices, room // (g.K * g.Kd)))
         partials = self.max_slices * g.K * g.Kd if self.max_slices > 1 else 0
         fits = (workspace_limit - partials * itemsize) // column   # output positions per tile
+        if cache_bound:
+            fits = min(fits, max(1, CPU_COL_BYTES // column))
         if fits < 1:
             raise ValueError(f"one output position of input {list(g.input_shape)} with weight "
                              f"{list(g.weight_shape)} needs {column + partials * itemsize} workspace bytes, above "
@@ -214,7 +233,9 @@ class Im2col(Algorithm):
                      f"row: one row's col is above the budget too)")
         self.chunk, self.forward_chunk, self.slices, self.last_slices = 1, 1, 1, 1
         self.split, self.deep = {"forward": 1, "backward_input": 1}, False
-        self.tiling = f"{shape} (one image needs {whole} workspace bytes, above the limit of {workspace_limit})"
+        self.tiling = (f"{shape} (one image's col is {self.rows * g.P * itemsize} bytes, above {CPU_COL_BYTES}: tiles "
+                       "whose col stays in a CPU's caches)" if cache_bound else
+                       f"{shape} (one image needs {whole} workspace bytes, above the limit of {workspace_limit})")
         col = self.rows * self.band * self.cols
         self.workspace = {"forward": col, "backward_input": col, "backward_weight": col + partials}
 
@@ -559,8 +580,9 @@ class Im2col(Algorithm):
 
     def _weight_tiles(self, queue, x, dy, dw, ws):
         """Per tile: im2col of its rows, then dW[g] (+)= dY[g][:, rows] @ col[g]^T, dY read in
-        place, in S split-K slices of the tile's positions (partial sums after col, then their
-        ordered sum); every image's tiles in order, so the sum is the same on every run."""
+        place, on GPUs in S split-K slices of the tile's positions (partial sums after col, then
+        their ordered sum; CPUs: one, see _fit_bands); every image's tiles in order, so the sum is
+        the same on every run."""
         g, Kg, Kd = self.g, self.g.Kg, self.g.Kd
         idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
         first, part = True, self.rows * self.band * self.cols
