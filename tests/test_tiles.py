@@ -9,7 +9,7 @@ import pytest
 
 import clconv
 from clconv import reference
-from clconv.algorithms import im2col
+from clconv.algorithms import im2col, winograd
 from helpers import Case, QueueAs, assert_close
 
 TILED = [
@@ -96,6 +96,34 @@ def test_winograd_in_ranges_of_tile_rows(case, queue):
     assert len(pieces) == 3 and all(int(rows) < int(of) for rows, of in pieces), p.explain()
     assert p.workspace_bytes <= limit
     _check_passes(p, case, queue)
+
+
+@pytest.mark.parametrize("case", WINOGRAD_TILED[:2], ids=repr)
+def test_cpu_winograd_above_the_cache_budget_in_pieces(case, queue, monkeypatch):
+    """On CPUs forward and grad-input of an image whose Winograd workspace is above
+    winograd.CPU_PIECE_BYTES (here half the smallest pass's) run in pieces of its tile rows
+    whatever the workspace limit, grad-weight on whole images; a budget below one tile row leaves
+    whole images (no error); a GPU's plan keeps whole images."""
+    if queue.device.type & cl.device_type.GPU:
+        pytest.skip("a CPU rule")
+    x, w = case.data()[:2]
+    one = clconv.plan((1,) + x.shape[1:], w.shape, **case.options, queue=queue, algorithm="winograd")
+    cap = min(int(b) for b in re.findall(r"workspace (\d+) bytes", one.explain())) // 2
+    monkeypatch.setattr(winograd, "CPU_PIECE_BYTES", cap)
+    p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="winograd")
+    text = p.explain().split("\n")
+    for line in text[1:3]:
+        assert re.search(rf" pieces of \d+ of its \d+ tile rows \(one image needs \d+ workspace bytes, above "
+                         rf"{cap}: pieces whose workspace stays in a CPU's caches\)", line), line
+    assert " pieces of " not in text[3], text[3]
+    _check_passes(p, case, queue)
+    monkeypatch.setattr(winograd, "CPU_PIECE_BYTES", 1)
+    assert " pieces of " not in clconv.plan(x.shape, w.shape, **case.options, queue=queue,
+                                             algorithm="winograd").explain()
+    monkeypatch.setattr(winograd, "CPU_PIECE_BYTES", cap)
+    gpu = clconv.Plan(p.geometry, np.float32, QueueAs(queue, type=cl.device_type.GPU), algorithm="winograd",
+                      selfcheck=False)
+    assert " pieces of " not in gpu.explain(), gpu.explain()
 
 
 def _check_passes(p, case, queue):

@@ -35,12 +35,14 @@ class Transform(Algorithm):
         self.geometry = {p: pass_geometry(g, p) for p in ("forward", "backward_input", "backward_weight")}
         self.chunk, self.layout = {}, {}
 
-    def _fit_chunks(self, workspace_limit, per_image, fixed, widest):
+    def _fit_chunks(self, workspace_limit, per_image, fixed, widest, piece_bytes=lambda pass_name: None):
         """Images per chunk of each pass: the most whose layout fits the budget. ``per_image(t)``
         and ``fixed(pass_name, t)``: an estimate of the elements per image and of those that do
         not grow with the images (each called with the pass's name and geometry); ``widest(pass_name, t)``: elements per image of the largest region, kept
-        within 32-bit GEMM offsets."""
-        g, limit = self.g, workspace_limit // self.dtype.itemsize
+        within 32-bit GEMM offsets. ``piece_bytes(pass_name)``: bytes above which one image's
+        layout is cut into pieces of at most that much even within the budget, where the algorithm
+        can cut it so (None: only above the budget)."""
+        g, size, limit = self.g, self.dtype.itemsize, workspace_limit // self.dtype.itemsize
         for pass_name, t in self.geometry.items():
             B = max(1, min(g.N, (limit - fixed(pass_name, t)) // per_image(pass_name, t), INT32_MAX // widest(pass_name, t)))
             while B > 1 and self._layout(pass_name, B)[-1] > limit:   # the estimate ignores alignment
@@ -48,11 +50,19 @@ class Transform(Algorithm):
             layout = self._layout(pass_name, B)
             if layout[-1] > limit:
                 layout = self._cut(pass_name, limit, layout[-1])
+            else:
+                cap, one = piece_bytes(pass_name), self._layout(pass_name, 1)[-1]
+                if cap is not None and one * size > cap:
+                    try:
+                        B, layout = 1, self._cut(pass_name, cap // size, one, cache=True)
+                    except ValueError:   # (not even one piece of the image within it: whole images, as before)
+                        pass
             self.chunk[pass_name], self.layout[pass_name], self.workspace[pass_name] = B, layout[:-1], layout[-1]
 
-    def _cut(self, pass_name, limit, whole):
-        """One image's layout (``whole`` elements) is above the budget (``limit`` elements): the
-        layout for pieces of an image that fit, or ValueError where the algorithm cannot cut one."""
+    def _cut(self, pass_name, limit, whole, cache=False):
+        """One image's layout (``whole`` elements) is above the budget (``limit`` elements; with
+        ``cache``, the size of pieces that stay in a CPU's caches, not the budget): the layout for
+        pieces of an image that fit, or ValueError where the algorithm cannot cut one."""
         g, size = self.g, self.dtype.itemsize
         raise ValueError(f"one image of input {list(g.input_shape)} with weight {list(g.weight_shape)} needs "
                          f"{whole * size} {self.kind} workspace bytes, above the limit of {limit * size} bytes")
