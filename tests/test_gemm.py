@@ -1,6 +1,5 @@
 """clconv's GEMM engines against NumPy (clconv.gemm): its GPU and CPU kernels and CLBlast on
 grids of products at odd offsets, and which engine a plan uses."""
-import sys
 from collections import namedtuple
 
 import numpy as np
@@ -9,7 +8,7 @@ import pytest
 
 from clconv import gemm
 from clconv.gemm import Operand, gemm_cpu, gemm_gpu
-from helpers import assert_close
+from helpers import QueueAs, assert_close
 
 GI, GJ = 2, 3   # a 2 x 3 grid of products
 
@@ -641,18 +640,19 @@ def test_cpu_kernel_packs_b_in_panels_over_k_blocks_and_once_per_shared_matrix(b
 @pytest.mark.parametrize("forced", [False, True], ids=["device_rule", "four_wide_forced"])
 def test_split_k_partials_summed_in_order(n, stride, offsets, accumulate, forced, dtype, queue, monkeypatch):
     """kernels/partials.cl: out = (accumulate ? out : 0) + the S partials in order, four values per
-    work-item where n, the stride and both offsets are multiples of 4 on a device that keeps
-    work-items scalar (sum_partials4; PoCL), else one: against NumPy summing in the same order,
-    bit for bit; out's neighbours untouched. Elsewhere the four-wide form is forced too; float16
-    storage (float32 sums) always takes the one-value form."""
+    work-item where n, the stride and both offsets are multiples of 4 on a device whose rule takes
+    that form (sum_partials4; partials._four_wide), else one: against NumPy summing in the same
+    order, bit for bit; out's neighbours untouched. Elsewhere the four-wide form is forced too;
+    float16 storage (float32 sums) always takes the one-value form."""
     if dtype == np.float64 and "cl_khr_fp64" not in queue.device.extensions:
         pytest.skip("no float64 on this device")
+    from clconv.algorithms import partials
     from clconv.algorithms.partials import sum_partials
     from clconv.buffers import Ref
-    from clconv.device import scalar_work_items
     from clconv.programs import recording
+    rule = partials._four_wide(queue.device, np.dtype(dtype).itemsize, n)
     if forced:
-        monkeypatch.setattr(sys.modules["clconv.algorithms.partials"], "scalar_work_items", lambda device: True)
+        monkeypatch.setattr(partials, "_four_wide", lambda device, itemsize, n: True)
     rng = np.random.default_rng(9)
     S, (part_off, out_off) = 5, offsets
     part = rng.standard_normal(part_off + S * stride).astype(dtype)
@@ -672,5 +672,32 @@ def test_split_k_partials_summed_in_order(n, stride, offsets, accumulate, forced
     cl.enqueue_copy(queue, got, buffers[1])
     np.testing.assert_array_equal(got, want)
     four = (n % 4 == 0 and stride % 4 == 0 and part_off % 4 == 0 and out_off % 4 == 0 and dtype != np.float16
-            and (forced or scalar_work_items(queue.device)))
+            and (forced or rule))
     assert [name for name, _ in launched] == ["sum_partials4" if four else "sum_partials"]
+
+
+def test_split_k_sums_on_gpus_four_wide_where_they_fill_the_device(queue, monkeypatch):
+    """On a GPU (a stand-in of two compute units) the sum runs in work-groups of
+    partials.GPU_LOCAL, four values per work-item where n / 4 work-items make a work-group per
+    compute unit, else one; those launches (made on this queue) give the same bits as NumPy."""
+    from clconv.algorithms import partials
+    from clconv.buffers import Ref
+    from clconv.programs import recording
+    gpu = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=2).device
+    local = partials._local_size(gpu)
+    assert local == min(partials.GPU_LOCAL, 1 << (queue.device.max_work_group_size.bit_length() - 1))
+    rule = partials._four_wide   # (the GPU's rule, asked of the stand-in; the launches on this queue)
+    monkeypatch.setattr(partials, "_local_size", lambda device: local)
+    monkeypatch.setattr(partials, "_four_wide", lambda device, itemsize, n: rule(gpu, itemsize, n))
+    rng = np.random.default_rng(3)
+    for n, form in ((8 * local + 4, "sum_partials4"), (8 * local - 4, "sum_partials")):
+        part = rng.standard_normal(3 * n).astype(np.float32)
+        want = part[:n] + part[n:2 * n] + part[2 * n:]
+        bufs = [cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
+                for a in (part, np.zeros(n, np.float32))]
+        with recording() as launched:
+            partials.sum_partials(queue, np.float32, "int", Ref(bufs[0], 0), 3, n, Ref(bufs[1], 0), False, "test")
+        got = np.empty(n, np.float32)
+        cl.enqueue_copy(queue, got, bufs[1])
+        np.testing.assert_array_equal(got, want)
+        assert [name for name, _ in launched] == [form], (n, launched)
