@@ -649,8 +649,13 @@ def test_split_k_partials_summed_in_order(n, stride, offsets, accumulate, forced
     from clconv.algorithms import partials
     from clconv.algorithms.partials import sum_partials
     from clconv.buffers import Ref
+    from clconv.device import scalar_work_items
     from clconv.programs import recording
-    rule = partials._four_wide(queue.device, np.dtype(dtype).itemsize, n)
+    device = queue.device   # the device's own rule, written out: CPUs that keep work-items scalar;
+    if device.type & cl.device_type.GPU:   # GPUs where n / 4 work-items fill every compute unit
+        rule = n // 4 >= partials._local_size(device) * device.max_compute_units
+    else:
+        rule = scalar_work_items(device)
     if forced:
         monkeypatch.setattr(partials, "_four_wide", lambda device, itemsize, n: True)
     rng = np.random.default_rng(9)
@@ -678,17 +683,21 @@ def test_split_k_partials_summed_in_order(n, stride, offsets, accumulate, forced
 
 def test_split_k_sums_on_gpus_four_wide_where_they_fill_the_device(queue, monkeypatch):
     """On a GPU (a stand-in of two compute units) the sum runs in work-groups of
-    partials.GPU_LOCAL, four values per work-item where n / 4 work-items make a work-group per
-    compute unit, else one; those launches (made on this queue) give the same bits as NumPy."""
+    partials.GPU_LOCAL (or the kernel's limit), four values per work-item where n / 4 work-items
+    make a work-group per compute unit, else one; those launches (made on this queue) give the
+    same bits as NumPy."""
     from clconv.algorithms import partials
     from clconv.buffers import Ref
-    from clconv.programs import recording
+    from clconv.programs import recording, work_group_limit
     gpu = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=2).device
     local = partials._local_size(gpu)
     assert local == min(partials.GPU_LOCAL, 1 << (queue.device.max_work_group_size.bit_length() - 1))
-    rule = partials._four_wide   # (the GPU's rule, asked of the stand-in; the launches on this queue)
+    rule, launch, locals_ = partials._four_wide, partials.launch, []
+    # (the GPU's rule asked of the stand-in; the launches, on this queue, record their work-groups)
     monkeypatch.setattr(partials, "_local_size", lambda device: local)
     monkeypatch.setattr(partials, "_four_wide", lambda device, itemsize, n: rule(gpu, itemsize, n))
+    monkeypatch.setattr(partials, "launch", lambda q, knl, size, group, *a, **k: (
+        locals_.append((group, (min(local, work_group_limit(knl, queue.device)),))), launch(q, knl, size, group, *a, **k)))
     rng = np.random.default_rng(3)
     for n, form in ((8 * local + 4, "sum_partials4"), (8 * local - 4, "sum_partials")):
         part = rng.standard_normal(3 * n).astype(np.float32)
@@ -701,3 +710,4 @@ def test_split_k_sums_on_gpus_four_wide_where_they_fill_the_device(queue, monkey
         cl.enqueue_copy(queue, got, bufs[1])
         np.testing.assert_array_equal(got, want)
         assert [name for name, _ in launched] == [form], (n, launched)
+    assert len(locals_) == 2 and all(got == want for got, want in locals_), locals_   # (the kernel's limit, if less)

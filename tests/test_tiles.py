@@ -47,7 +47,7 @@ def test_one_image_in_tiles(case, algorithm, budget, queue):
     row = _row_bytes(full)
     limit = 3 * row if budget == "rows" else max(row // 3, 2 * row // full.geometry.OW)
     p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm=algorithm, workspace_limit=limit)
-    if algorithm == "im2col" and budget == "rows":   # at most 3 rows: split-K's partials take their share
+    if algorithm == "im2col" and budget == "rows":   # at most 3 rows (GPUs: split-K's partials take their share)
         bands = re.findall(r" tiles of (\d+) output rows per image", p.explain())
         assert len(bands) == 3 and all(1 <= int(rows) <= 3 for rows in bands), p.explain()
     elif algorithm == "im2col":
@@ -114,7 +114,10 @@ def test_cpu_winograd_above_the_cache_budget_in_pieces(case, queue, monkeypatch)
     text = p.explain().split("\n")
     for line in text[1:3]:
         assert re.search(rf" pieces of \d+ of its \d+ tile rows \(one image needs \d+ workspace bytes, above "
-                         rf"{cap}: pieces whose workspace stays in a CPU's caches\)", line), line
+                         rf"{cap} beyond the filters' transform: pieces whose workspace stays in a CPU's caches\)",
+                         line), line
+        u = 36 * w.shape[0] * w.shape[1] * 4   # the filters' transform, which the pieces share
+        assert int(re.search(r"workspace (\d+) bytes", line)[1]) <= cap + u, line
     assert " pieces of " not in text[3], text[3]
     _check_passes(p, case, queue)
     monkeypatch.setattr(winograd, "CPU_PIECE_BYTES", 1)

@@ -83,7 +83,8 @@ CPU_SPLIT_BELOW = 1 << 16
 # 128x128 to 1024x1024 images), against whole images: forwards 0.55-0.79x the time on PoCL,
 # 0.56-0.79x on Intel's runtime; grad-inputs 0.54-1.08x and 0.62-1.02x; grad-weights 0.53-0.95x
 # and 0.45-0.83x; tiles of 16 MB as fast or slower, of 32 MB slower. Of the networks' layers at
-# 224x224 those im2col runs have at most 7.4 MB per image (resnet50's stem): none is tiled so.
+# 224x224 those im2col runs have at most 7.4 MB per image in float32 (resnet50's stem): none is
+# tiled so (in float64 the stem is).
 CPU_COL_BYTES = 8 << 20
 
 
@@ -199,7 +200,8 @@ class Im2col(Algorithm):
         """One image's workspace (``whole`` bytes) is above the budget, or on a CPU its col above
         CPU_COL_BYTES (``cache_bound``): the passes run image by image over tiles of ``band``
         output rows, as evenly sized as the budget allows, each tile's col (rows x band * OW, at
-        most CPU_COL_BYTES where cache-bound) the workspace; where one row's col is above the
+        most CPU_COL_BYTES where cache-bound, or one position's column where that is more) the
+        workspace; where one row's col is above the
         budget too, over tiles of ``cols`` columns of one row. Output, grad_output and grad-weight
         are read and written in place. Grad-weight adds the tiles into grad_weight in order: on
         GPUs each tile's positions cut into split-K slices (its ``partials`` after col) and
@@ -216,8 +218,9 @@ class Im2col(Algorithm):
             self.max_slices = max(1, min(self.max_slices, room // (g.K * g.Kd)))
         partials = self.max_slices * g.K * g.Kd if self.max_slices > 1 else 0
         fits = (workspace_limit - partials * itemsize) // column   # output positions per tile
+        cache_bound = cache_bound and CPU_COL_BYTES // column < fits   # (else the budget decides)
         if cache_bound:
-            fits = min(fits, max(1, CPU_COL_BYTES // column))
+            fits = max(1, CPU_COL_BYTES // column)
         if fits < 1:
             raise ValueError(f"one output position of input {list(g.input_shape)} with weight "
                              f"{list(g.weight_shape)} needs {column + partials * itemsize} workspace bytes, above "

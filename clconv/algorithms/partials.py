@@ -10,7 +10,7 @@ import numpy as np
 import pyopencl as cl
 
 from ..device import scalar_work_items
-from ..programs import get_kernel, launch, reduction_work_group
+from ..programs import get_kernel, launch, reduction_work_group, work_group_limit
 
 SPLIT_K_TARGET = 1 << 24   # aim for about this many partial-sum elements
 MIN_SLICE = 256            # shortest slice (GEMM K) worth a separate partial
@@ -66,7 +66,8 @@ def _four_wide(device, itemsize, n):
 
 
 def _local_size(device):
-    """The sums' work-group: GPU_LOCAL on GPUs (or the device's largest below it), 64 elsewhere."""
+    """The sums' work-group: GPU_LOCAL on GPUs (or the largest power of two below it the device
+    allows), 64 elsewhere; launches take at most what the kernel allows (sum_partials)."""
     return reduction_work_group(device, GPU_LOCAL) if device.type & cl.device_type.GPU else 64
 
 
@@ -76,13 +77,13 @@ def sum_partials(queue, dtype, idx, part, S, n, out, accumulate, what, stride=No
     storage is float32 or float64, n, the stride and both offsets are multiples of 4 (buffers
     aligned to vectors), on the devices above."""
     stride, dtype = stride or n, np.dtype(dtype)
-    local = (_local_size(queue.device),)
+    device = queue.device
     if (dtype in (np.float32, np.float64) and not (n % 4 or stride % 4 or part.off % 4 or out.off % 4)
-            and _four_wide(queue.device, dtype.itemsize, n)):
+            and _four_wide(device, dtype.itemsize, n)):
         knl = get_kernel(queue.context, "partials.cl", "sum_partials4", dtype, IDX=idx)
-        launch(queue, knl, (n // 4,), local, part.buf, part.off // 4, S, n // 4, stride // 4, out.buf, out.off // 4,
-               int(accumulate), what=what)
+        launch(queue, knl, (n // 4,), (min(_local_size(device), work_group_limit(knl, device)),), part.buf,
+               part.off // 4, S, n // 4, stride // 4, out.buf, out.off // 4, int(accumulate), what=what)
         return
     knl = get_kernel(queue.context, "partials.cl", "sum_partials", dtype, IDX=idx)
-    launch(queue, knl, (n,), local, part.buf, part.off, S, n, stride, out.buf, out.off, int(accumulate),
-           what=what)
+    launch(queue, knl, (n,), (min(_local_size(device), work_group_limit(knl, device)),), part.buf, part.off, S, n,
+           stride, out.buf, out.off, int(accumulate), what=what)

@@ -39,9 +39,10 @@ class Transform(Algorithm):
         """Images per chunk of each pass: the most whose layout fits the budget. ``per_image(t)``
         and ``fixed(pass_name, t)``: an estimate of the elements per image and of those that do
         not grow with the images (each called with the pass's name and geometry); ``widest(pass_name, t)``: elements per image of the largest region, kept
-        within 32-bit GEMM offsets. ``piece_bytes(pass_name)``: bytes above which one image's
-        layout is cut into pieces of at most that much even within the budget, where the algorithm
-        can cut it so (None: only above the budget)."""
+        within 32-bit GEMM offsets. ``piece_bytes(pass_name)``: bytes above which the part of one
+        image's layout that grows with the image (all but ``fixed``) is cut into pieces of at most
+        that much even within the budget, where the algorithm can cut it so (None: only above the
+        budget)."""
         g, size, limit = self.g, self.dtype.itemsize, workspace_limit // self.dtype.itemsize
         for pass_name, t in self.geometry.items():
             B = max(1, min(g.N, (limit - fixed(pass_name, t)) // per_image(pass_name, t), INT32_MAX // widest(pass_name, t)))
@@ -51,10 +52,10 @@ class Transform(Algorithm):
             if layout[-1] > limit:
                 layout = self._cut(pass_name, limit, layout[-1])
             else:
-                cap, one = piece_bytes(pass_name), self._layout(pass_name, 1)[-1]
-                if cap is not None and one * size > cap:
+                cap, one, base = piece_bytes(pass_name), self._layout(pass_name, 1)[-1], fixed(pass_name, t)
+                if cap is not None and (one - base) * size > cap:
                     try:
-                        B, layout = 1, self._cut(pass_name, cap // size, one, cache=True)
+                        B, layout = 1, self._cut(pass_name, cap // size + base, one, cache=True)
                     except ValueError:   # (not even one piece of the image within it: whole images, as before)
                         pass
             self.chunk[pass_name], self.layout[pass_name], self.workspace[pass_name] = B, layout[:-1], layout[-1]

@@ -47,9 +47,9 @@ LOCAL = 256               # transform kernels' work-group, at most (H200, AlexNe
 # work-groups of 128x128 over sums of 4096 tiles, 0.706 -> 0.777 (8 slices -> unsplit; 0.731 at 2,
 # 0.716 at 4): long sums over few work-groups still gain from a split this cap does not give.
 GPU_SPLIT_K_TARGET = 1 << 21
-# CPUs: forward and grad-input of an image whose workspace is above this many bytes run in pieces
-# of its tile rows of at most that, whose transforms and GEMMs stay within the caches (as they do
-# above the budget). 2-core AVX-512 Xeon, 3x3 and 5x5 layers of 81-324 MB per image (32-128
+# CPUs: forward and grad-input of an image whose workspace (beyond the filters' transform U,
+# which pieces share) is above this many bytes run in pieces of its tile rows of at most that,
+# whose transforms and GEMMs stay within the caches (as they do above the budget). 2-core AVX-512 Xeon, 3x3 and 5x5 layers of 81-324 MB per image (32-128
 # channels, 128x128 to 512x512 images), against whole images: 0.54-0.89x the time on PoCL,
 # 0.72-0.82x on Intel's runtime; pieces of 16 MB 0.60-0.81x and 0.74-0.89x, of 64 MB 0.66-1.10x
 # (PoCL). Grad-weight keeps whole images (in pieces, whose split-K sums come per piece, 1.1-2.2x
@@ -170,7 +170,8 @@ class Winograd(Transform):
     def _cut(self, pass_name, limit, whole, cache=False):
         """Pieces of R tile rows of one image, R the most that fit ``limit`` elements (then evened
         out over the pieces), grad-weight's split-K partial sums within half of it; ValueError
-        when one tile row does not fit. ``cache``: the limit is CPU_PIECE_BYTES, not the budget."""
+        when one tile row does not fit. ``cache``: the limit is CPU_PIECE_BYTES (beyond U), not the
+        budget."""
         t, (TH, TW) = self.geometry[pass_name], self.grid[pass_name]
         if pass_name == "backward_weight":   # split-K's partial sums take at most half the budget
             self.max_slices = max(1, min(self.max_slices, limit // 2 // (T2 * t.K * t.Cg)))
@@ -182,8 +183,8 @@ class Winograd(Transform):
             super()._cut(pass_name, limit, whole)
         R = -(-TH // -(-TH // R))   # as many pieces, evenly sized
         self.ranges[pass_name] = R
-        above = (f"above {limit * self.dtype.itemsize}: pieces whose workspace stays in a CPU's caches" if cache
-                 else f"above the limit of {limit * self.dtype.itemsize}")
+        above = (f"above {CPU_PIECE_BYTES} beyond the filters' transform: pieces whose workspace stays in a CPU's "
+                 "caches" if cache else f"above the limit of {limit * self.dtype.itemsize}")
         self.cuts[pass_name] = (f"image by image in {-(-TH // R)} pieces of {R} of its {TH} tile rows (one image "
                                 f"needs {whole * self.dtype.itemsize} workspace bytes, {above})")
         return self._layout(pass_name, 1, R)
