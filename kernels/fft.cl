@@ -201,7 +201,9 @@ __kernel void fft_image(__global const REAL* restrict x, const IDX x_off,
 // per work-item. (Each work-item reading its own taps, one at a time in loops of run-time
 // length, took 18 us on an H200 for the 3072 5x5 filters of inception_v3's 48 -> 64, whose
 // 13 MB of spectra take about 4 at its bandwidth, and 31 us for the 12288 of a 64 -> 192 5x5
-// layer on 27x27 maps.)
+// layer on 27x27 maps. This staged form, measured there later, is slower: 21.6 and 41.7 us,
+// 41.3 against 34.7 for a 7x7 96 -> 64 on 13x13: the GPU should go back to the earlier form
+// or a better one, measured.)
 __kernel void fft_filter(__global const REAL* restrict w, const IDX w_off,
                          __global REAL* restrict ws, const IDX ws_off,
                          const int K, const int Ko, const int Ci, const int KH, const int KW,
