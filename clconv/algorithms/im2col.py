@@ -201,9 +201,8 @@ class Im2col(Algorithm):
         CPU_COL_BYTES (``cache_bound``): the passes run image by image over tiles of ``band``
         output rows, as evenly sized as the budget allows, each tile's col (rows x band * OW, at
         most CPU_COL_BYTES where cache-bound, or one position's column where that is more) the
-        workspace; where one row's col is above the
-        budget too, over tiles of ``cols`` columns of one row. Output, grad_output and grad-weight
-        are read and written in place. Grad-weight adds the tiles into grad_weight in order: on
+        workspace; where one row's col is above the budget too, over tiles of ``cols`` columns of
+        one row. Output, grad_output and grad-weight are read and written in place. Grad-weight adds the tiles into grad_weight in order: on
         GPUs each tile's positions cut into split-K slices (its ``partials`` after col) and
         summed; on CPUs each tile's GEMM adds its product itself (unsplit: 2-core AVX-512 Xeon,
         PoCL, a 3x3 over 64 channels of 256x256 and of 300x300 at stride 2 in tiles of 8 MB took

@@ -77,14 +77,9 @@ def sum_partials(queue, dtype, idx, part, S, n, out, accumulate, what, stride=No
     order; both are Refs. Four values per work-item (the same sums, so the same bits) where the
     storage is float32 or float64, n, the stride and both offsets are multiples of 4 (buffers
     aligned to vectors), on the devices above."""
-    stride, dtype = stride or n, np.dtype(dtype)
-    device = queue.device
-    if (dtype in (np.float32, np.float64) and not (n % 4 or stride % 4 or part.off % 4 or out.off % 4)
-            and _four_wide(device, dtype.itemsize, n)):
-        knl = get_kernel(queue.context, "partials.cl", "sum_partials4", dtype, IDX=idx)
-        launch(queue, knl, (n // 4,), (min(_local_size(device), work_group_limit(knl, device)),), part.buf,
-               part.off // 4, S, n // 4, stride // 4, out.buf, out.off // 4, int(accumulate), what=what)
-        return
-    knl = get_kernel(queue.context, "partials.cl", "sum_partials", dtype, IDX=idx)
-    launch(queue, knl, (n,), (min(_local_size(device), work_group_limit(knl, device)),), part.buf, part.off, S, n,
-           stride, out.buf, out.off, int(accumulate), what=what)
+    stride, dtype, device = stride or n, np.dtype(dtype), queue.device
+    v = 4 if (dtype in (np.float32, np.float64) and not (n % 4 or stride % 4 or part.off % 4 or out.off % 4)
+              and _four_wide(device, dtype.itemsize, n)) else 1
+    knl = get_kernel(queue.context, "partials.cl", "sum_partials4" if v == 4 else "sum_partials", dtype, IDX=idx)
+    launch(queue, knl, (n // v,), (min(_local_size(device), work_group_limit(knl, device)),), part.buf, part.off // v,
+           S, n // v, stride // v, out.buf, out.off // v, int(accumulate), what=what)

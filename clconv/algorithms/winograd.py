@@ -49,8 +49,9 @@ LOCAL = 256               # transform kernels' work-group, at most (H200, AlexNe
 GPU_SPLIT_K_TARGET = 1 << 21
 # CPUs: forward and grad-input of an image whose workspace (beyond the filters' transform U,
 # which pieces share) is above this many bytes run in pieces of its tile rows of at most that,
-# whose transforms and GEMMs stay within the caches (as they do above the budget). 2-core AVX-512 Xeon, 3x3 and 5x5 layers of 81-324 MB per image (32-128
-# channels, 128x128 to 512x512 images), against whole images: 0.54-0.89x the time on PoCL,
+# whose transforms and GEMMs stay within the caches (as they do above the budget). 2-core
+# AVX-512 Xeon, 3x3 and 5x5 layers of 81-324 MB per image (32-128 channels, 128x128 to 512x512
+# images), against whole images: 0.54-0.89x the time on PoCL,
 # 0.72-0.82x on Intel's runtime; pieces of 16 MB 0.60-0.81x and 0.74-0.89x, of 64 MB 0.66-1.10x
 # (PoCL). Grad-weight keeps whole images (in pieces, whose split-K sums come per piece, 1.1-2.2x
 # the time). None of the networks' Winograd layers (at most 11 MB per image) is cut so.
