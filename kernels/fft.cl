@@ -30,10 +30,7 @@
 #ifndef NBO            // and of the output transforms
 #define NBO 8
 #endif
-#ifndef FILTERS        // filters per work-group of the filter transform, at most
-#define FILTERS 64
-#endif
-#ifndef BATCH          // global reads a work-item keeps in flight where it stages data
+#ifndef BATCH          // global reads a work-item of the image transforms keeps in flight
 #define BATCH 8
 #endif
 #define HW (FW / 2 + 1)                 // kept columns of a spectrum
@@ -194,75 +191,47 @@ __kernel void fft_image(__global const REAL* restrict x, const IDX x_off,
 
 // Filter spectra WS[f][k][2Ci] of K filters of Ci channels (KH x KW taps, DH x DW apart);
 // `flip`: of the transposed convolution (filter k, channel ci read from filter ci of k's group,
-// channel k % Ko, taps reversed). Separable: per filter row u, its taps' sum at column frequency
-// fx; those sums, placed at frame rows u * DH, then go through one column DFT.
-// 3-D range: ci, fx (HW), k; work-group at most FILTERS x 1 x 1, whose filters' taps are staged
-// in local memory, as many whole rows at a time as fit, read in order with BATCH reads in flight
-// per work-item. (Each work-item reading its own taps, one at a time in loops of run-time
-// length, took 18 us on an H200 for the 3072 5x5 filters of inception_v3's 48 -> 64, whose
-// 13 MB of spectra take about 4 at its bandwidth, and 31 us for the 12288 of a 64 -> 192 5x5
-// layer on 27x27 maps. This staged form, measured there later, is slower: 21.6 and 41.7 us,
-// 41.3 against 34.7 for a 7x7 96 -> 64 on 13x13: the GPU should go back to the earlier form
-// or a better one, measured.)
+// channel k % Ko, taps reversed). Direct sums, separable: per filter row u, its taps' sum at
+// column frequency fx, then that times exp(-2 pi i fy u DH / FH) into each row frequency fy.
+// 3-D range: ci, fx (HW), k. Each work-item reads its own taps. On an H100 (device time, 3072
+// to 12288 5x5 and 7x7 filters, 32x32 frames) this form took 0.77-0.83x the time of one that
+// staged a work-group's taps in local memory and took the column DFT as an FFT (1.0x on
+// inception_v3's 48 -> 64 read flipped), 0.77-0.84x on an H200. Not kept, against this form:
+// 2-16 work-items per (ci, fx, k), each some of the row frequencies, 1.0-5.8x (with staged taps
+// 1.1-2.8x); work-groups of 2, 4 or 8 column frequencies 0.90-1.02x, 0.95-1.31x, 1.25-1.56x.
 __kernel void fft_filter(__global const REAL* restrict w, const IDX w_off,
                          __global REAL* restrict ws, const IDX ws_off,
                          const int K, const int Ko, const int Ci, const int KH, const int KW,
                          const int DH, const int DW, const int flip)
 {
-    __local REAL staged[FILTERS * FW];   // a row has at most FW taps (the frame holds the filter)
-    const int l = get_local_id(0), L = get_local_size(0), ci0 = get_group_id(0) * L, ci = ci0 + l;
-    const int fx = get_global_id(1), k = get_global_id(2);
-    if (fx >= HW || k >= K) return;   // (whole work-groups: the range is exact along fx and k)
-    const int grp = k / Ko, live = min(L, Ci - ci0), taps = KH * KW;
-    const int rows = clamp((FILTERS * FW) / (L * KW), 1, KH);   // filter rows staged at a time
-    REAL re[FH], im[FH];   // frame rows y: row u's sums at y = u * DH, zero elsewhere
+    const int ci = get_global_id(0), fx = get_global_id(1), k = get_global_id(2);
+    if (ci >= Ci || fx >= HW || k >= K) return;
+    const int grp = k / Ko, taps = KH * KW;
+    const __global REAL* g = w + w_off + (flip ? (IDX)(grp * Ci + ci) * Ko + (k - grp * Ko) : (IDX)k * Ci + ci) * taps;
+    REAL sr[FH], si[FH];
     #pragma unroll
-    for (int y = 0; y < FH; ++y)
-        re[y] = im[y] = 0;
-    for (int u0 = 0; u0 < KH; u0 += rows) {
-        const int nr = min(rows, KH - u0), per = nr * KW, all = live * per, step = BATCH * L;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int e0 = l; e0 < all; e0 += step) {   // filter f's taps from row u0 on, at f * per
-            REAL v[BATCH];
-            #pragma unroll
-            for (int q = 0; q < BATCH; ++q) {
-                const int e = e0 + q * L, f = e / per, t = u0 * KW + e - f * per, c = ci0 + f;
-                const IDX at = flip ? ((IDX)(grp * Ci + c) * Ko + (k - grp * Ko)) * taps + taps - 1 - t
-                                    : ((IDX)k * Ci + c) * taps + t;
-                v[q] = e < all ? w[w_off + at] : (REAL)0;
-            }
-            #pragma unroll
-            for (int q = 0; q < BATCH; ++q)
-                if (e0 + q * L < all)
-                    staged[e0 + q * L] = v[q];
+    for (int fy = 0; fy < FH; ++fy)
+        sr[fy] = si[fy] = 0;
+    for (int u = 0; u < KH; ++u) {
+        REAL rr = 0, ri = 0;   // row u's taps at column frequency fx
+        for (int v = 0; v < KW; ++v) {
+            const REAL tap = flip ? g[taps - 1 - KW * u - v] : g[KW * u + v];
+            const int j = fx * v * DW % FW * (FT / FW);
+            rr += tap * TWR[j];
+            ri += tap * TWI[j];
         }
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (l >= live)
-            continue;
-        for (int u = u0; u < u0 + nr; ++u) {
-            REAL rr = 0, ri = 0;   // row u's taps at column frequency fx
-            for (int v = 0; v < KW; ++v) {
-                const REAL tap = staged[l * per + (u - u0) * KW + v];
-                const int j = fx * v * DW % FW * (FT / FW);
-                rr += tap * TWR[j];
-                ri += tap * TWI[j];
-            }
-            #pragma unroll
-            for (int y = 0; y < FH; ++y)   // (constant indices: the arrays stay in registers)
-                if (y == u * DH) {
-                    re[y] = rr;
-                    im[y] = ri;
-                }
+        #pragma unroll
+        for (int fy = 0; fy < FH; ++fy) {
+            const int j = fy * u * DH % FH * (FT / FH);
+            sr[fy] += rr * TWR[j] - ri * TWI[j];
+            si[fy] += rr * TWI[j] + ri * TWR[j];
         }
     }
-    if (l >= live)
-        return;
-    fft(re, im, FH);
     IDX dst = ws_off + ((IDX)fx * K + k) * 2 * Ci + ci;
     #pragma unroll
     for (int fy = 0; fy < FH; ++fy, dst += (IDX)HW * K * 2 * Ci) {
-        ws[dst] = re[fy];
-        ws[dst + Ci] = im[fy];
+        ws[dst] = sr[fy];
+        ws[dst + Ci] = si[fy];
     }
 }
 

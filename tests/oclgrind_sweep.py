@@ -27,7 +27,7 @@ from numpy.lib.stride_tricks import as_strided
 
 import clconv
 from clconv import reference
-from clconv.algorithms import direct, fc, fft, im2col, pointwise
+from clconv.algorithms import direct, fc, im2col, pointwise
 from clconv.gemm import clblast as blas, gemm_cpu, k_slices
 from helpers import QueueAs
 
@@ -35,7 +35,6 @@ PANEL_RULES = {rule: getattr(gemm_cpu, rule) for rule in ("PANEL_MIN_ROWS", "PAN
                                                          "BT_PANEL_MIN_ROWS")}
 BAND_BYTES = direct.BAND_BYTES
 GROUPS_PER_UNIT = direct.GROUPS_PER_UNIT
-MAX_FILTERS = fft.MAX_FILTERS
 
 # (name, input shape, weight shape, options, algorithm, queues, workspace limit in bytes or None)
 SWEEP = [
@@ -99,9 +98,6 @@ SWEEP = [
                                                                       groups=2), "fft", "per-group", None),
     # one image per chunk: every pass's spectra of one image (1184-1264 floats) fit, of two (1760-1856) do not
     ("fft_chunked", (3, 2, 5, 4), (3, 2, 3, 3), dict(padding=1), "fft", "single", 1500 * 4),
-    # the filter transform in work-groups of 2 filters (filters=): the last one part full (3 channels
-    # forward, 5 filters read flipped for grad-input), 2 of the 3 filter rows staged at a time
-    ("fft_filters_staged_in_rows", (1, 3, 5, 6), (5, 3, 3, 3), dict(padding=1, filters=2), "fft", "single", None),
     # clconv's own GEMM kernels in place of CLBlast's: in the host-gemm run only, which has every
     # check (Oclgrind simulates the GPU kernel's 64-256 work-item groups slowly). Oclgrind calls
     # itself a GPU too, so "clconv" is the GPU kernel (kernels/gemm_gpu.cl); "cpu" the CPU one
@@ -260,7 +256,6 @@ def main():
         lowered = 1 if opts.pop("panels", False) else None   # the packing rules' thresholds, lowered
         direct.BAND_BYTES = opts.pop("band_bytes", BAND_BYTES)   # direct_rows' input band, made smaller
         direct.GROUPS_PER_UNIT = opts.pop("groups_per_unit", GROUPS_PER_UNIT)   # 0: the forward's forms' rules
-        fft.MAX_FILTERS = opts.pop("filters", MAX_FILTERS)   # the FFT filter transform's work-groups, made smaller
         for rule, value in PANEL_RULES.items():
             setattr(gemm_cpu, rule, lowered or value)
         for module in (fc, im2col, pointwise):

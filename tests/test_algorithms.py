@@ -56,9 +56,8 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
     Case("stem_7x7_s2", 2, 3, 23, 18, 16, 7, 7, stride=2, padding=3),
     # AlexNet conv2 in small: 5x5 on 27x27 (32x32 FFT frames), 16 channels and filters per group
     Case("fft_g2_5x5_27", 2, 32, 27, 27, 32, 5, 5, padding=2, groups=2),
-    # FFT filter transforms over more filters than one work-group's 64, the last work-group part
-    # full (70 channels forward, 66 filters read flipped for grad-input), 9x7 taps staged a few
-    # rows at a time, the last stage short (16-wide frames: 2 rows of 64 filters a stage)
+    # FFT filter transforms over more channels than one work-group's 64, the last work-group part
+    # full (70 channels forward, 66 read flipped for grad-input), 9x7 taps in 16-wide frames
     Case("fft_c70_k66_9x7", 1, 70, 10, 9, 66, 9, 7, padding=(4, 3)),
 ]
 

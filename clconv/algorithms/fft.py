@@ -33,7 +33,7 @@ MAX_FRAME = 64        # frame side, at most: one frame row lives in a work-item'
 MIN_FRAME = 4
 MIN_CHANNELS = 16     # fewer channels or filters per group: the per-frequency GEMMs are too thin
 MAX_GROUP = 256       # work-items per work-group of the image transforms, at most
-MAX_FILTERS = 64      # and filters per work-group of the filter transform
+FILTER_GROUP = 64     # and channels per work-group of the filter transform
 
 
 @functools.lru_cache(maxsize=None)
@@ -116,11 +116,6 @@ class FFT(Transform):
         fits = [nb for nb in (16, 8, 4, 2, 1) if nb == 1 or (
             nb * self.fh // 2 <= min(MAX_GROUP, device.max_work_group_size) and nb * spectrum <= device.local_mem_size)]
         self.nb, self.nbo = fits[0], min(8, fits[0])
-        # filters per work-group of the filter transform: their rows staged in local memory, at
-        # most half of it
-        self.filters = MAX_FILTERS
-        while self.filters > 1 and 2 * self.filters * self.fw * dtype.itemsize > device.local_mem_size:
-            self.filters //= 2
         F = self.F
         self._fit_chunks(workspace_limit,
                          per_image=lambda p, t: F * 2 * (2 * t.C + t.K),   # the image spectra, rotated, and the products
@@ -154,7 +149,7 @@ class FFT(Transform):
         fewer images per work-group, decided here, where the kernel's limit is first known."""
         while True:
             knl = get_kernel(queue.context, "fft.cl", name, self.dtype, IDX=idx, FH=self.fh, FW=self.fw,
-                             NB=self.nb, NBO=self.nbo, FILTERS=self.filters,
+                             NB=self.nb, NBO=self.nbo,
                              **_twiddles(max(self.fh, self.fw), self.dtype))
             if name == "fft_filter":
                 return knl
@@ -185,7 +180,7 @@ class FFT(Transform):
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
         u, m = self.layout[pass_name]
         knl = self._kernel(queue, "fft_filter", idx)
-        local = (min(t.Cg, self.filters, work_group_limit(knl, queue.device)), 1, 1)
+        local = (min(t.Cg, FILTER_GROUP, work_group_limit(knl, queue.device)), 1, 1)
         launch(queue, knl, (t.Cg, self.fw // 2 + 1, t.K), local, w.buf, w.off, ws,
                u, t.K, t.Kg, t.Cg, t.kh, t.kw, *t.dilation, int(pass_name == "backward_input"),
                what=f"{what}: filter transform")
