@@ -149,8 +149,7 @@ class FFT(Transform):
         fewer images per work-group, decided here, where the kernel's limit is first known."""
         while True:
             knl = get_kernel(queue.context, "fft.cl", name, self.dtype, IDX=idx, FH=self.fh, FW=self.fw,
-                             NB=self.nb, NBO=self.nbo,
-                             **_twiddles(max(self.fh, self.fw), self.dtype))
+                             NB=self.nb, NBO=self.nbo, **_twiddles(max(self.fh, self.fw), self.dtype))
             if name == "fft_filter":
                 return knl
             per_image, images = self.fh // 2, self.nb if name == "fft_image" else self.nbo
