@@ -198,7 +198,9 @@ __kernel void fft_image(__global const REAL* restrict x, const IDX x_off,
 // staged a work-group's taps in local memory and took the column DFT as an FFT (1.0x on
 // inception_v3's 48 -> 64 read flipped), 0.77-0.84x on an H200. Not kept, against this form:
 // 2-16 work-items per (ci, fx, k), each some of the row frequencies, 1.0-5.8x (with staged taps
-// 1.1-2.8x); work-groups of 2, 4 or 8 column frequencies 0.90-1.02x, 0.95-1.31x, 1.25-1.56x.
+// 1.1-2.8x); work-groups of 2, 4 or 8 column frequencies 0.90-1.02x, 0.95-1.31x, 1.25-1.56x
+// (2: faster on four of the six, slower on two, 0.97x on average: left for a measurement on
+// the H200 itself).
 __kernel void fft_filter(__global const REAL* restrict w, const IDX w_off,
                          __global REAL* restrict ws, const IDX ws_off,
                          const int K, const int Ko, const int Ci, const int KH, const int KW,
