@@ -54,6 +54,9 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
     Case("grouped_cg24_pad_h", 1, 48, 9, 8, 4, 3, 3, padding=(1, 0), groups=2),
     # a few-channel stem: 16 filters, 7x7 taps, stride 2
     Case("stem_7x7_s2", 2, 3, 23, 18, 16, 7, 7, stride=2, padding=3),
+    # stride 2 on rows of 45: CPU im2col's whole-vector strided reads (one load, its even lanes)
+    # between the left padding and a right edge that ends a vector short, for 4- and 8-wide vectors
+    Case("s2_rows_45", 2, 3, 7, 45, 4, 3, 3, stride=2, padding=1),
     # AlexNet conv2 in small: 5x5 on 27x27 (32x32 FFT frames), 16 channels and filters per group
     Case("fft_g2_5x5_27", 2, 32, 27, 27, 32, 5, 5, padding=2, groups=2),
     # FFT filter transforms over more channels than one work-group's 64, the last work-group part
