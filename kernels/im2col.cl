@@ -197,8 +197,9 @@ void im2col_rows(__global const REAL* restrict x, const IDX x_off,
                     for (int q = 0; q < VW; ++q) v.s[q] = xr[x0 + q];
                 } else if (SW == 2 && x0 >= 0 && x0 + 2 * VW - 1 < W) {
                     // one load of 2 VW values, its even lanes. Written as 2 VW scalar reads with
-                    // every other one kept, im2col wrote col at 6-8 GB/s on both CPU runtimes on
-                    // a 2-core Xeon, this way at 9-21 on maps of 56x56 and larger; batch 4,
+                    // every other one kept, im2col wrote col at 6-8 GB/s on both CPU runtimes
+                    // (PoCL 3.0, LLVM 14, and Intel's) on a 2-core Xeon, this way at 9-21 on maps
+                    // of 56x56 and larger (in direct.cl's row reads it measured slower); batch 4,
                     // device time of im2col's stride-2 forwards and grad-weights over the
                     // networks: 0.91x on PoCL, 0.89x on Intel's runtime count-weighted (RegNet's
                     // grouped 3x3 on 112x112 0.65x and 0.57x, the 3-channel stems 0.67-0.83x)
