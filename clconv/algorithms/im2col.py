@@ -79,13 +79,18 @@ CPU_SPLIT_BELOW = 1 << 16
 # CPUs: where one image's col is above this many bytes (large images: a 3x3 over 64 channels of
 # 256x256 is 144 MB), every pass runs image by image in tiles of output rows whose col is at most
 # that, written and read back within the caches rather than through memory (_fit_bands). 2-core
-# AVX-512 Xeon, five layers of 49-147 MB col per image (1x7, 3x3 and 7x7 stride-2 kernels on
-# 128x128 to 1024x1024 images), against whole images: forwards 0.55-0.79x the time on PoCL,
-# 0.56-0.79x on Intel's runtime; grad-inputs 0.54-1.08x and 0.62-1.02x; grad-weights 0.53-0.95x
-# and 0.45-0.83x; tiles of 16 MB as fast or slower, of 32 MB slower. Of the networks' layers at
-# 224x224 those im2col runs have at most 7.4 MB per image in float32 (resnet50's stem): none is
-# tiled so (in float64 the stem is).
-CPU_COL_BYTES = 8 << 20
+# AVX-512 Xeon (2 MB of L2 a core), five layers of 49-147 MB col per image (1x7, 3x3 and 7x7
+# stride-2 kernels on 128x128 to 1024x1024 images), in tiles of 8 MB against whole images:
+# forwards 0.55-0.79x the time on PoCL, 0.56-0.79x on Intel's runtime; grad-inputs 0.54-1.08x and
+# 0.62-1.02x; grad-weights 0.53-0.95x and 0.45-0.83x; tiles of 16 MB as fast or slower, of 32 MB
+# slower. Tiles of 4 MB against 8 (device time, least of 3, both runtimes): resnet50's 7x7 stem at
+# batch 4 (7.0 MB per image, whole images before) grad-weight 0.62-0.66x, grad-input 0.90-0.99x,
+# forward 0.96-1.02x (batch 1, PoCL: 0.85x, 1.06x, 1.02x); RegNet's 48x112x112 g6 grad-weight
+# (5.2 MB) 0.88-0.99x (batch 1 0.94x), its forward and
+# grad-input, which "auto" runs direct, 1.10-1.43x through im2col; three large layers 0.74-1.05x
+# (a 1x7 over 128 channels of 128x128: forwards 0.74-0.77x). Of the networks' layers at 224x224
+# those two are the only ones tiled so in float32.
+CPU_COL_BYTES = 4 << 20
 
 
 class Im2col(Algorithm):
