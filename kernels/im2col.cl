@@ -165,8 +165,10 @@ __kernel void cnhw_to_nchw(__global const REAL* restrict src, const IDX src_off,
 typedef union { REALV v; REAL s[VW]; } lanes;   // a vector and its values
 #if VW == 4             // twice VW, as a token (vload8, vload16)
 #define VW2 8
-#else
+#elif VW == 8
 #define VW2 16
+#else
+#error "im2col_rows takes vectors of 4 or 8 values"
 #endif
 
 // im2col for CPU devices, which vectorise a work-item only as far as it is written with

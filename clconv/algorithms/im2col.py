@@ -86,10 +86,10 @@ CPU_SPLIT_BELOW = 1 << 16
 # slower. Tiles of 4 MB against 8 (device time, least of 3, both runtimes): resnet50's 7x7 stem at
 # batch 4 (7.0 MB per image, whole images before) grad-weight 0.62-0.66x, grad-input 0.90-0.99x,
 # forward 0.96-1.02x (batch 1, PoCL: 0.85x, 1.06x, 1.02x); RegNet's 48x112x112 g6 grad-weight
-# (5.2 MB) 0.88-0.99x (batch 1 0.94x), its forward and
-# grad-input, which "auto" runs direct, 1.10-1.43x through im2col; three large layers 0.74-1.05x
-# (a 1x7 over 128 channels of 128x128: forwards 0.74-0.77x). Of the networks' layers at 224x224
-# those two are the only ones tiled so in float32.
+# (5.2 MB) 0.88-0.99x (batch 1 0.94x), its forward and grad-input, which "auto" runs direct,
+# 1.10-1.43x through im2col; three large layers 0.74-1.05x (a 1x7 over 128 channels of 128x128:
+# forwards 0.74-0.77x). Of the networks' layers at 224x224 those two are the only ones tiled so
+# in float32.
 CPU_COL_BYTES = 4 << 20
 
 
@@ -207,12 +207,13 @@ class Im2col(Algorithm):
         output rows, as evenly sized as the budget allows, each tile's col (rows x band * OW, at
         most CPU_COL_BYTES where cache-bound, or one position's column where that is more) the
         workspace; where one row's col is above the budget too, over tiles of ``cols`` columns of
-        one row. Output, grad_output and grad-weight are read and written in place. Grad-weight adds the tiles into grad_weight in order: on
-        GPUs each tile's positions cut into split-K slices (its ``partials`` after col) and
-        summed; on CPUs each tile's GEMM adds its product itself (unsplit: 2-core AVX-512 Xeon,
-        PoCL, a 3x3 over 64 channels of 256x256 and of 300x300 at stride 2 in tiles of 8 MB took
-        3.0x and 2.2x the time in split-K slices; resnet50's 7x7 stem at batch 4 in tiles of 2 MB
-        11.7 ms in 64 slices a tile, 8.5 unsplit)."""
+        one row. Output, grad_output and grad-weight are read and written in place. Grad-weight
+        adds the tiles into grad_weight in order: on GPUs each tile's positions cut into split-K
+        slices (its ``partials`` after col) and summed; on CPUs each tile's GEMM adds its product
+        itself (unsplit: 2-core AVX-512 Xeon, PoCL, a 3x3 over 64 channels of 256x256 and of
+        300x300 at stride 2 in tiles of 8 MB took 3.0x and 2.2x the time in split-K slices;
+        resnet50's 7x7 stem at batch 4 in tiles of 2 MB 11.7 ms in 64 slices a tile, 8.5
+        unsplit)."""
         g, itemsize = self.g, self.dtype.itemsize
         column = self.rows * itemsize       # col of one output position
         if self.vw:
