@@ -142,14 +142,14 @@ class FFT(Transform):
                 f"multiplications per output; transforms + {self.F} x {t.groups} batched GEMMs per chunk, "
                 f"{chunks} chunk(s) of {B} image(s), per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2]}")
 
-    def _kernel(self, queue, name, idx):
+    def _kernel(self, queue, name, idx, **shape):
         """``name`` built for this plan; the image and output transforms with as many images per
         work-group as the built kernel allows. A device may allow a kernel fewer work-items than
         its max_work_group_size, which chose them (Mesa's llvmpipe: 32 of 1024 for these): then
         fewer images per work-group, decided here, where the kernel's limit is first known."""
         while True:
             knl = get_kernel(queue.context, "fft.cl", name, self.dtype, IDX=idx, FH=self.fh, FW=self.fw,
-                             NB=self.nb, NBO=self.nbo, **_twiddles(max(self.fh, self.fw), self.dtype))
+                             NB=self.nb, NBO=self.nbo, **_twiddles(max(self.fh, self.fw), self.dtype), **shape)
             if name == "fft_filter":
                 return knl
             per_image, images = self.fh // 2, self.nb if name == "fft_image" else self.nbo
@@ -169,8 +169,9 @@ class FFT(Transform):
         """Spectra (F, rows, 2 nb) at ``at`` of images n0 ... n0+nb-1 of ``x`` (C channels of
         H x W at (top, left) = ``pads`` in the frame), with rotated rows (groups of Cg) when
         ``rotated``."""
-        launch(queue, self._kernel(queue, "fft_image", idx), (nb, self.fh // 2, C), (self.nb, self.fh // 2, 1),
-               x.buf, x.off + n0 * C * H * W, ws, at, nb, C, H, W, *pads, Cg, int(rotated),
+        knl = self._kernel(queue, "fft_image", idx, IMAGE_H=H, IMAGE_W=W, IMAGE_PT=pads[0], IMAGE_PL=pads[1])
+        launch(queue, knl, (nb, self.fh // 2, C), (self.nb, self.fh // 2, 1),
+               x.buf, x.off + n0 * C * H * W, ws, at, nb, C, Cg, int(rotated),
                what=f"{what}: image transform")
 
     def _convolve(self, queue, pass_name, x, w, bias, y, ws, what, relu=False):
@@ -178,12 +179,13 @@ class FFT(Transform):
         t, B = self.geometry[pass_name], self.chunk[pass_name]
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
         u, m = self.layout[pass_name]
-        knl = self._kernel(queue, "fft_filter", idx)
+        knl = self._kernel(queue, "fft_filter", idx, FILTER_KH=t.kh, FILTER_KW=t.kw, FILTER_DH=t.dilation[0],
+                           FILTER_DW=t.dilation[1])
         local = (min(t.Cg, FILTER_GROUP, work_group_limit(knl, queue.device)), 1, 1)
         launch(queue, knl, (t.Cg, self.fw // 2 + 1, t.K), local, w.buf, w.off, ws,
-               u, t.K, t.Kg, t.Cg, t.kh, t.kw, *t.dilation, int(pass_name == "backward_input"),
+               u, t.K, t.Kg, t.Cg, int(pass_name == "backward_input"),
                what=f"{what}: filter transform")
-        output = self._kernel(queue, "fft_output", idx)
+        output = self._kernel(queue, "fft_output", idx, OUT_OH=t.OH, OUT_OW=t.OW, OUT_DH=1, OUT_DW=1)
         b = bias if bias is not None else w
         for n0 in range(0, t.N, B):
             nb = min(B, t.N - n0)
@@ -196,8 +198,8 @@ class FFT(Transform):
                                 Op(ws, 0, 2 * nb, 2 * t.Cg * 2 * nb, t.C * 2 * 2 * nb),
                                 Op(ws, m, 2 * nb, t.Kg * 2 * nb, t.K * 2 * nb), what=what)
             launch(queue, output, (nb, self.fh // 2, t.K), (self.nbo, self.fh // 2, 1), ws, m,
-                   y.buf, y.off + n0 * t.K * t.OH * t.OW, b.buf, b.off, flags(bias, relu), nb, t.K, t.OH, t.OW,
-                   t.K * t.OH * t.OW, t.OH * t.OW, 1, 1, what=f"{what}: output transform")
+                   y.buf, y.off + n0 * t.K * t.OH * t.OW, b.buf, b.off, flags(bias, relu), nb, t.K,
+                   t.K * t.OH * t.OW, t.OH * t.OW, what=f"{what}: output transform")
 
     def backward_weight(self, queue, x, dy, dw, ws):
         t, B = self.g, self.chunk["backward_weight"]
@@ -218,6 +220,7 @@ class FFT(Transform):
         # the taps: IDFT(dW) on the dilated filter grid, as the output transform with the
         # channels for images: tap (ci, k) to dw (k, ci)
         taps = t.kh * t.kw
-        launch(queue, self._kernel(queue, "fft_output", idx), (t.Cg, self.fh // 2, t.K), (self.nbo, self.fh // 2, 1),
-               ws, s, dw.buf, dw.off, dw.buf, dw.off, 0, t.Cg, t.K, t.kh, t.kw, taps, t.Cg * taps, *t.dilation,
+        launch(queue, self._kernel(queue, "fft_output", idx, OUT_OH=t.kh, OUT_OW=t.kw, OUT_DH=t.dilation[0],
+                                   OUT_DW=t.dilation[1]), (t.Cg, self.fh // 2, t.K), (self.nbo, self.fh // 2, 1),
+               ws, s, dw.buf, dw.off, dw.buf, dw.off, 0, t.Cg, t.K, taps, t.Cg * taps,
                what=f"{what}: filter transform")
