@@ -365,6 +365,25 @@ def test_1x1_grad_weight_reads_small_maps_as_one_depth(case, slices, queue, monk
 
 
 @pytest.mark.gpu_form
+@pytest.mark.parametrize("case", [
+    Case("k1x1_deep_weight_7x7", 21, 37, 7, 7, 19, 1, 1),   # 1029 deep, M and N below a tile: slices of whole images
+    Case("k1x1_deep_weight_4x3", 47, 5, 4, 3, 9, 1, 1),     # 564 deep, four-wide reads; 47 images, no short slice
+], ids=repr)
+def test_1x1_grad_weight_of_long_products_runs_the_deep_tile(case, queue):
+    """On clconv's GPU kernel, a continuous grad-weight at least DEEP_WEIGHT_K deep runs the deep tile,
+    in slices of whole images each at least DEEP_WEIGHT_SLICE deep."""
+    from clconv.algorithms import pointwise
+    x, w, b, dy = case.data()
+    p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="1x1", gemm="gpu")
+    algo, g = p._choice["backward_weight"][0], p.geometry
+    assert algo.continuous and algo.deep_weight and g.N * g.P >= pointwise.DEEP_WEIGHT_K
+    assert g.N % algo.slices == 0 and (algo.slices == 1 or g.N // algo.slices * g.P >= pointwise.DEEP_WEIGHT_SLICE)
+    assert "deep tile" in algo.describe("backward_weight")
+    assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **case.options), np.float32,
+                 "grad-weight")
+
+
+@pytest.mark.gpu_form
 def test_1x1_grad_weight_in_one_slice_where_no_partial_sum_fits(queue):
     """A workspace too small for one partial sum leaves the continuous grad-weight one slice
     (which needs none), not without options."""

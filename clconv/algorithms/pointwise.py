@@ -12,7 +12,8 @@ On clconv's kernels that sum is the GEMM's own: its depth is one K block per ima
 kernel they are cut into slices of images (or, for few images, of every image's positions) that
 fill the device, whose partial sums are summed in order; over small maps (CONTINUOUS_BELOW) the blocks
 are read as one continuous depth and the slices of images chosen by the GEMM's tile model
-(:func:`clconv.gemm.best_slices`). H200, networks benchmark at batch 32: C1024 14x14 -> K256
+(:func:`clconv.gemm.best_slices`), or for products at least DEEP_WEIGHT_K deep run in the
+GPU kernel's deep tile. H200, networks benchmark at batch 32: C1024 14x14 -> K256
 0.15 ms against 0.27 through the im2col layout, the 1x1 grad-weights of the six networks 6.9 ms
 against 8.4 (sum of device times, each layer once). The CPU kernel runs every image's K block in
 one launch, into grad_weight, over maps of fewer than CPU_BLOCKS_BELOW positions. The other
@@ -62,6 +63,21 @@ FOLD_BELOW = 256
 # Grad-weight over maps of fewer than CONTINUOUS_BELOW positions reads its K blocks as one
 # continuous depth.
 CONTINUOUS_BELOW = 64
+# A continuous grad-weight at least DEEP_WEIGHT_K deep (every image's positions) runs clconv's GPU
+# kernel's deep tile (gemm_gpu.EIGHT_BY_FOUR), cut into slices of images until its grid has
+# gemm_gpu.DEEP_WAVES work-groups per compute unit (clconv.gemm.k_slices), each slice at least
+# DEEP_WEIGHT_SLICE deep, not the tile model's choice (best_slices), whose 4x4 work-items it counts
+# as nearly as fast as 8x8 ones on a grid that fills the device: over a long K they do half the
+# multiply-adds per value read from local memory. H100 (the calls for the H200 got one), batch 32,
+# inception_v3's eight 1x1 grad-weights on 5x5 maps (C1280 / C2048 -> K192-448, K = 800), device
+# time, least of 4, interleaved, each at 1, 2, 4 and 8 slices in either tile: the model's choice
+# 476 us in sum, this rule's (4 slices each) 413, the best of the eight per layer 403. Over every
+# grad-weight of the networks it changes at batch 32 (20 layers on 5x5 and 7x7 maps; at batch 8
+# none is that deep), against the model's choice, device time, least of 4, interleaved: 0.90x
+# count-weighted (2.60 -> 2.34 ms), 0.75-1.06x per layer but mobilenet_v2's C576 7x7 -> K160 1.27x
+# (29 -> 36 us); resnet50's C512 / C2048 7x7 layers 1.00x.
+DEEP_WEIGHT_K = 512
+DEEP_WEIGHT_SLICE = 128
 # Grad-input on clconv's CPU kernel over maps of fewer than CPU_TRANSPOSED_BELOW positions runs
 # transposed: dX^T (P x Cg) = dY^T (P x Kg) @ W (Kg x Cg), grad_output read transposed in place and
 # grad_input stored transposed, not dX = W^T dY with W^T packed first: the channels are the
@@ -94,7 +110,13 @@ class Pointwise(Algorithm):
         # small maps: the K blocks read as one continuous depth (no slice padded at each image's
         # end), in slices of whole images chosen by the tile model (gemm_gpu.best_slices)
         self.continuous = gemm == "gpu" and g.P < CONTINUOUS_BELOW and g.N > 1
-        if self.continuous:   # (one slice needs no workspace)
+        # (and products of such depth on the deep tile: DEEP_WEIGHT_K)
+        self.deep_weight = (self.continuous and g.N * g.P >= DEEP_WEIGHT_K
+                            and gemm_gpu.fits(device, gemm_gpu.EIGHT_BY_FOUR, item))
+        if self.deep_weight:
+            self.slices = fit_slices(g.N, k_slices(device, gemm, g.Kg, g.Cg, g.N, g.groups, item,
+                                                   -(-DEEP_WEIGHT_SLICE // g.P), deep=True), min(fits, MAX_SLICES))
+        elif self.continuous:   # (one slice needs no workspace)
             options = [d for d in range(1, max(1, min(g.N, fits, MAX_SLICES)) + 1) if g.N % d == 0]
             self.slices = best_slices(device, g.Kg, g.Cg, g.N * g.P, g.groups, options, item)
         elif self.blocked:
@@ -158,7 +180,12 @@ class Pointwise(Algorithm):
                 return "1x1: " + self._weight.describe(pass_name)
             if self.blocked:
                 S = self.slices
-                blocks, why = (("every image's positions one continuous K", "the GEMM's tile model: a larger tile "
+                t = gemm_gpu.EIGHT_BY_FOUR
+                blocks, why = ((f"every image's positions one continuous K, at least {DEEP_WEIGHT_K} deep: clconv's "
+                                f"GPU GEMM kernel's deep tile, {t.tm}x{t.tn} of {t.rm}x{t.rn} work-items",
+                                f"slices of at least {DEEP_WEIGHT_SLICE} positions, the fewest that give the deep "
+                                f"tile {gemm_gpu.DEEP_WAVES} work-groups per compute unit") if self.deep_weight else
+                               ("every image's positions one continuous K", "the GEMM's tile model: a larger tile "
                                 "over more slices") if self.continuous else
                                ("one K block per image", "the grid alone would leave the GPU's compute units idle"))
                 return (f"1x1 GEMM on the input and grad_output, M={g.Kg} N={g.Cg} K={g.P} per image, "
@@ -248,7 +275,8 @@ class Pointwise(Algorithm):
             self._gemm(queue, g.Kg, g.Cg, ps, Op(dy.buf, dy.off, g.P, g.Kg * g.P, step_y),
                        Op(x.buf, x.off, g.P, g.Cg * g.P, step_x), c, images=S, b_transp=True,
                        k_blocks=KBlocks(nb, g.K * g.P, g.C * g.P, self.continuous),
-                       b_panels=self._panels("backward_weight", ws), what="grad-weight (1x1, K blocks)")
+                       b_panels=self._panels("backward_weight", ws), deep=self.deep_weight,
+                       what="grad-weight (1x1, K blocks)")
             if S > 1:
                 sum_partials(queue, self.dtype, idx_for(self.dtype, x, dy, dw, Ref(ws, 0)), Ref(ws, 0), S, n, dw,
                              False, "grad-weight (1x1, sum of slices)")
