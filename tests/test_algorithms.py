@@ -365,22 +365,41 @@ def test_1x1_grad_weight_reads_small_maps_as_one_depth(case, slices, queue, monk
 
 
 @pytest.mark.gpu_form
-@pytest.mark.parametrize("case", [
-    Case("k1x1_deep_weight_7x7", 21, 37, 7, 7, 19, 1, 1),   # 1029 deep, M and N below a tile: slices of whole images
-    Case("k1x1_deep_weight_4x3", 47, 5, 4, 3, 9, 1, 1),     # 564 deep, four-wide reads; 47 images, no short slice
+@pytest.mark.parametrize("case,small_grid_bound,deep", [
+    (Case("k1x1_deep_weight_7x7", 21, 37, 7, 7, 19, 1, 1), False, True),   # 1029 deep, M and N below a tile: slices of images
+    (Case("k1x1_deep_weight_4x3", 47, 5, 4, 3, 9, 1, 1), False, True),     # 564 deep, four-wide reads; 47 images, one slice
+    (Case("k1x1_shallow_weight_5x5", 20, 37, 5, 5, 19, 1, 1), False, False),   # 500 deep: the tile model's slices
+    (Case("k1x1_deep_weight_7x7", 21, 37, 7, 7, 19, 1, 1), True, False),   # deep, but its grid under the bound
 ], ids=repr)
-def test_1x1_grad_weight_of_long_products_runs_the_deep_tile(case, queue):
-    """On clconv's GPU kernel, a continuous grad-weight at least DEEP_WEIGHT_K deep runs the deep tile,
-    in slices of whole images each at least DEEP_WEIGHT_SLICE deep."""
+def test_1x1_grad_weight_of_long_products_runs_the_deep_tile(case, small_grid_bound, deep, queue, monkeypatch):
+    """On clconv's GPU kernel, a continuous grad-weight at least DEEP_WEIGHT_K deep runs the deep tile
+    (the GEMM is launched with deep=True), in slices of whole images each at least DEEP_WEIGHT_SLICE
+    deep, where the deep tile's grid has a work-group per DEEP_MIN_SHARE compute units (set here so
+    that these one-work-group grids are above the bound, or under it); otherwise it does not."""
     from clconv.algorithms import pointwise
+    from clconv.gemm import gemm_gpu
+    if not gemm_gpu.fits(queue.device, gemm_gpu.EIGHT_BY_FOUR):
+        pytest.skip("the deep tile does not fit this device")
+    monkeypatch.setattr(gemm_gpu, "DEEP_MIN_SHARE", 0 if small_grid_bound else queue.device.max_compute_units)
+    launched = []
+    run = gemm_gpu.grid_gemm
+
+    def spy(*args, **kwargs):
+        launched.append(kwargs.get("deep", False))
+        return run(*args, **kwargs)
+    monkeypatch.setattr(gemm_gpu, "grid_gemm", spy)
     x, w, b, dy = case.data()
     p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="1x1", gemm="gpu")
     algo, g = p._choice["backward_weight"][0], p.geometry
-    assert algo.continuous and algo.deep_weight and g.N * g.P >= pointwise.DEEP_WEIGHT_K
-    assert g.N % algo.slices == 0 and (algo.slices == 1 or g.N // algo.slices * g.P >= pointwise.DEEP_WEIGHT_SLICE)
-    assert "deep tile" in algo.describe("backward_weight")
+    assert algo.continuous and algo.deep_weight == deep
+    assert (g.N * g.P >= pointwise.DEEP_WEIGHT_K) == (deep or small_grid_bound)
+    assert g.N % algo.slices == 0 and (algo.slices == 1 or not deep
+                                       or g.N // algo.slices * g.P >= pointwise.DEEP_WEIGHT_SLICE)
+    assert ("deep tile" in algo.describe("backward_weight")) == deep
+    launched.clear()   # (planning may run the device's known-answer check first)
     assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **case.options), np.float32,
                  "grad-weight")
+    assert launched == [deep]
 
 
 @pytest.mark.gpu_form

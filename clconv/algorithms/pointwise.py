@@ -65,8 +65,10 @@ FOLD_BELOW = 256
 CONTINUOUS_BELOW = 64
 # A continuous grad-weight at least DEEP_WEIGHT_K deep (every image's positions) runs clconv's GPU
 # kernel's deep tile (gemm_gpu.EIGHT_BY_FOUR), cut into slices of images until its grid has
-# gemm_gpu.DEEP_WAVES work-groups per compute unit (clconv.gemm.k_slices), each slice at least
-# DEEP_WEIGHT_SLICE deep, not the tile model's choice (best_slices), whose 4x4 work-items it counts
+# gemm_gpu.DEEP_WAVES work-groups per compute unit or as many slices as are each at least
+# DEEP_WEIGHT_SLICE deep (clconv.gemm.k_slices), where the deep tile's grid before the split has
+# at least one work-group per gemm_gpu.DEEP_MIN_SHARE compute units (the forward's bound), not the
+# tile model's choice (best_slices), whose 4x4 work-items it counts
 # as nearly as fast as 8x8 ones on a grid that fills the device: over a long K they do half the
 # multiply-adds per value read from local memory. H100 (the calls for the H200 got one), batch 32,
 # inception_v3's eight 1x1 grad-weights on 5x5 maps (C1280 / C2048 -> K192-448, K = 800), device
@@ -75,7 +77,8 @@ CONTINUOUS_BELOW = 64
 # grad-weight of the networks it changes at batch 32 (20 layers on 5x5 and 7x7 maps; at batch 8
 # none is that deep), against the model's choice, device time, least of 4, interleaved: 0.90x
 # count-weighted (2.60 -> 2.34 ms), 0.75-1.06x per layer but mobilenet_v2's C576 7x7 -> K160 1.27x
-# (29 -> 36 us); resnet50's C512 / C2048 7x7 layers 1.00x.
+# (29 -> 36 us); resnet50's C512 / C2048 7x7 layers 1.00x. That layer's grid, 27 deep work-groups
+# for 132 compute units, is the one under the bound, which leaves it to the model.
 DEEP_WEIGHT_K = 512
 DEEP_WEIGHT_SLICE = 128
 # Grad-input on clconv's CPU kernel over maps of fewer than CPU_TRANSPOSED_BELOW positions runs
@@ -112,7 +115,9 @@ class Pointwise(Algorithm):
         self.continuous = gemm == "gpu" and g.P < CONTINUOUS_BELOW and g.N > 1
         # (and products of such depth on the deep tile: DEEP_WEIGHT_K)
         self.deep_weight = (self.continuous and g.N * g.P >= DEEP_WEIGHT_K
-                            and gemm_gpu.fits(device, gemm_gpu.EIGHT_BY_FOUR, item))
+                            and gemm_gpu.fits(device, gemm_gpu.EIGHT_BY_FOUR, item)
+                            and gemm_gpu.work_groups(device, g.Kg, g.Cg, g.groups, item, gemm_gpu.EIGHT_BY_FOUR)
+                            * gemm_gpu.DEEP_MIN_SHARE >= device.max_compute_units)
         if self.deep_weight:
             self.slices = fit_slices(g.N, k_slices(device, gemm, g.Kg, g.Cg, g.N, g.groups, item,
                                                    -(-DEEP_WEIGHT_SLICE // g.P), deep=True), min(fits, MAX_SLICES))
@@ -184,7 +189,8 @@ class Pointwise(Algorithm):
                 blocks, why = ((f"every image's positions one continuous K, at least {DEEP_WEIGHT_K} deep: clconv's "
                                 f"GPU GEMM kernel's deep tile, {t.tm}x{t.tn} of {t.rm}x{t.rn} work-items",
                                 f"slices of at least {DEEP_WEIGHT_SLICE} positions, the fewest that give the deep "
-                                f"tile {gemm_gpu.DEEP_WAVES} work-groups per compute unit") if self.deep_weight else
+                                f"tile {gemm_gpu.DEEP_WAVES} work-groups per compute unit, or as many as are that "
+                                "deep") if self.deep_weight else
                                ("every image's positions one continuous K", "the GEMM's tile model: a larger tile "
                                 "over more slices") if self.continuous else
                                ("one K block per image", "the grid alone would leave the GPU's compute units idle"))
