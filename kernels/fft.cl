@@ -34,10 +34,22 @@
 #define BATCH 8
 #endif
 // The layer's shapes, as constants: each transform's loops unroll around them and its index
-// arithmetic folds (the filter transform's twiddle indices among it). Against the same shapes as
-// arguments, device time on an H100, inception_v3's 5x5 layer, AlexNet's conv2 and a 7x7 layer on
-// 13x13 maps at batch 32: the filter transform 0.52-0.86x, whole passes 0.82-0.96x (0.92x in
-// sum); on PoCL (2-core Xeon) forward and grad-input 0.21-0.34x, grad-weight 0.81-0.90x.
+// arithmetic folds (the filter transform's row twiddle indices among it; the column ones still
+// depend on the work-item's column frequency). Against the same shapes as arguments, device time
+// on an H100, inception_v3's 5x5 layer, AlexNet's conv2 and a 7x7 layer on 13x13 maps at batch
+// 32: the filter transform 0.52-0.88x, whole passes 0.82-0.96x (0.92x in sum); on PoCL (2-core
+// Xeon) forward and grad-input 0.21-0.34x, grad-weight 0.81-0.90x.
+// A build compiles the one kernel the host names in ONLY (its upper-case name), with its own
+// shapes, or all of them without ONLY: the transforms' unrolled FFTs make most of a build's
+// time, and a shape is specialised per kernel.
+#define FFT_IMAGE 1
+#define FFT_FILTER 2
+#define FFT_OUTPUT 3
+#ifdef ONLY
+#define BUILDS(kernel) (ONLY == (kernel))
+#else
+#define BUILDS(kernel) 1
+#endif
 #ifndef IMAGE_H        // fft_image: its planes' rows and columns, and where they sit in the frame
 #define IMAGE_H 25
 #endif
@@ -136,6 +148,7 @@ static inline __attribute__((always_inline)) void fft(REAL* re, REAL* im, const 
 // Two real sequences a, b at the cost of one complex DFT: with z = a + i b, Z = DFT(z) and
 // j = (n - k) % n, A[k] = (Z[k] + conj Z[j]) / 2 and B[k] = (Z[k] - conj Z[j]) / 2i.
 
+#if BUILDS(FFT_IMAGE)
 // The spectra of B images of C channels, each H x W placed at (PT, PL) in the frame, into S
 // at s_off: rotated rows as well when `rotated` (then C = G * Cg). 3-D range: images
 // (rounded up to NB), FH / 2, channels; work-group NB x FH/2 x 1: NB images of one channel.
@@ -229,7 +242,9 @@ __kernel void fft_image(__global const REAL* restrict x, const IDX x_off,
         }
     }
 }
+#endif
 
+#if BUILDS(FFT_FILTER)
 // Filter spectra WS[f][k][2Ci] of K filters of Ci channels (KH x KW taps, DH x DW apart);
 // `flip`: of the transposed convolution (filter k, channel ci read from filter ci of k's group,
 // channel k % Ko, taps reversed). Direct sums, separable: per filter row u, its taps' sum at
@@ -278,7 +293,9 @@ __kernel void fft_filter(__global const REAL* restrict w, const IDX w_off,
         ws[dst + Ci] = si[fy];
     }
 }
+#endif
 
+#if BUILDS(FFT_OUTPUT)
 // y[n][k] = the OH x OW grid of IDFT(S[.][k] of image n) at rows 0, DH, ... and columns 0,
 // DW, ... (+ bias[k]), from S (plain rows, K of them), output (n, k) at y + n * SN + k * SK.
 // The convolutions' outputs are the top-left of the frame (DH = DW = 1); the grad-weight's
@@ -360,3 +377,4 @@ __kernel void fft_output(__global const REAL* restrict s, const IDX s_off,
             y[y_off + (n0 + p) * SN + k * SK + e - p * HWn] = plane[e];
     }
 }
+#endif

@@ -48,9 +48,14 @@ def _twiddles(n, dtype):
     return literals
 
 
-def _image(h, w, top, left):
-    """fft.cl's #defines for image transforms of h x w planes at (top, left) in the frame."""
-    return dict(IMAGE_H=h, IMAGE_W=w, IMAGE_PT=top, IMAGE_PL=left)
+def _image(h, w, corner):
+    """fft.cl's #defines for image transforms of h x w planes at ``corner`` (top, left) in the frame."""
+    return dict(IMAGE_H=h, IMAGE_W=w, IMAGE_PT=corner[0], IMAGE_PL=corner[1])
+
+
+def _filter(kh, kw, dilation):
+    """fft.cl's #defines for filter transforms of kh x kw taps ``dilation`` apart."""
+    return dict(FILTER_KH=kh, FILTER_KW=kw, FILTER_DH=dilation[0], FILTER_DW=dilation[1])
 
 
 def _output(h, w, dilation):
@@ -154,15 +159,16 @@ class FFT(Transform):
                 f"{chunks} chunk(s) of {B} image(s), per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2]}")
 
     def _kernel(self, queue, name, idx, shape):
-        """``name`` built for this plan and ``shape``, the #defines of the shapes a pass's transforms
-        take (all of them in one, so that a pass costs one build of fft.cl, grad-weight two); the
-        image and output transforms with as many images per work-group as the built kernel allows.
+        """``name`` built alone (ONLY) for this plan and ``shape``, the #defines of the shapes it
+        takes (:func:`_image`, :func:`_filter`, :func:`_output`); the image and output transforms
+        with as many images per work-group as the built kernel allows.
         A device may allow a kernel fewer work-items than its max_work_group_size, which chose
         them (Mesa's llvmpipe: 32 of 1024 for these): then fewer images per work-group, decided
         here, where the kernel's limit is first known."""
         while True:
-            knl = get_kernel(queue.context, "fft.cl", name, self.dtype, IDX=idx, FH=self.fh, FW=self.fw,
-                             NB=self.nb, NBO=self.nbo, **_twiddles(max(self.fh, self.fw), self.dtype), **shape)
+            sizes = dict(NB=self.nb) if name == "fft_image" else dict(NBO=self.nbo) if name == "fft_output" else {}
+            knl = get_kernel(queue.context, "fft.cl", name, self.dtype, ONLY=name.upper(), IDX=idx, FH=self.fh,
+                             FW=self.fw, **sizes, **_twiddles(max(self.fh, self.fw), self.dtype), **shape)
             if name == "fft_filter":
                 return knl
             per_image, images = self.fh // 2, self.nb if name == "fft_image" else self.nbo
@@ -192,18 +198,17 @@ class FFT(Transform):
         t, B = self.geometry[pass_name], self.chunk[pass_name]
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
         u, m = self.layout[pass_name]
-        shape = dict(_image(t.H, t.W, t.pads[0][0], t.pads[1][0]), **_output(t.OH, t.OW, (1, 1)),
-                     FILTER_KH=t.kh, FILTER_KW=t.kw, FILTER_DH=t.dilation[0], FILTER_DW=t.dilation[1])
-        knl = self._kernel(queue, "fft_filter", idx, shape)
+        knl = self._kernel(queue, "fft_filter", idx, _filter(t.kh, t.kw, t.dilation))
         local = (min(t.Cg, FILTER_GROUP, work_group_limit(knl, queue.device)), 1, 1)
         launch(queue, knl, (t.Cg, self.fw // 2 + 1, t.K), local, w.buf, w.off, ws,
                u, t.K, t.Kg, t.Cg, int(pass_name == "backward_input"),
                what=f"{what}: filter transform")
-        output = self._kernel(queue, "fft_output", idx, shape)
+        output = self._kernel(queue, "fft_output", idx, _output(t.OH, t.OW, (1, 1)))
+        image = _image(t.H, t.W, (t.pads[0][0], t.pads[1][0]))
         b = bias if bias is not None else w
         for n0 in range(0, t.N, B):
             nb = min(B, t.N - n0)
-            self._images(queue, idx, x, n0, nb, t.C, shape, t.Cg, ws, 0, True, what)
+            self._images(queue, idx, x, n0, nb, t.C, image, t.Cg, ws, 0, True, what)
             # per (frequency, group): Y (Kg, 2nb) = W (Kg, 2Cg) @ X rotated (2Cg, 2nb)
             # (their operands step G groups from one frequency to the next: see _position_gemm)
             self._position_gemm(queue, t.groups, self.F, t.Kg, 2 * nb, 2 * t.Cg,
@@ -219,12 +224,11 @@ class FFT(Transform):
         idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
         d, s = self.layout["backward_weight"]
         what = "grad-weight (FFT)"
-        # two builds: the input's image transform with the taps' output transform, grad_output's
-        shape = dict(_image(t.H, t.W, t.pads[0][0], t.pads[1][0]), **_output(t.kh, t.kw, t.dilation))
+        image = _image(t.H, t.W, (t.pads[0][0], t.pads[1][0]))
         for n0 in range(0, t.N, B):
             nb = min(B, t.N - n0)
-            self._images(queue, idx, x, n0, nb, t.C, shape, t.Cg, ws, 0, True, what)
-            self._images(queue, idx, dy, n0, nb, t.K, _image(t.OH, t.OW, 0, 0), t.Kg, ws, d, False, what)
+            self._images(queue, idx, x, n0, nb, t.C, image, t.Cg, ws, 0, True, what)
+            self._images(queue, idx, dy, n0, nb, t.K, _image(t.OH, t.OW, (0, 0)), t.Kg, ws, d, False, what)
             # per (frequency, group): dW (Kg, 2Cg) (+)= DY (Kg, 2nb) @ (X rotated (2Cg, 2nb))^T
             self._position_gemm(queue, t.groups, self.F, t.Kg, 2 * t.Cg, 2 * nb,
                                 Op(ws, d, 2 * nb, t.Kg * 2 * nb, t.K * 2 * nb),
@@ -234,7 +238,7 @@ class FFT(Transform):
         # the taps: IDFT(dW) on the dilated filter grid, as the output transform with the
         # channels for images: tap (ci, k) to dw (k, ci)
         taps = t.kh * t.kw
-        launch(queue, self._kernel(queue, "fft_output", idx, shape), (t.Cg, self.fh // 2, t.K),
+        launch(queue, self._kernel(queue, "fft_output", idx, _output(t.kh, t.kw, t.dilation)), (t.Cg, self.fh // 2, t.K),
                (self.nbo, self.fh // 2, 1),
                ws, s, dw.buf, dw.off, dw.buf, dw.off, 0, t.Cg, t.K, taps, t.Cg * taps,
                what=f"{what}: filter transform")
