@@ -33,15 +33,18 @@
 #ifndef BATCH          // global reads a work-item of the image transforms keeps in flight
 #define BATCH 8
 #endif
-// The layer's shapes, as constants: each transform's loops unroll around them and its index
-// arithmetic folds (the filter transform's row twiddle indices among it; the column ones still
-// depend on the work-item's column frequency). Against the same shapes as arguments, device time
-// on an H100, inception_v3's 5x5 layer, AlexNet's conv2 and a 7x7 layer on 13x13 maps at batch
-// 32: the filter transform 0.52-0.88x, whole passes 0.82-0.96x (0.92x in sum); on PoCL (2-core
-// Xeon) forward and grad-input 0.21-0.34x, grad-weight 0.81-0.90x.
+// The filter and output transforms take the layer's shapes as constants: their loops unroll
+// around them and their index arithmetic folds (the filter transform's row twiddle indices among
+// it; the column ones still depend on the work-item's column frequency). Against the same shapes
+// as arguments, device time on an H100, inception_v3's 5x5 layer, AlexNet's conv2 and a 7x7 layer
+// on 13x13 maps at batch 32 (the image transform specialised too then): the filter transform
+// 0.52-0.88x, whole passes 0.82-0.96x (0.92x in sum); in networks runs inception_v3's 5x5 output
+// transform 13.5 -> 10.6 us, its image transform 16.3 -> 15.5-18.8, within the hosts' spread, so
+// the image transform keeps its arguments and one build per frame size (every shape's own build
+// of it made a cold make test about 3 minutes longer on rusticl). On PoCL (2-core Xeon) forward
+// and grad-input 0.21-0.34x, grad-weight 0.81-0.90x.
 // A build compiles the one kernel the host names in ONLY (its upper-case name), with its own
-// shapes, or all of them without ONLY: the transforms' unrolled FFTs make most of a build's
-// time, and a shape is specialised per kernel.
+// shapes, or all of them without ONLY: the transforms' unrolled FFTs make most of a build's time.
 #define FFT_IMAGE 1
 #define FFT_FILTER 2
 #define FFT_OUTPUT 3
@@ -49,18 +52,6 @@
 #define BUILDS(kernel) (ONLY == (kernel))
 #else
 #define BUILDS(kernel) 1
-#endif
-#ifndef IMAGE_H        // fft_image: its planes' rows and columns, and where they sit in the frame
-#define IMAGE_H 25
-#endif
-#ifndef IMAGE_W
-#define IMAGE_W 25
-#endif
-#ifndef IMAGE_PT
-#define IMAGE_PT 2
-#endif
-#ifndef IMAGE_PL
-#define IMAGE_PL 2
 #endif
 #ifndef FILTER_KH      // fft_filter: the filter's taps and their dilation
 #define FILTER_KH 5
@@ -156,9 +147,9 @@ static inline __attribute__((always_inline)) void fft(REAL* re, REAL* im, const 
 // the columns r, r + FH/2, ... below FW/2, column 0 (real) carrying the real column FW/2.
 __kernel void fft_image(__global const REAL* restrict x, const IDX x_off,
                         __global REAL* restrict s, const IDX s_off,
-                        const int B, const int C, const int Cg, const int rotated)
+                        const int B, const int C, const int H, const int W, const int PT, const int PL,
+                        const int Cg, const int rotated)
 {
-    const int H = IMAGE_H, W = IMAGE_W, PT = IMAGE_PT, PL = IMAGE_PL;
     __local REAL spec[2][FH][HW][NB];   // first the NB planes as read, then their row transforms
     __local REAL* plane = &spec[0][0][0][0];
     const int b = get_local_id(0), r = get_local_id(1), id = r * NB + b;

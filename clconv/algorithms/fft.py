@@ -48,11 +48,6 @@ def _twiddles(n, dtype):
     return literals
 
 
-def _image(h, w, corner):
-    """fft.cl's #defines for image transforms of h x w planes at ``corner`` (top, left) in the frame."""
-    return dict(IMAGE_H=h, IMAGE_W=w, IMAGE_PT=corner[0], IMAGE_PL=corner[1])
-
-
 def _filter(kh, kw, dilation):
     """fft.cl's #defines for filter transforms of kh x kw taps ``dilation`` apart."""
     return dict(FILTER_KH=kh, FILTER_KW=kw, FILTER_DH=dilation[0], FILTER_DW=dilation[1])
@@ -160,11 +155,11 @@ class FFT(Transform):
 
     def _kernel(self, queue, name, idx, shape):
         """``name`` built alone (ONLY) for this plan and ``shape``, the #defines of the shapes it
-        takes (:func:`_image`, :func:`_filter`, :func:`_output`); the image and output transforms
-        with as many images per work-group as the built kernel allows.
-        A device may allow a kernel fewer work-items than its max_work_group_size, which chose
-        them (Mesa's llvmpipe: 32 of 1024 for these): then fewer images per work-group, decided
-        here, where the kernel's limit is first known."""
+        takes (:func:`_filter`, :func:`_output`; the image transform takes its shape as arguments,
+        ``{}``); the image and output transforms with as many images per work-group as the built
+        kernel allows. A device may allow a kernel fewer work-items than its max_work_group_size,
+        which chose them (Mesa's llvmpipe: 32 of 1024 for these): then fewer images per work-group,
+        decided here, where the kernel's limit is first known."""
         while True:
             sizes = dict(NB=self.nb) if name == "fft_image" else dict(NBO=self.nbo) if name == "fft_output" else {}
             knl = get_kernel(queue.context, "fft.cl", name, self.dtype, ONLY=name.upper(), IDX=idx, FH=self.fh,
@@ -184,13 +179,12 @@ class FFT(Transform):
             else:
                 self.nbo = fewer
 
-    def _images(self, queue, idx, x, n0, nb, C, shape, Cg, ws, at, rotated, what):
+    def _images(self, queue, idx, x, n0, nb, C, H, W, pads, Cg, ws, at, rotated, what):
         """Spectra (F, rows, 2 nb) at ``at`` of images n0 ... n0+nb-1 of ``x`` (C channels of
-        planes placed in the frame as ``shape`` says, :func:`_image`), with rotated rows (groups
-        of Cg) when ``rotated``."""
-        plane = shape["IMAGE_H"] * shape["IMAGE_W"]
-        launch(queue, self._kernel(queue, "fft_image", idx, shape), (nb, self.fh // 2, C), (self.nb, self.fh // 2, 1),
-               x.buf, x.off + n0 * C * plane, ws, at, nb, C, Cg, int(rotated),
+        H x W at (top, left) = ``pads`` in the frame), with rotated rows (groups of Cg) when
+        ``rotated``."""
+        launch(queue, self._kernel(queue, "fft_image", idx, {}), (nb, self.fh // 2, C), (self.nb, self.fh // 2, 1),
+               x.buf, x.off + n0 * C * H * W, ws, at, nb, C, H, W, *pads, Cg, int(rotated),
                what=f"{what}: image transform")
 
     def _convolve(self, queue, pass_name, x, w, bias, y, ws, what, relu=False):
@@ -204,11 +198,11 @@ class FFT(Transform):
                u, t.K, t.Kg, t.Cg, int(pass_name == "backward_input"),
                what=f"{what}: filter transform")
         output = self._kernel(queue, "fft_output", idx, _output(t.OH, t.OW, (1, 1)))
-        image = _image(t.H, t.W, (t.pads[0][0], t.pads[1][0]))
         b = bias if bias is not None else w
         for n0 in range(0, t.N, B):
             nb = min(B, t.N - n0)
-            self._images(queue, idx, x, n0, nb, t.C, image, t.Cg, ws, 0, True, what)
+            self._images(queue, idx, x, n0, nb, t.C, t.H, t.W, (t.pads[0][0], t.pads[1][0]), t.Cg, ws, 0, True,
+                         what)
             # per (frequency, group): Y (Kg, 2nb) = W (Kg, 2Cg) @ X rotated (2Cg, 2nb)
             # (their operands step G groups from one frequency to the next: see _position_gemm)
             self._position_gemm(queue, t.groups, self.F, t.Kg, 2 * nb, 2 * t.Cg,
@@ -224,11 +218,11 @@ class FFT(Transform):
         idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
         d, s = self.layout["backward_weight"]
         what = "grad-weight (FFT)"
-        image = _image(t.H, t.W, (t.pads[0][0], t.pads[1][0]))
         for n0 in range(0, t.N, B):
             nb = min(B, t.N - n0)
-            self._images(queue, idx, x, n0, nb, t.C, image, t.Cg, ws, 0, True, what)
-            self._images(queue, idx, dy, n0, nb, t.K, _image(t.OH, t.OW, (0, 0)), t.Kg, ws, d, False, what)
+            self._images(queue, idx, x, n0, nb, t.C, t.H, t.W, (t.pads[0][0], t.pads[1][0]), t.Cg, ws, 0, True,
+                         what)
+            self._images(queue, idx, dy, n0, nb, t.K, t.OH, t.OW, (0, 0), t.Kg, ws, d, False, what)
             # per (frequency, group): dW (Kg, 2Cg) (+)= DY (Kg, 2nb) @ (X rotated (2Cg, 2nb))^T
             self._position_gemm(queue, t.groups, self.F, t.Kg, 2 * t.Cg, 2 * nb,
                                 Op(ws, d, 2 * nb, t.Kg * 2 * nb, t.K * 2 * nb),
