@@ -366,8 +366,8 @@ def test_1x1_grad_weight_reads_small_maps_as_one_depth(case, slices, queue, monk
 
 @pytest.mark.gpu_form
 @pytest.mark.parametrize("case,small_grid_bound,deep", [
-    (Case("k1x1_deep_weight_7x7", 21, 37, 7, 7, 19, 1, 1), False, True),   # 1029 deep, M and N below a tile: slices of images
-    (Case("k1x1_deep_weight_4x3", 47, 5, 4, 3, 9, 1, 1), False, True),     # 564 deep, four-wide reads; 47 images, one slice
+    (Case("k1x1_deep_weight_7x7", 21, 37, 7, 7, 19, 1, 1), False, True),   # 1029 deep, M, N below a tile: slices
+    (Case("k1x1_deep_weight_4x3", 47, 5, 4, 3, 9, 1, 1), False, True),     # 564 deep, four-wide reads; one slice
     (Case("k1x1_shallow_weight_5x5", 20, 37, 5, 5, 19, 1, 1), False, False),   # 500 deep: the tile model's slices
     (Case("k1x1_deep_weight_7x7", 21, 37, 7, 7, 19, 1, 1), True, False),   # deep, but its grid under the bound
 ], ids=repr)

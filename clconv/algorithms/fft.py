@@ -232,7 +232,6 @@ class FFT(Transform):
         # the taps: IDFT(dW) on the dilated filter grid, as the output transform with the
         # channels for images: tap (ci, k) to dw (k, ci)
         taps = t.kh * t.kw
-        launch(queue, self._kernel(queue, "fft_output", idx, _output(t.kh, t.kw, t.dilation)), (t.Cg, self.fh // 2, t.K),
-               (self.nbo, self.fh // 2, 1),
-               ws, s, dw.buf, dw.off, dw.buf, dw.off, 0, t.Cg, t.K, taps, t.Cg * taps,
-               what=f"{what}: filter transform")
+        taps_output = self._kernel(queue, "fft_output", idx, _output(t.kh, t.kw, t.dilation))
+        launch(queue, taps_output, (t.Cg, self.fh // 2, t.K), (self.nbo, self.fh // 2, 1), ws, s,
+               dw.buf, dw.off, dw.buf, dw.off, 0, t.Cg, t.K, taps, t.Cg * taps, what=f"{what}: filter transform")

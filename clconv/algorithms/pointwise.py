@@ -115,9 +115,7 @@ class Pointwise(Algorithm):
         self.continuous = gemm == "gpu" and g.P < CONTINUOUS_BELOW and g.N > 1
         # (and products of such depth on the deep tile: DEEP_WEIGHT_K)
         self.deep_weight = (self.continuous and g.N * g.P >= DEEP_WEIGHT_K
-                            and gemm_gpu.fits(device, gemm_gpu.EIGHT_BY_FOUR, item)
-                            and gemm_gpu.work_groups(device, g.Kg, g.Cg, g.groups, item, gemm_gpu.EIGHT_BY_FOUR)
-                            * gemm_gpu.DEEP_MIN_SHARE >= device.max_compute_units)
+                            and gemm_gpu.deep_grid(device, g.Kg, g.Cg, g.groups, item))
         if self.deep_weight:
             self.slices = fit_slices(g.N, k_slices(device, gemm, g.Kg, g.Cg, g.N, g.groups, item,
                                                    -(-DEEP_WEIGHT_SLICE // g.P), deep=True), min(fits, MAX_SLICES))

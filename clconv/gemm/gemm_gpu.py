@@ -178,12 +178,17 @@ def deep_note():
             f"least {DEEP_K} deep, split to {DEEP_WAVES} work-groups per compute unit)")
 
 
+def deep_grid(device, m, n, count, itemsize=4):
+    """Whether ``count`` M x N products may run EIGHT_BY_FOUR: it fits the device, and their grid in
+    it has at least one work-group per DEEP_MIN_SHARE compute units before any split."""
+    return (work_groups(device, m, n, count, itemsize, EIGHT_BY_FOUR) * DEEP_MIN_SHARE >= _facts(device)[1]
+            and fits(device, EIGHT_BY_FOUR, itemsize))
+
+
 def deep(device, m, n, k, count, itemsize=4):
     """Whether a forward's ``count`` M x N products K deep run EIGHT_BY_FOUR by the rule above."""
     t = tile(device, m, n, count, itemsize)
-    return (t is not None and t.rm * t.rn == 16 and k >= DEEP_K
-            and work_groups(device, m, n, count, itemsize, EIGHT_BY_FOUR) * DEEP_MIN_SHARE >= _facts(device)[1]
-            and fits(device, EIGHT_BY_FOUR, itemsize))
+    return t is not None and t.rm * t.rn == 16 and k >= DEEP_K and deep_grid(device, m, n, count, itemsize)
 
 
 # In-work-group split-K: where a launch's grid has fewer work-items than SATURATION per compute
