@@ -35,6 +35,8 @@ CASES = [
     ("direct", "direct few-channel", (2, 3, 13, 11), (8, 3, 7, 7), dict(stride=2, padding=3)),
     ("winograd", "winograd", (2, 32, 9, 10), (32, 16, 3, 3), dict(padding=(1, 2), dilation=(1, 2), groups=2)),
     ("winograd", "winograd 5x5", (2, 16, 11, 9), (16, 16, 5, 5), dict(padding=2)),
+    ("winograd", "winograd 1x7", (2, 16, 5, 13), (16, 8, 1, 7), dict(padding=(1, 4), dilation=(1, 2), groups=2)),
+    ("winograd", "winograd 7x1", (2, 8, 12, 5), (12, 8, 7, 1), dict(padding=(3, 1))),
     ("fft", "fft", (2, 6, 12, 9), (4, 3, 5, 3), dict(padding=(2, 0), dilation=(1, 2), groups=2)),
 ]
 PASS_NAMES = ("forward", "grad-input", "grad-weight")

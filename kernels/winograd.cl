@@ -1,34 +1,59 @@
 // Winograd F(4x4, 3x3) and F(2x2, 5x5) transforms of the winograd algorithm
-// (clconv/algorithms/winograd.py).
+// (clconv/algorithms/winograd.py), and F(1x2, 1x7) / F(2x1, 7x1) along one axis.
 //
 // A TMxTM output tile of an FRxFR convolution (TM = 4 for FR = 3, 2 for FR = 5) is
 // A^T [(G g G^T) . (B^T d B)] A, where d is the tile's 6x6 input patch, g the filter and
 // "." the element-wise product; summed over channels, each of the 36 products is one GEMM
 // over (filters x channels x tiles). Both use the same 6 interpolation points, so B is the
 // same; G (6 x FR) and A^T (TM x 6) evaluate the filter's and the output's polynomials.
-// Buffers between the kernels, for P tiles (all tiles of a chunk of B images):
-//   U[t][k][ci]  transformed filters, 36 x K x Ci   (t = 6 * row + column of the 6x6 tile)
-//   V[t][c][p]   transformed input patches, 36 x C x P
-//   M[t][k][p]   their products summed over the channels of k's group, 36 x K x P
+// A filter of one row or column of 7 taps (WINO_H or WINO_W 0: that axis untransformed, one
+// tap, one output per tile) runs F(2, 7) along the other axis: 8 interpolation points, tiles
+// of 2 outputs from 8 inputs, 8 products where im2col's GEMM has 14.
+// Buffers between the kernels, for P tiles (all tiles of a chunk of B images), TT = AH * AW
+// transformed values per tile (36, or 8 along one axis):
+//   U[t][k][ci]  transformed filters, TT x K x Ci   (t = AW * row + column of the AH x AW tile)
+//   V[t][c][p]   transformed input patches, TT x C x P
+//   M[t][k][p]   their products summed over the channels of k's group, TT x K x P
 // Grad-weight splits the tiles into S slices of L (S * L = P) and stores V and Z (the
 // transformed grad_output) slice-major, V[s][t][c][l] with p = s * L + l, so that the
 // GEMMs of every (slice, t, group) are evenly spaced: one batched call. S = 1 is the
 // layout above.
 // With dilation D the taps of a tile are D apart and so are its outputs: tile row th starts
-// at output row (th % D) + (th / D) * TM * D, which for D = 1 is TM * th.
+// at output row (th % D) + (th / D) * TMH * D, which for D = 1 is TMH * th (columns alike).
 // The kernels over tiles see TH tile rows per image from tile row TH0: all of them (TH0 = 0),
 // or, for an image whose workspace is above the budget, one range of its tile rows (B = 1).
 //
 // Specialised by the host with prepended #defines; the defaults below are for reading.
-#ifndef FR             // filter size: 3 or 5
+#ifndef FR             // filter size along a transformed axis: 3, 5, or 7 (along one axis only)
 #define FR 3
 #endif
-#define TM (7 - FR)    // output tile size: 6 transformed values per axis
+#ifndef WINO_H         // 1: the filter's columns are FR taps, transformed; 0: one tap (a 1 x FR filter)
+#define WINO_H 1
+#endif
+#ifndef WINO_W         // 1: the filter's rows are FR taps, transformed; 0: one tap (an FR x 1 filter)
+#define WINO_W 1
+#endif
+#if FR == 7
+#define ALPHA 8        // transformed values per transformed axis
+#else
+#define ALPHA 6
+#endif
+#if (FR != 3 && FR != 5 && FR != 7) || !(WINO_H || WINO_W) || (FR == 7 && WINO_H && WINO_W)
+#error "FR is 3 or 5 along both axes, or 7 along one (WINO_H or WINO_W 0)"
+#endif
+#define TM (ALPHA + 1 - FR)          // outputs per tile along a transformed axis
+#define AH (WINO_H ? ALPHA : 1)      // a tile's transformed values along rows and columns
+#define AW (WINO_W ? ALPHA : 1)
+#define TT (AH * AW)
+#define TMH (WINO_H ? TM : 1)        // its outputs
+#define TMW (WINO_W ? TM : 1)
+#define FRH (WINO_H ? FR : 1)        // the filter's taps
+#define FRW (WINO_W ? FR : 1)
 
 // The 1-D transforms, in place on v[0], v[s], v[2s], ... (after inlining every index is a
-// constant, so the tiles live in registers). Interpolation points 0, 1, -1, 2, -2, infinity.
-// A tile is one flat array, value (i, j) at v[6 * i + j]: column j is v + j with s = 6, row i
-// v + 6 * i with s = 1. Not v[6][6]: a column from &v[0][j] would index past the row v[0],
+// constant, so the tiles live in registers). Interpolation points 0, 1, -1, 2, -2, infinity
+// (and 1/2, -1/2 for 7 taps). A tile is one flat array, value (i, j) at v[AW * i + j]: column j
+// is v + j with s = AW, row i v + AW * i with s = 1. Not v[AH][AW]: a column from &v[0][j] would index past the row v[0],
 // undefined behaviour in C (C99 6.5.6, J.2's a[1][7]), and Mesa's compiler (rusticl) takes it
 // at its word: those loads read undefined values and those stores are dropped.
 // Defined once for a type T with a name suffix: for REAL values (suffix none) and, in the
@@ -119,9 +144,82 @@ inline void grad_filter_1d##SUFFIX(T* v, const int s)                           
     v[4 * s] = sum1 + 16 * sum2 + u5;                                                                  \
 }                                                                                                      \
 /* end of TRANSFORMS_FR */
-#else
-#error "FR (the filter size) must be 3 or 5"
+#elif FR == 7
+// F(2, 7): points 0, 1, -1, 2, -2, 1/2, -1/2, infinity; B^T's rows scaled to integers, G's by
+// the inverse scales.
+#define TRANSFORMS_FR(T, SUFFIX) \
+/* B^T d: 8 input values -> 8 */                                                                       \
+inline void input_1d##SUFFIX(T* v, const int s)                                                        \
+{                                                                                                      \
+    const T d0 = v[0], d1 = v[s], d2 = v[2 * s], d3 = v[3 * s], d4 = v[4 * s], d5 = v[5 * s];          \
+    const T d6 = v[6 * s], d7 = v[7 * s];                                                              \
+    v[0] = 4 * (d0 - d6) + 21 * (d4 - d2);                                                             \
+    v[s] = 17 * (d3 + d4) - 4 * (d1 + d2 + d5 + d6);                                                   \
+    v[2 * s] = 17 * (d4 - d3) + 4 * (d1 - d2 + d5 - d6);                                               \
+    v[3 * s] = 2 * d1 + d2 - 10 * d3 - 5 * d4 + 8 * d5 + 4 * d6;                                       \
+    v[4 * s] = d2 - 2 * d1 + 10 * d3 - 5 * d4 - 8 * d5 + 4 * d6;                                       \
+    v[5 * s] = 4 * d1 + 8 * d2 - 5 * d3 - 10 * d4 + d5 + 2 * d6;                                       \
+    v[6 * s] = 8 * d2 - 4 * d1 + 5 * d3 - 10 * d4 - d5 + 2 * d6;                                       \
+    v[7 * s] = 4 * (d7 - d1) + 21 * (d3 - d5);                                                         \
+}                                                                                                      \
+/* G g: 7 filter taps -> 8 */                                                                          \
+inline void filter_1d##SUFFIX(T* v, const int s)                                                       \
+{                                                                                                      \
+    const T g0 = v[0], g1 = v[s], g2 = v[2 * s], g3 = v[3 * s], g4 = v[4 * s], g5 = v[5 * s];          \
+    const T g6 = v[6 * s];                                                                             \
+    const T even = g0 + g2 + g4 + g6, odd = g1 + g3 + g5;                                              \
+    const T even2 = g0 + 4 * g2 + 16 * g4 + 64 * g6, odd2 = 2 * g1 + 8 * g3 + 32 * g5;                 \
+    const T even_h = 64 * g0 + 16 * g2 + 4 * g4 + g6, odd_h = 32 * g1 + 8 * g3 + 2 * g5;               \
+    v[0] = g0 / 4;                                                                                     \
+    v[s] = (even + odd) / 18;                                                                          \
+    v[2 * s] = (even - odd) / 18;                                                                      \
+    v[3 * s] = (even2 + odd2) / 360;                                                                   \
+    v[4 * s] = (even2 - odd2) / 360;                                                                   \
+    v[5 * s] = (even_h + odd_h) / 180;                                                                 \
+    v[6 * s] = (even_h - odd_h) / 180;                                                                 \
+    v[7 * s] = g6 / 4;                                                                                 \
+}                                                                                                      \
+/* A^T m: 8 products -> 2 outputs */                                                                   \
+inline void output_1d##SUFFIX(T* v, const int s)                                                       \
+{                                                                                                      \
+    const T m0 = v[0], m1 = v[s], m2 = v[2 * s], m3 = v[3 * s], m4 = v[4 * s], m5 = v[5 * s];          \
+    const T m6 = v[6 * s], m7 = v[7 * s];                                                              \
+    v[0] = m0 + m1 + m2 + m3 + m4 + m5 + m6;                                                           \
+    v[s] = m1 - m2 + 2 * (m3 - m4) + (m5 - m6) / 2 + m7;                                               \
+}                                                                                                      \
+/* A e, the adjoint of output_1d: 2 output gradients -> 8 */                                           \
+inline void grad_output_1d##SUFFIX(T* v, const int s)                                                  \
+{                                                                                                      \
+    const T e0 = v[0], e1 = v[s];                                                                      \
+    v[0] = e0;                                                                                         \
+    v[s] = e0 + e1;                                                                                    \
+    v[2 * s] = e0 - e1;                                                                                \
+    v[3 * s] = e0 + 2 * e1;                                                                            \
+    v[4 * s] = e0 - 2 * e1;                                                                            \
+    v[5 * s] = e0 + e1 / 2;                                                                            \
+    v[6 * s] = e0 - e1 / 2;                                                                            \
+    v[7 * s] = e1;                                                                                     \
+}                                                                                                      \
+/* G^T u, the adjoint of filter_1d: 8 -> 7 filter taps */                                              \
+inline void grad_filter_1d##SUFFIX(T* v, const int s)                                                  \
+{                                                                                                      \
+    const T u0 = v[0], u1 = v[s], u2 = v[2 * s], u3 = v[3 * s], u4 = v[4 * s], u5 = v[5 * s];          \
+    const T u6 = v[6 * s], u7 = v[7 * s];                                                              \
+    const T s1 = (u1 + u2) / 18, d1 = (u1 - u2) / 18, s2 = (u3 + u4) / 360, d2 = (u3 - u4) / 360;      \
+    const T s3 = (u5 + u6) / 180, d3 = (u5 - u6) / 180;                                                \
+    v[0] = u0 / 4 + s1 + s2 + 64 * s3;                                                                 \
+    v[s] = d1 + 2 * d2 + 32 * d3;                                                                      \
+    v[2 * s] = s1 + 4 * s2 + 16 * s3;                                                                  \
+    v[3 * s] = d1 + 8 * d2 + 8 * d3;                                                                   \
+    v[4 * s] = s1 + 16 * s2 + 4 * s3;                                                                  \
+    v[5 * s] = d1 + 32 * d2 + 2 * d3;                                                                  \
+    v[6 * s] = s1 + 64 * s2 + s3 + u7 / 4;                                                             \
+}                                                                                                      \
+/* end of TRANSFORMS_FR */
 #endif
+#if FR == 7
+#define TRANSFORMS(T, SUFFIX) TRANSFORMS_FR(T, SUFFIX)
+#else
 #define TRANSFORMS(T, SUFFIX) \
 /* B^T d: 6 input values -> 6 */                                                              \
 inline void input_1d##SUFFIX(T* v, const int s)                                               \
@@ -135,13 +233,15 @@ inline void input_1d##SUFFIX(T* v, const int s)                                 
     v[5 * s] = 4 * d1 - 5 * d3 + d5;                                                          \
 }                                                                                             \
 TRANSFORMS_FR(T, SUFFIX)
+#endif
 
 TRANSFORMS(REAL, )
 
-// First row of tile t along an axis: tiles of dilated outputs interleave D ways.
-inline int tile_start(const int t, const int D)
+// First row of tile t along an axis of tiles of `tm` outputs: tiles of dilated outputs
+// interleave D ways.
+inline int tile_start(const int t, const int D, const int tm)
 {
-    return (t % D) + (t / D) * TM * D;
+    return (t % D) + (t / D) * tm * D;
 }
 
 // U[t][k][ci] = (G g G^T)[t] for filter k, channel ci. 2-D range: ci, k (K filters in all,
@@ -154,24 +254,26 @@ __kernel void winograd_filter(__global const REAL* restrict w, const IDX w_off,
     const int ci = get_global_id(0), k = get_global_id(1);
     if (ci >= Ci || k >= K) return;
     const int grp = k / Ko;
-    const __global REAL* g = w + w_off + (flip ? (IDX)(grp * Ci + ci) * Ko + (k - grp * Ko) : (IDX)k * Ci + ci) * FR * FR;
-    REAL v[36];
+    const __global REAL* g = w + w_off + (flip ? (IDX)(grp * Ci + ci) * Ko + (k - grp * Ko) : (IDX)k * Ci + ci) * FRH * FRW;
+    REAL v[TT];
     #pragma unroll
-    for (int i = 0; i < FR; ++i)
+    for (int i = 0; i < FRH; ++i)
         #pragma unroll
-        for (int j = 0; j < FR; ++j)
-            v[6 * i + j] = flip ? g[FR * FR - 1 - FR * i - j] : g[FR * i + j];
+        for (int j = 0; j < FRW; ++j)
+            v[AW * i + j] = flip ? g[FRH * FRW - 1 - FRW * i - j] : g[FRW * i + j];
+#if WINO_H
     #pragma unroll
-    for (int j = 0; j < FR; ++j) filter_1d(v + j, 6);
+    for (int j = 0; j < FRW; ++j) filter_1d(v + j, AW);
+#endif
+#if WINO_W
     #pragma unroll
-    for (int i = 0; i < 6; ++i) filter_1d(v + 6 * i, 1);
+    for (int i = 0; i < AH; ++i) filter_1d(v + AW * i, 1);
+#endif
     const IDX step = (IDX)K * Ci;
     IDX dst = u_off + (IDX)k * Ci + ci;
     #pragma unroll
-    for (int i = 0; i < 6; ++i)
-        #pragma unroll
-        for (int j = 0; j < 6; ++j, dst += step)
-            u[dst] = v[6 * i + j];
+    for (int t = 0; t < TT; ++t, dst += step)
+        u[dst] = v[t];
 }
 
 // V[s][t][c][l] = (B^T d B)[t] of channel c's patch under tile p = s * L + l. 2-D range:
@@ -186,31 +288,33 @@ __kernel void winograd_input(__global const REAL* restrict x, const IDX x_off,
     const int P = B * TH * TW;
     if (p >= P || c >= C) return;
     const int b = p / (TH * TW), t = p - b * TH * TW, th = t / TW;
-    const int y0 = tile_start(TH0 + th, DH) - PT, x0 = tile_start(t - th * TW, DW) - PL;
+    const int y0 = tile_start(TH0 + th, DH, TMH) - PT, x0 = tile_start(t - th * TW, DW, TMW) - PL;
     const __global REAL* src = x + x_off + ((IDX)b * C + c) * H * W;
-    REAL v[36];
+    REAL v[TT];
     #pragma unroll
-    for (int i = 0; i < 6; ++i) {
+    for (int i = 0; i < AH; ++i) {
         const int y = y0 + i * DH;
         const bool row_in = y >= 0 && y < H;
         #pragma unroll
-        for (int j = 0; j < 6; ++j) {
+        for (int j = 0; j < AW; ++j) {
             const int xx = x0 + j * DW;
-            v[6 * i + j] = (row_in && xx >= 0 && xx < W) ? src[y * W + xx] : (REAL)0;
+            v[AW * i + j] = (row_in && xx >= 0 && xx < W) ? src[y * W + xx] : (REAL)0;
         }
     }
+#if WINO_H
     #pragma unroll
-    for (int j = 0; j < 6; ++j) input_1d(v + j, 6);
+    for (int j = 0; j < AW; ++j) input_1d(v + j, AW);
+#endif
+#if WINO_W
     #pragma unroll
-    for (int i = 0; i < 6; ++i) input_1d(v + 6 * i, 1);
+    for (int i = 0; i < AH; ++i) input_1d(v + AW * i, 1);
+#endif
     const int s = p / L;
     const IDX step = (IDX)C * L;
-    IDX dst = out_off + ((IDX)s * 36 * C + c) * L + p - s * L;
+    IDX dst = out_off + ((IDX)s * TT * C + c) * L + p - s * L;
     #pragma unroll
-    for (int i = 0; i < 6; ++i)
-        #pragma unroll
-        for (int j = 0; j < 6; ++j, dst += step)
-            out[dst] = v[6 * i + j];
+    for (int q = 0; q < TT; ++q, dst += step)
+        out[dst] = v[q];
 }
 
 // Output tile p of channel k = A^T M[.][k][p] A (+ bias), written where it lies inside the
@@ -226,33 +330,35 @@ __kernel void winograd_output(__global const REAL* restrict m, const IDX m_off,
     if (p >= P || k >= K) return;
     const IDX step = (IDX)K * P;
     IDX src = m_off + (IDX)k * P + p;
-    REAL v[36];
+    REAL v[TT];
     #pragma unroll
-    for (int i = 0; i < 6; ++i)
-        #pragma unroll
-        for (int j = 0; j < 6; ++j, src += step)
-            v[6 * i + j] = m[src];
+    for (int q = 0; q < TT; ++q, src += step)
+        v[q] = m[src];
+#if WINO_H
     #pragma unroll
-    for (int j = 0; j < 6; ++j) output_1d(v + j, 6);
+    for (int j = 0; j < AW; ++j) output_1d(v + j, AW);
+#endif
+#if WINO_W
     #pragma unroll
-    for (int i = 0; i < TM; ++i) output_1d(v + 6 * i, 1);
+    for (int i = 0; i < TMH; ++i) output_1d(v + AW * i, 1);
+#endif
     const REAL b0 = (flags & EPI_BIAS) ? bias[bias_off + k] : (REAL)0;
     const int b = p / (TH * TW), t = p - b * TH * TW, th = t / TW;
-    const int oy0 = tile_start(TH0 + th, DH), ox0 = tile_start(t - th * TW, DW);
+    const int oy0 = tile_start(TH0 + th, DH, TMH), ox0 = tile_start(t - th * TW, DW, TMW);
     __global REAL* dst = y + y_off + ((IDX)b * K + k) * OH * OW;
     #pragma unroll
-    for (int i = 0; i < TM; ++i) {
+    for (int i = 0; i < TMH; ++i) {
         const int oy = oy0 + i * DH;
         if (oy >= OH) break;
         #pragma unroll
-        for (int j = 0; j < TM; ++j) {
+        for (int j = 0; j < TMW; ++j) {
             const int ox = ox0 + j * DW;
-            if (ox < OW) dst[oy * OW + ox] = EPILOGUE(flags, v[6 * i + j] + b0);
+            if (ox < OW) dst[oy * OW + ox] = EPILOGUE(flags, v[AW * i + j] + b0);
         }
     }
 }
 
-// Z[s][t][k][l] = (A E A^T)[t], E the TMxTM tile p = s * L + l of grad_output channel k
+// Z[s][t][k][l] = (A E A^T)[t], E the TMH x TMW tile p = s * L + l of grad_output channel k
 // (zeros past the output's edge): the gradient of M in the forward's terms. 2-D range: p, k.
 __kernel void winograd_grad_output(__global const REAL* restrict dy, const IDX dy_off,
                                    __global REAL* restrict z, const IDX z_off,
@@ -263,33 +369,35 @@ __kernel void winograd_grad_output(__global const REAL* restrict dy, const IDX d
     const int P = B * TH * TW;
     if (p >= P || k >= K) return;
     const int b = p / (TH * TW), t = p - b * TH * TW, th = t / TW;
-    const int oy0 = tile_start(TH0 + th, DH), ox0 = tile_start(t - th * TW, DW);
+    const int oy0 = tile_start(TH0 + th, DH, TMH), ox0 = tile_start(t - th * TW, DW, TMW);
     const __global REAL* src = dy + dy_off + ((IDX)b * K + k) * OH * OW;
-    REAL v[36];
+    REAL v[TT];
     #pragma unroll
-    for (int i = 0; i < TM; ++i) {
+    for (int i = 0; i < TMH; ++i) {
         const int oy = oy0 + i * DH;
         #pragma unroll
-        for (int j = 0; j < TM; ++j) {
+        for (int j = 0; j < TMW; ++j) {
             const int ox = ox0 + j * DW;
-            v[6 * i + j] = (oy < OH && ox < OW) ? src[oy * OW + ox] : (REAL)0;
+            v[AW * i + j] = (oy < OH && ox < OW) ? src[oy * OW + ox] : (REAL)0;
         }
     }
+#if WINO_H
     #pragma unroll
-    for (int j = 0; j < TM; ++j) grad_output_1d(v + j, 6);
+    for (int j = 0; j < TMW; ++j) grad_output_1d(v + j, AW);
+#endif
+#if WINO_W
     #pragma unroll
-    for (int i = 0; i < 6; ++i) grad_output_1d(v + 6 * i, 1);
+    for (int i = 0; i < AH; ++i) grad_output_1d(v + AW * i, 1);
+#endif
     const int s = p / L;
     const IDX step = (IDX)K * L;
-    IDX dst = z_off + ((IDX)s * 36 * K + k) * L + p - s * L;
+    IDX dst = z_off + ((IDX)s * TT * K + k) * L + p - s * L;
     #pragma unroll
-    for (int i = 0; i < 6; ++i)
-        #pragma unroll
-        for (int j = 0; j < 6; ++j, dst += step)
-            z[dst] = v[6 * i + j];
+    for (int q = 0; q < TT; ++q, dst += step)
+        z[dst] = v[q];
 }
 
-// grad_weight[k][ci] = G^T dU[.][k][ci] G: the 36 summed products back to FRxFR taps
+// grad_weight[k][ci] = G^T dU[.][k][ci] G: the TT summed products back to FRH x FRW taps
 // (overwrites grad_weight). 2-D range: ci, k.
 __kernel void winograd_grad_filter(__global const REAL* restrict du, const IDX du_off,
                                    __global REAL* restrict dw, const IDX dw_off,
@@ -299,24 +407,27 @@ __kernel void winograd_grad_filter(__global const REAL* restrict du, const IDX d
     if (ci >= Ci || k >= K) return;
     const IDX step = (IDX)K * Ci;
     IDX src = du_off + (IDX)k * Ci + ci;
-    REAL v[36];
+    REAL v[TT];
     #pragma unroll
-    for (int i = 0; i < 6; ++i)
+    for (int q = 0; q < TT; ++q, src += step)
+        v[q] = du[src];
+#if WINO_H
+    #pragma unroll
+    for (int j = 0; j < AW; ++j) grad_filter_1d(v + j, AW);
+#endif
+#if WINO_W
+    #pragma unroll
+    for (int i = 0; i < FRH; ++i) grad_filter_1d(v + AW * i, 1);
+#endif
+    __global REAL* g = dw + dw_off + ((IDX)k * Ci + ci) * FRH * FRW;
+    #pragma unroll
+    for (int i = 0; i < FRH; ++i)
         #pragma unroll
-        for (int j = 0; j < 6; ++j, src += step)
-            v[6 * i + j] = du[src];
-    #pragma unroll
-    for (int j = 0; j < 6; ++j) grad_filter_1d(v + j, 6);
-    #pragma unroll
-    for (int i = 0; i < FR; ++i) grad_filter_1d(v + 6 * i, 1);
-    __global REAL* g = dw + dw_off + ((IDX)k * Ci + ci) * FR * FR;
-    #pragma unroll
-    for (int i = 0; i < FR; ++i)
-        #pragma unroll
-        for (int j = 0; j < FR; ++j)
-            g[FR * i + j] = v[6 * i + j];
+        for (int j = 0; j < FRW; ++j)
+            g[FRW * i + j] = v[AW * i + j];
 }
 
+#if WINO_H && WINO_W   // (the per-tile kernels above serve filters of one row or column everywhere)
 // ---- CPU devices ----------------------------------------------------------------------
 // CPU runtimes vectorise a work-item only as far as it is written with vectors (PoCL 3.0
 // keeps the kernels above scalar: its cost model finds their gathers too dear). These do
@@ -430,8 +541,8 @@ inline REAL value_or_zero(const __global REAL* restrict plane, const int y, cons
     _Pragma("unroll") for (int q = 0; q < VW; ++q) {                                             \
         const int p = p0 + q < P ? p0 + q : P - 1, b = p / ((TH) * (TW)), r = p - b * (TH) * (TW); \
         const int th = r / (TW);                                                                 \
-        ys[q] = tile_start(TH0 + th, DH);                                                        \
-        xs[q] = tile_start(r - th * (TW), DW);                                                   \
+        ys[q] = tile_start(TH0 + th, DH, TM);                                                    \
+        xs[q] = tile_start(r - th * (TW), DW, TM);                                               \
         img[q] = (IDX)b * (channels) * (plane_size);                                             \
     }
 
@@ -448,7 +559,7 @@ void winograd_input_rows(__global const REAL* restrict x, const IDX x_off,
     REALV v[36];
     if (ONE_TILE_ROW(p0, r0, P, TW, DW)) {
         const __global REAL* plane = src + (IDX)(p0 / (TH * TW)) * C * H * W;
-        const int th = r0 / TW, y0 = tile_start(TH0 + th, DH) - PT, x0 = TM * (r0 - th * TW) - PL;
+        const int th = r0 / TW, y0 = tile_start(TH0 + th, DH, TM) - PT, x0 = TM * (r0 - th * TW) - PL;
         #pragma unroll
         for (int i = 0; i < 6; ++i) ROW_LANES(v + 6 * i, plane, y0 + i * DH, x0, H, W, 6)
     } else {
@@ -546,7 +657,7 @@ void winograd_grad_output_rows(__global const REAL* restrict dy, const IDX dy_of
     REALV v[36];
     if (ONE_TILE_ROW(p0, r0, P, TW, DW)) {
         const __global REAL* plane = src + (IDX)(p0 / (TH * TW)) * K * OH * OW;
-        const int th = r0 / TW, y0 = tile_start(TH0 + th, DH), x0 = TM * (r0 - th * TW);
+        const int th = r0 / TW, y0 = tile_start(TH0 + th, DH, TM), x0 = TM * (r0 - th * TW);
         #pragma unroll
         for (int i = 0; i < TM; ++i) ROW_LANES(v + 6 * i, plane, y0 + i * DH, x0, OH, OW, TM)
     } else {
@@ -635,3 +746,4 @@ void winograd_grad_filter_rows(__global const REAL* restrict du, const IDX du_of
             }
     }
 }
+#endif

@@ -89,6 +89,10 @@ SWEEP = [
     ("winograd_5x5_overpad", (2, 2, 9, 8), (3, 2, 5, 5), dict(padding=((5, 0), (1, 4))), "winograd", "single",
      None),
     ("winograd_split_k", (2, 1, 32, 32), (2, 1, 5, 5), dict(padding=2), "winograd", "single", None),
+    # F(2, 7) along one axis: a tile cut by the edge, dilation, padding past the filter, groups; a 7x1
+    ("winograd_1x7_dilated_overpad", (2, 4, 3, 13), (2, 2, 1, 7), dict(padding=((1, 0), (2, 7)), dilation=(1, 2),
+                                                                      groups=2), "winograd", "per-group", None),
+    ("winograd_7x1", (1, 3, 9, 4), (2, 3, 7, 1), dict(padding=(3, 1)), "winograd", "single", None),
     # one image per chunk: grad-weight's 1240 floats (V, Z, dU at 256-element boundaries) fit, two do not
     # each image in pieces of 2 of its 4 tile rows (the budget is below one image's workspace)
     ("winograd_pieces", (2, 2, 14, 9), (3, 2, 3, 3), dict(padding=((1, 2), (1, 0)), dilation=(2, 1)), "winograd",

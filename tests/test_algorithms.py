@@ -39,6 +39,10 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
     Case("winograd_g2_d2_overpad", 2, 6, 13, 11, 4, 3, 3, padding=((5, 1), (0, 3)), dilation=2, groups=2),
     Case("winograd_wide_d1x2", 3, 32, 10, 15, 20, 3, 3, padding=(1, 2), dilation=(1, 2)),
     Case("winograd5_g2_d1x2_overpad", 2, 6, 14, 11, 4, 5, 5, padding=((5, 0), (1, 9)), dilation=(1, 2), groups=2),
+    # Winograd F(2, 7) along one axis: a last tile cut by the edge, dilation phases, padding past
+    # the dilated filter, groups; 7x1 over 5 channels to 7 filters, uneven padding on both axes
+    Case("winograd_1x7_g2_d1x2_overpad", 2, 6, 9, 23, 4, 1, 7, padding=((1, 0), (2, 8)), dilation=(1, 2), groups=2),
+    Case("winograd_7x1_c5_k7", 3, 5, 13, 6, 7, 7, 1, padding=((3, 3), (1, 0))),
     # tile rows of 12 tiles, dilated rows: CPU transforms whose lanes lie side by side in one tile row
     Case("winograd_rows_d2x1", 2, 4, 13, 45, 5, 3, 3, padding=(2, 1), dilation=(2, 1)),
     # tile rows of 18 tiles, 2 per image: CPU transforms' lanes in one tile row (their patches'
@@ -131,6 +135,16 @@ def test_auto_choice_of_winograd_on_small_maps(size, batch, on_cpu, queue):
         assert "(not winograd: on CPUs" in p.explain()
 
 
+@pytest.mark.parametrize("kernel,padding", [((1, 7), (0, 3)), ((7, 1), (3, 0))], ids=["1x7", "7x1"])
+def test_auto_choice_for_one_row_or_column_of_taps(kernel, padding, queue):
+    """1x7 and 7x1 filters (inception_v3's, in small): im2col; Winograd's F(2, 7) form only when forced."""
+    p = clconv.plan((2, 16, 12, 12), (16, 16) + kernel, padding=padding, queue=queue)
+    assert set(p.algorithms.values()) == {"im2col"}
+    gpu = bool(queue.device.type & cl.device_type.GPU)
+    assert ("(not winograd: its 1x7 and 7x1 form is not yet measured" if gpu else
+            "(not winograd: on CPUs its per-tile transforms of a 1x7 or 7x1 filter") in p.explain()
+
+
 def test_auto_choice_of_fft(queue):
     """5x5 on 27x27 images: the FFT's GEMMs need 3 multiplications per output against Winograd's 9;
     on GPUs that pays for its transforms, on CPUs it does not."""
@@ -168,7 +182,7 @@ def _grouped_runs():
     for c in CASES + EXTRA:
         if c.options["groups"] > 1:
             yield from ((c, "im2col"), (c, "auto"))
-            if c.options["stride"] == 1 and c.weight_shape[2:] in ((3, 3), (5, 5)):
+            if c.options["stride"] == 1 and c.weight_shape[2:] in ((3, 3), (5, 5), (1, 7), (7, 1)):
                 yield c, "winograd"
             if c.name.startswith(("winograd", "fft")):
                 yield c, "fft"

@@ -51,10 +51,10 @@ def test_check_runs_every_algorithm(dtype):
     out = run(["-m", "clconv", "check", "--dtype", dtype])
     assert f"every pass in {dtype}" in out
     for name in ("im2col", "im2col grouped", "im2col CLBlast-GEMM", "im2col grouped per-group", "fc", "1x1",
-                 "direct", "direct few-channel", "winograd", "winograd 5x5", "fft"):
+                 "direct", "direct few-channel", "winograd", "winograd 5x5", "winograd 1x7", "winograd 7x1", "fft"):
         for pass_name in ("forward", "grad-input", "grad-weight"):
             assert f"  {name:28s} {pass_name:12s} normalised max error" in out
-    assert out.count(" ok") == 40 and "all passes match" in out
+    assert out.count(" ok") == 46 and "all passes match" in out
 
 
 @pytest.mark.parametrize("args", [["info"], ["check"], ["bench", "--no-peers"], ["tune"]], ids=" ".join)

@@ -1,11 +1,14 @@
 """Winograd F(4x4, 3x3) and F(2x2, 5x5) for 3x3 and 5x5 convolutions at stride 1 (any
-padding, dilation, groups).
+padding, dilation, groups), and F(1x2, 1x7) / F(2x1, 7x1) for filters of one row or column
+of 7 taps.
 
-Both transform 6x6 input patches: a 4x4 output tile of a 3x3 filter costs 36
+Both 2-D forms transform 6x6 input patches: a 4x4 output tile of a 3x3 filter costs 36
 multiplications per (filter, channel) pair instead of 144, a 2x2 tile of a 5x5 filter 36
 instead of 100, so the GEMMs shrink 4x or 2.8x; the price is transforms that read and
 write each operand 2.25x (9x for 2x2 tiles) its size (kernels/winograd.cl has the math
-and the buffer layouts). Per chunk of images:
+and the buffer layouts). A 1x7 or 7x1 filter transforms 8 inputs along its axis into 8
+values for 2 outputs: 8 multiplications where im2col's GEMM has 14, each operand 4x its size
+in the transforms. Per chunk of images:
   forward        U = G w G^T; V = B^T x B; M[t, g] = U[t, g] @ V[t, g]; y = A^T M A (+ bias)
   grad-input     the forward pass of the transposed convolution (``g.transposed()``) over dy
   grad-weight    V = B^T x B; Z = A dy A^T; dU[t, g] (+)= Z[t, g] @ V[t, g]^T; dw = G^T dU G
@@ -13,7 +16,7 @@ and the buffer layouts). Per chunk of images:
                  the same batched call, then an ordered sum. Besides filling the device, this
                  keeps float32 sums short: F(2x2,5x5) on AlexNet's conv2 at batch 128 gave
                  1.3e-4 of the largest gradient in one sum, 1.8e-5 in 28 slices (PoCL).
-The 36 tile positions t (times the S slices of a split grad-weight) times the groups g are
+The 36 (or 8) tile positions t (times the S slices of a split grad-weight) times the groups g are
 the batch of one batched GEMM (their operands are evenly spaced offsets into
 the workspace); with per-group queues, each group's GEMMs run on its own queue.
 An image whose workspace is above the budget runs in pieces: ranges of its tile rows, as
@@ -32,8 +35,6 @@ from ..programs import INT32_MAX, get_kernel, launch, reduction_work_group, work
 from .partials import MAX_SLICES, MIN_SLICE, SPLIT_K_TARGET, largest_divisor_at_most, max_slices, sum_partials
 from .transform import Transform, aligned, pass_geometry
 
-ALPHA = 6                 # transformed values per tile side: F(4x4, 3x3) and F(2x2, 5x5)
-T2 = ALPHA ** 2           # 36 transformed values per tile
 MIN_CHANNELS = 16         # fewer channels or filters per group: the batched GEMMs are too thin to pay
 CPU_MIN_TILES = 32        # on CPUs over maps of 4 tiles, tiles per batch below which it is not chosen (see preferred)
 LOCAL = 256               # transform kernels' work-group, at most (H200, AlexNet conv2: passes 2-4 % faster than 64)
@@ -64,14 +65,25 @@ def _tiles(size, dilation, tile):
     return dilation * -(-(-(-size // dilation)) // tile)
 
 
+def _alpha(g):
+    """Transformed values per tile along (rows, columns): 6 for 3 and 5 taps, 8 for 7, 1 along
+    an axis of one tap (not transformed)."""
+    return tuple(1 if r == 1 else 8 if r == 7 else 6 for r in (g.kh, g.kw))
+
+
 def _side(g):
-    """Outputs per tile side: F(4x4, 3x3), F(2x2, 5x5)."""
-    return ALPHA + 1 - g.kh
+    """Outputs per tile along (rows, columns): F(4x4, 3x3), F(2x2, 5x5), F(1x2, 1x7), F(2x1, 7x1)."""
+    return tuple(a + 1 - r for a, r in zip(_alpha(g), (g.kh, g.kw)))
 
 
 def _grid(t, side):
     """Tiles (TH, TW) per image along the output rows and columns of geometry ``t``."""
-    return _tiles(t.OH, t.dilation[0], side), _tiles(t.OW, t.dilation[1], side)
+    return _tiles(t.OH, t.dilation[0], side[0]), _tiles(t.OW, t.dilation[1], side[1])
+
+
+def _form(g):
+    """F(4x4,3x3) and so on, as the docs write it."""
+    return "F({}x{},{}x{})".format(*_side(g), g.kh, g.kw)
 
 
 class Winograd(Transform):
@@ -79,18 +91,28 @@ class Winograd(Transform):
 
     @staticmethod
     def applies(g):
-        if (g.kh, g.kw) not in ((3, 3), (5, 5)) or g.stride != (1, 1):
-            return False, f"needs a 3x3 or 5x5 filter at stride 1 (got {g.kh}x{g.kw}, stride {g.stride})"
-        m = _side(g)
-        return True, (f"{g.kh}x{g.kw} at stride 1: Winograd F({m}x{m},{g.kh}x{g.kw}) needs 36 multiplications per "
-                      f"{m}x{m} output tile where im2col's GEMM needs {m * m * g.kh * g.kw}")
+        if (g.kh, g.kw) not in ((3, 3), (5, 5), (1, 7), (7, 1)) or g.stride != (1, 1):
+            return False, (f"needs a 3x3, 5x5, 1x7 or 7x1 filter at stride 1 (got {g.kh}x{g.kw}, stride "
+                           f"{g.stride})")
+        (mh, mw), (ah, aw) = _side(g), _alpha(g)
+        return True, (f"{g.kh}x{g.kw} at stride 1: Winograd {_form(g)} needs {ah * aw} multiplications per "
+                      f"{mh}x{mw} output tile where im2col's GEMM needs {mh * mw * g.kh * g.kw}")
 
     @staticmethod
     def preferred(g, pass_name, device):
         """Whether "auto" should pick this algorithm for ``pass_name`` on ``device`` (it applies either way)."""
         if min(g.Cg, g.Kg) < MIN_CHANNELS:
             return False, (f"fewer than {MIN_CHANNELS} channels or filters per group (Cg = {g.Cg}, Kg = {g.Kg}): "
-                           "its 36 GEMMs would be too thin")
+                           "its batched GEMMs would be too thin")
+        if g.kh != g.kw and device.type & cl.device_type.GPU:
+            return False, "its 1x7 and 7x1 form is not yet measured against im2col on GPUs"
+        if g.kh != g.kw:
+            # filters of one row or column on CPUs: their transforms run per tile, unvectorised. 2-core
+            # EPYC, batch 2, inception_v3's ten 1x7 and 7x1 layers against im2col (device time, counts
+            # weighted), PoCL / Intel's runtime: forward 1.16 / 0.98x, grad-input 0.97 / 1.16x,
+            # grad-weight 1.16 / 1.24x
+            return False, ("on CPUs its per-tile transforms of a 1x7 or 7x1 filter cost more than its GEMMs save "
+                           "(0.97-1.24x im2col's time on PoCL and Intel's runtime)")
         if not device.type & cl.device_type.GPU:
             # CPUs on small maps, where the transforms outweigh the GEMMs they shrink. 2-core Xeon,
             # batch 4, the networks' Winograd layers against im2col (PoCL / Intel's runtime):
@@ -102,9 +124,9 @@ class Winograd(Transform):
             # channels, forward and grad-input at batch 4 (16 tiles, Winograd's GEMMs 16 columns
             # wide) 1.6-1.7x im2col's time on PoCL, 1.15-1.34x on Intel's runtime; at batch 8 (32
             # tiles) 0.92-0.98x on PoCL.
-            m, t = _side(g), pass_geometry(g, pass_name)
-            th, tw = _grid(t, m)
-            tiles, used = th * tw, t.OH * t.OW / (th * tw * m * m)
+            (mh, mw), t = _side(g), pass_geometry(g, pass_name)
+            th, tw = _grid(t, (mh, mw))
+            tiles, used = th * tw, t.OH * t.OW / (th * tw * mh * mw)
             if pass_name == "backward_weight" and tiles <= 4:
                 return False, (f"on CPUs its grad-weight over {tiles} tiles per image costs more in transforms than "
                                "it saves (7x7 maps: 1.6-1.7x im2col's time on PoCL and Intel's runtime)")
@@ -118,15 +140,21 @@ class Winograd(Transform):
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
         super().__init__(g, dtype, device, workspace_limit, per_group, gemm)
-        self.tile = _side(g)    # outputs per tile side
+        self.tile = _side(g)    # outputs per tile along rows and columns
+        self.tt = _alpha(g)[0] * _alpha(g)[1]   # transformed values per tile (TT): 36, or 8 along one axis
+        # the kernels' form: 3, 5 or 7 taps along the transformed axes (both, or one of a 1x7 / 7x1)
+        self.defines = (dict(FR=g.kh) if g.kh == g.kw else
+                        dict(FR=max(g.kh, g.kw), WINO_H=int(g.kh > 1), WINO_W=int(g.kw > 1)))
         # CPU devices whose compiler keeps per-tile kernels scalar: the transforms' _rows
         # forms, this many tiles (or channels) per vector
-        self.rows = 0 if vectorizes_work_items(device) else cpu_vector_width(device, dtype.itemsize)
+        # (filters of one row or column: the per-tile kernels everywhere)
+        self.rows = (0 if vectorizes_work_items(device) or g.kh != g.kw
+                     else cpu_vector_width(device, dtype.itemsize))
         # tiles (TH, TW) per image along the pass's output rows and columns
         self.grid = {p: _grid(t, self.tile) for p, t in self.geometry.items()}
         # grad-weight split-K over the tiles: slices of a chunk divide its tiles exactly
         self.split_target = GPU_SPLIT_K_TARGET if device.type & cl.device_type.GPU else SPLIT_K_TARGET
-        self.max_slices = max_slices(T2 * g.K * g.Cg, g.N * self._tiles_per_image("backward_weight"),
+        self.max_slices = max_slices(self.tt * g.K * g.Cg, g.N * self._tiles_per_image("backward_weight"),
                                      target=self.split_target)
         # grad-weight on clconv's CPU GEMM kernel: V^T in panels where its rule says so, for L tiles
         # per slice over ``count`` GEMMs (gemm_cpu.panels_size)
@@ -137,10 +165,10 @@ class Winograd(Transform):
         self.ranges, self.cuts = {}, {}
         gpu = device.type & cl.device_type.GPU
         self._fit_chunks(workspace_limit,
-                         per_image=lambda p, t: T2 * self._tiles_per_image(p) * (t.C + t.K),   # V, and M (or Z)
+                         per_image=lambda p, t: self.tt * self._tiles_per_image(p) * (t.C + t.K),   # V, and M (or Z)
                          # U (or dU, and the partial sums)
-                         fixed=lambda p, t: T2 * t.K * t.Cg * (1 + self._partials(p)),
-                         widest=lambda p, t: T2 * max(t.C, t.K) * self._tiles_per_image(p),
+                         fixed=lambda p, t: self.tt * t.K * t.Cg * (1 + self._partials(p)),
+                         widest=lambda p, t: self.tt * max(t.C, t.K) * self._tiles_per_image(p),
                          piece_bytes=lambda p: None if gpu or p == "backward_weight" else CPU_PIECE_BYTES)
         at = self.layout["backward_weight"][-1]   # the panels are the layout's last region
         self.panels["backward_weight"] = (at, self.workspace["backward_weight"] - at)
@@ -151,19 +179,19 @@ class Winograd(Transform):
 
     def _layout(self, pass_name, B, rows=None):
         """Offsets of the workspace regions after the first, then its end, for chunks of B
-        images (or pieces of ``rows`` tile rows of one image). V (36, C, P) comes first, at offset 0: it is the GEMM's B operand (see
-        gemm.clblast._in_place); then U (36, K, Ci) and M (36, K, P), or for grad-weight Z (36, K, P),
-        dU (36, K, Ci), its partial sums (S, 36, K, Ci) and V^T in panels for clconv's CPU GEMM (or
-        nothing), V and Z then stored slice-major (S, 36, channels, P / S)."""
+        images (or pieces of ``rows`` tile rows of one image). V (TT, C, P) comes first, at offset 0: it is the GEMM's B operand (see
+        gemm.clblast._in_place); then U (TT, K, Ci) and M (TT, K, P), or for grad-weight Z (TT, K, P),
+        dU (TT, K, Ci), its partial sums (S, TT, K, Ci) and V^T in panels for clconv's CPU GEMM (or
+        nothing), V and Z then stored slice-major (S, TT, channels, P / S); TT = 36, or 8 along one axis."""
         t, (TH, TW) = self.geometry[pass_name], self.grid[pass_name]
         P = B * (TH if rows is None else rows) * TW
-        small = T2 * t.K * t.Cg
+        small = self.tt * t.K * t.Cg
         if pass_name == "backward_weight":
             S = self._slices(P) if P else 1
-            sizes = [T2 * t.K * P, small, small * self._partials(pass_name), self._bt_panels(P // S, S * T2 * t.groups)]
+            sizes = [self.tt * t.K * P, small, small * self._partials(pass_name), self._bt_panels(P // S, S * self.tt * t.groups)]
         else:
-            sizes = [small, T2 * t.K * P]
-        offsets = [aligned(T2 * t.C * P)]
+            sizes = [small, self.tt * t.K * P]
+        offsets = [aligned(self.tt * t.C * P)]
         for size, following in zip(sizes, sizes[1:]):   # an empty last region needs no alignment
             offsets.append(aligned(offsets[-1] + size) if following else offsets[-1] + size)
         return (*offsets, offsets[-1] + sizes[-1])
@@ -175,9 +203,9 @@ class Winograd(Transform):
         budget."""
         t, (TH, TW) = self.geometry[pass_name], self.grid[pass_name]
         if pass_name == "backward_weight":   # split-K's partial sums take at most half the budget
-            self.max_slices = max(1, min(self.max_slices, limit // 2 // (T2 * t.K * t.Cg)))
+            self.max_slices = max(1, min(self.max_slices, limit // 2 // (self.tt * t.K * t.Cg)))
         fixed = self._layout(pass_name, 1, 0)[-1]
-        R = min(TH - 1, max(1, (limit - fixed) // (T2 * TW * (t.C + t.K))), INT32_MAX // (T2 * TW * max(t.C, t.K)))
+        R = min(TH - 1, max(1, (limit - fixed) // (self.tt * TW * (t.C + t.K))), INT32_MAX // (self.tt * TW * max(t.C, t.K)))
         while R > 1 and self._layout(pass_name, 1, R)[-1] > limit:   # the estimate ignores alignment
             R -= 1
         if R < 1 or self._layout(pass_name, 1, R)[-1] > limit:
@@ -210,11 +238,10 @@ class Winograd(Transform):
         n = B * self._tiles_per_image(pass_name) if R is None else R * self.grid[pass_name][1]
         mnk = (t.Kg, t.Cg, n) if pass_name == "backward_weight" else (t.Kg, n, t.Cg)
         flipped = " of the transposed convolution over grad_output" if pass_name == "backward_input" else ""
-        m, r = self.tile, self.g.kh
         S = self._slices(n) if pass_name == "backward_weight" else 1
-        count = f"{S} x {T2}" if S > 1 else f"{T2}"
+        count = f"{S} x {self.tt}" if S > 1 else f"{self.tt}"
         pieces = f"chunk, {chunks} chunk(s) of {B} image(s)" if R is None else f"piece, {self.cuts[pass_name]}"
-        text = (f"Winograd F({m}x{m},{r}x{r}){flipped}: transforms + {count} x {t.groups} batched GEMMs per "
+        text = (f"Winograd {_form(self.g)}{flipped}: transforms + {count} x {t.groups} batched GEMMs per "
                 f"{pieces}, per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2] // S}")
         if S > 1:
             text += (f", split-K into {S} slices of the tiles summed in order (a divisor of them, at most "
@@ -241,16 +268,16 @@ class Winograd(Transform):
         filter, work-groups of up to LOCAL); on CPUs its _rows form over ``rows_range``
         (VW tiles or channels per vector, single work-items)."""
         if self.rows:
-            knl = get_kernel(queue.context, "winograd.cl", name + "_rows", self.dtype, IDX=idx, FR=self.g.kh,
+            knl = get_kernel(queue.context, "winograd.cl", name + "_rows", self.dtype, IDX=idx, **self.defines,
                              VW=self.rows)
             launch(queue, knl, rows_range, (1,) * len(rows_range), *args, what=what)
             return
-        knl = get_kernel(queue.context, "winograd.cl", name, self.dtype, IDX=idx, FR=self.g.kh)
+        knl = get_kernel(queue.context, "winograd.cl", name, self.dtype, IDX=idx, **self.defines)
         local = reduction_work_group(queue.device, min(LOCAL, work_group_limit(knl, queue.device))), 1
         launch(queue, knl, gpu_range, local, *args, what=what)
 
     def _input(self, queue, idx, pass_name, x, piece, ws, at, slices=1):
-        """V (slices, 36, C, P / slices) at ``at`` from the P tiles of a piece of ``x``."""
+        """V (slices, TT, C, P / slices) at ``at`` from the P tiles of a piece of ``x``."""
         t, (n0, nb, th0, rows), TW = self.geometry[pass_name], piece, self.grid[pass_name][1]
         (pt, _), (pl, _) = t.pads
         P = nb * rows * TW
@@ -277,7 +304,7 @@ class Winograd(Transform):
             n0, nb, _, rows = piece
             P = nb * rows * self.grid[pass_name][1]
             self._input(queue, idx, pass_name, x, piece, ws, 0)
-            self._position_gemm(queue, G, T2, Ko, P, Ci, Op(ws, u, Ci, Ko * Ci, t.K * Ci),
+            self._position_gemm(queue, G, self.tt, Ko, P, Ci, Op(ws, u, Ci, Ko * Ci, t.K * Ci),
                                 Op(ws, 0, P, Ci * P, t.C * P), Op(ws, m, P, Ko * P, t.K * P), what=what)
             self._transform(queue, "winograd_output", idx, (P, t.K), (self._lane_groups(P), t.K), ws, m,
                             y.buf, y.off + n0 * t.K * t.OH * t.OW, b.buf, b.off, flags(bias, relu),
@@ -288,18 +315,18 @@ class Winograd(Transform):
         idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
         Kg, Cg, TW = t.Kg, t.Cg, self.grid["backward_weight"][1]
         z, du, part, _ = self.layout["backward_weight"]
-        n = T2 * t.K * Cg   # elements of dU
+        n = self.tt * t.K * Cg   # elements of dU
         for i, piece in enumerate(self._pieces("backward_weight")):
             n0, nb, _, rows = piece
             P = nb * rows * TW
             S = self._slices(P)
-            L = P // S   # tiles per slice; V and Z slice-major: (S, 36, channels, L)
+            L = P // S   # tiles per slice; V and Z slice-major: (S, TT, channels, L)
             self._input(queue, idx, "backward_weight", x, piece, ws, 0, S)
             self._transform(queue, "winograd_grad_output", idx, (P, t.K), (self._lane_groups(P), t.K),
                             dy.buf, dy.off + n0 * t.K * t.OH * t.OW, ws, z, *self._tile_args("backward_weight", piece),
                             L, what="grad-weight (Winograd): grad_output transform")
-            # GEMM (slice, t, group) at index (s * 36 + t) * G + g: into dU, or its partial sums
-            self._position_gemm(queue, t.groups, S * T2, Kg, Cg, L, Op(ws, z, L, Kg * L, t.K * L),
+            # GEMM (slice, t, group) at index (s * TT + t) * G + g: into dU, or its partial sums
+            self._position_gemm(queue, t.groups, S * self.tt, Kg, Cg, L, Op(ws, z, L, Kg * L, t.K * L),
                                 Op(ws, 0, L, Cg * L, t.C * L), Op(ws, du if S == 1 else part, Cg, Kg * Cg, t.K * Cg),
                                 beta=1.0 if S == 1 and i > 0 else 0.0, b_transp=True,
                                 b_panels=self._panels("backward_weight", ws), what="grad-weight (Winograd)")
