@@ -27,6 +27,8 @@ WINOGRAD_TILED = [
     Case("winograd_k5_asym_g2", 1, 32, 43, 11, 32, 5, 5, padding=((2, 0), (1, 3)), groups=2),
     Case("winograd_d2_k3", 2, 16, 47, 9, 18, 3, 3, padding=2, dilation=2),
     Case("winograd_k3_valid", 1, 17, 50, 7, 16, 3, 3),
+    Case("winograd_1x7_p3", 2, 16, 37, 13, 16, 1, 7, padding=(0, 3)),
+    Case("winograd_7x1_d2x3", 1, 16, 41, 9, 16, 7, 1, padding=(6, 1), dilation=(2, 3)),
 ]
 
 

@@ -76,9 +76,15 @@ def _side(g):
     return tuple(a + 1 - r for a, r in zip(_alpha(g), (g.kh, g.kw)))
 
 
+def _dilation(t):
+    """Geometry ``t``'s dilation as its tiles see it: 1 along an axis of one tap (no phases to interleave)."""
+    return tuple(d if r > 1 else 1 for d, r in zip(t.dilation, (t.kh, t.kw)))
+
+
 def _grid(t, side):
     """Tiles (TH, TW) per image along the output rows and columns of geometry ``t``."""
-    return _tiles(t.OH, t.dilation[0], side[0]), _tiles(t.OW, t.dilation[1], side[1])
+    (dh, dw) = _dilation(t)
+    return _tiles(t.OH, dh, side[0]), _tiles(t.OW, dw, side[1])
 
 
 def _form(g):
@@ -283,13 +289,13 @@ class Winograd(Transform):
         P = nb * rows * TW
         self._transform(queue, "winograd_input", idx, (P, t.C), (self._lane_groups(P), t.C),
                         x.buf, x.off + n0 * t.C * t.H * t.W, ws, at, nb, t.C, t.H, t.W, rows, TW, th0,
-                        pt, pl, *t.dilation, P // slices, what="Winograd input transform")
+                        pt, pl, *_dilation(t), P // slices, what="Winograd input transform")
 
     def _tile_args(self, pass_name, piece):
         """The output-side kernels' tile arguments for a piece: images, channels, output size,
         tile rows and columns, first tile row, dilation."""
         t, (_, nb, th0, rows) = self.geometry[pass_name], piece
-        return (nb, t.K, t.OH, t.OW, rows, self.grid[pass_name][1], th0) + t.dilation
+        return (nb, t.K, t.OH, t.OW, rows, self.grid[pass_name][1], th0) + _dilation(t)
 
     def _convolve(self, queue, pass_name, x, w, bias, y, ws, what, relu=False):
         """y = conv(x, w) (+ bias) over the pass's geometry, w flipped for grad-input."""
