@@ -117,7 +117,7 @@ class Winograd(Transform):
             return True, ""
         if g.kh != g.kw:
             # filters of one row or column on CPUs: their transforms run per tile, unvectorised. 2-core
-            # EPYC, batch 2, inception_v3's ten 1x7 and 7x1 layers against im2col (device time, counts
+            # Xeon, batch 2, inception_v3's ten 1x7 and 7x1 layers against im2col (device time, counts
             # weighted), PoCL / Intel's runtime: forward 1.16 / 0.98x, grad-input 0.97 / 1.16x,
             # grad-weight 1.16 / 1.24x
             return False, ("on CPUs its per-tile transforms of a 1x7 or 7x1 filter cost more than its GEMMs save "
