@@ -197,7 +197,8 @@ class Winograd(Transform):
         small = self.tt * t.K * t.Cg
         if pass_name == "backward_weight":
             S = self._slices(P) if P else 1
-            sizes = [self.tt * t.K * P, small, small * self._partials(pass_name), self._bt_panels(P // S, S * self.tt * t.groups)]
+            sizes = [self.tt * t.K * P, small, small * self._partials(pass_name),
+                     self._bt_panels(P // S, S * self.tt * t.groups)]
         else:
             sizes = [small, self.tt * t.K * P]
         offsets = [aligned(self.tt * t.C * P)]
@@ -214,7 +215,8 @@ class Winograd(Transform):
         if pass_name == "backward_weight":   # split-K's partial sums take at most half the budget
             self.max_slices = max(1, min(self.max_slices, limit // 2 // (self.tt * t.K * t.Cg)))
         fixed = self._layout(pass_name, 1, 0)[-1]
-        R = min(TH - 1, max(1, (limit - fixed) // (self.tt * TW * (t.C + t.K))), INT32_MAX // (self.tt * TW * max(t.C, t.K)))
+        R = min(TH - 1, max(1, (limit - fixed) // (self.tt * TW * (t.C + t.K))),
+                INT32_MAX // (self.tt * TW * max(t.C, t.K)))
         while R > 1 and self._layout(pass_name, 1, R)[-1] > limit:   # the estimate ignores alignment
             R -= 1
         if R < 1 or self._layout(pass_name, 1, R)[-1] > limit:
