@@ -39,7 +39,7 @@
 #define ALPHA 6
 #endif
 #if (FR != 3 && FR != 5 && FR != 7) || !(WINO_H || WINO_W) || (FR == 7 && WINO_H && WINO_W)
-#error "FR is 3 or 5 along both axes, or 7 along one (WINO_H or WINO_W 0)"
+#error "FR is 3 or 5, or 7 along one axis only (WINO_H or WINO_W 0); at least one axis transformed"
 #endif
 #define TM (ALPHA + 1 - FR)          // outputs per tile along a transformed axis
 #define AH (WINO_H ? ALPHA : 1)      // a tile's transformed values along rows and columns
