@@ -427,7 +427,6 @@ __kernel void winograd_grad_filter(__global const REAL* restrict du, const IDX d
             g[FRW * i + j] = v[AW * i + j];
 }
 
-#if WINO_H && WINO_W   // (the per-tile kernels above serve filters of one row or column everywhere)
 // ---- CPU devices ----------------------------------------------------------------------
 // CPU runtimes vectorise a work-item only as far as it is written with vectors (PoCL 3.0
 // keeps the kernels above scalar: its cost model finds their gathers too dear). These do
@@ -439,18 +438,18 @@ __kernel void winograd_grad_filter(__global const REAL* restrict du, const IDX d
 typedef union { REALV v; REAL s[VW]; } lanes;   // a vector and its values
 TRANSFORMS(REALV, _v)
 
-// The 36 transformed values of tiles p0 .. p0 + n - 1 (n > VW: VW of them) of channel c,
+// The TT transformed values of tiles p0 .. p0 + n - 1 (n > VW: VW of them) of channel c,
 // one per lane of v, into out[s][t][c][l] (p = s * L + l) with `channels` channels: each
 // value's VW tiles consecutive where they lie in one slice.
-inline void store_tiles(REALV v[36], __global REAL* restrict out, const int p0, const int n, const int channels,
+inline void store_tiles(REALV v[TT], __global REAL* restrict out, const int p0, const int n, const int channels,
                         const int c, const int L)
 {
     const IDX step = (IDX)channels * L;
     const int s0 = p0 / L;
     if (n >= VW && (p0 + VW - 1) / L == s0) {
-        __global REAL* dst = out + ((IDX)s0 * 36 * channels + c) * L + p0 - s0 * L;
+        __global REAL* dst = out + ((IDX)s0 * TT * channels + c) * L + p0 - s0 * L;
         #pragma unroll
-        for (int t = 0; t < 36; ++t) {
+        for (int t = 0; t < TT; ++t) {
             lanes u;
             u.v = v[t];
             #pragma unroll
@@ -460,9 +459,9 @@ inline void store_tiles(REALV v[36], __global REAL* restrict out, const int p0, 
     }
     for (int q = 0; q < VW && q < n; ++q) {
         const int p = p0 + q, s = p / L;
-        __global REAL* dst = out + ((IDX)s * 36 * channels + c) * L + p - s * L;
+        __global REAL* dst = out + ((IDX)s * TT * channels + c) * L + p - s * L;
         #pragma unroll
-        for (int t = 0; t < 36; ++t) {
+        for (int t = 0; t < TT; ++t) {
             lanes u;
             u.v = v[t];
             dst[t * step] = u.s[q];
@@ -471,13 +470,13 @@ inline void store_tiles(REALV v[36], __global REAL* restrict out, const int p0, 
 }
 
 // v[t] = src[t * step + q] for the VW lanes q, zero from lane n on: VW consecutive
-// values of each of 36 planes `step` apart, one vector each where n >= VW (value by value, each
+// values of each of TT planes `step` apart, one vector each where n >= VW (value by value, each
 // tested, they took the output transform 1.1-1.2x the time on PoCL).
-inline void load_planes(REALV v[36], const __global REAL* restrict src, const IDX step, const int n)
+inline void load_planes(REALV v[TT], const __global REAL* restrict src, const IDX step, const int n)
 {
     if (n >= VW) {
         #pragma unroll
-        for (int t = 0; t < 36; ++t) {
+        for (int t = 0; t < TT; ++t) {
             const __global REAL* p = src + t * step;
 #if VW == 8
             v[t] = (REALV)(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]);
@@ -490,7 +489,7 @@ inline void load_planes(REALV v[36], const __global REAL* restrict src, const ID
         return;
     }
     #pragma unroll
-    for (int t = 0; t < 36; ++t) {
+    for (int t = 0; t < TT; ++t) {
         lanes u;
         #pragma unroll
         for (int q = 0; q < VW; ++q) u.s[q] = q < n ? src[t * step + q] : (REAL)0;
@@ -509,26 +508,26 @@ inline REAL value_or_zero(const __global REAL* restrict plane, const int y, cons
 
 // Whether the VW tiles from tile p0 of the chunk (P tiles, TW per tile row; r0: p0's place among
 // its image's) are whole and side by side in one tile row, undilated along it: lane q's tile then
-// starts TM * q columns after lane 0's.
+// starts TMW * q columns after lane 0's.
 #define ONE_TILE_ROW(p0, r0, P, TW, DW) ((DW) == 1 && (p0) + VW <= (P) && (r0) % (TW) + VW <= (TW))
 
 // dst[j] (j < COUNT) = the lanes' j-th values along row y of an H x W plane, lane q's from column
-// x0 + TM * q on (zeros outside the plane), for VW tiles side by side in a tile row: the row's
-// TM * (VW - 1) + COUNT values loaded once, in order, not VW * COUNT gathered lane by lane (PoCL,
+// x0 + TMW * q on (zeros outside the plane), for VW tiles side by side in a tile row: the row's
+// TMW * (VW - 1) + COUNT values loaded once, in order, not VW * COUNT gathered lane by lane (PoCL,
 // inception_v3's 109x109 maps: the input and grad_output transforms 0.59-0.67x the time).
 #define ROW_LANES(dst, plane, y, x0, H, W, COUNT)                                               \
     {                                                                                           \
-        REAL r_[TM * (VW - 1) + (COUNT)];                                                       \
-        if ((y) >= 0 && (y) < (H) && (x0) >= 0 && (x0) + TM * (VW - 1) + (COUNT) <= (W)) {      \
-            _Pragma("unroll") for (int u = 0; u < TM * (VW - 1) + (COUNT); ++u)                 \
+        REAL r_[TMW * (VW - 1) + (COUNT)];                                                      \
+        if ((y) >= 0 && (y) < (H) && (x0) >= 0 && (x0) + TMW * (VW - 1) + (COUNT) <= (W)) {     \
+            _Pragma("unroll") for (int u = 0; u < TMW * (VW - 1) + (COUNT); ++u)                \
                 r_[u] = (plane)[(IDX)(y) * (W) + (x0) + u];                                     \
         } else {                                                                                \
-            _Pragma("unroll") for (int u = 0; u < TM * (VW - 1) + (COUNT); ++u)                 \
+            _Pragma("unroll") for (int u = 0; u < TMW * (VW - 1) + (COUNT); ++u)                \
                 r_[u] = value_or_zero(plane, y, (x0) + u, H, W);                                \
         }                                                                                       \
         _Pragma("unroll") for (int j = 0; j < (COUNT); ++j) {                                   \
             lanes t_;                                                                           \
-            _Pragma("unroll") for (int q = 0; q < VW; ++q) t_.s[q] = r_[TM * q + j];            \
+            _Pragma("unroll") for (int q = 0; q < VW; ++q) t_.s[q] = r_[TMW * q + j];           \
             (dst)[j] = t_.v;                                                                    \
         }                                                                                       \
     }
@@ -541,8 +540,8 @@ inline REAL value_or_zero(const __global REAL* restrict plane, const int y, cons
     _Pragma("unroll") for (int q = 0; q < VW; ++q) {                                             \
         const int p = p0 + q < P ? p0 + q : P - 1, b = p / ((TH) * (TW)), r = p - b * (TH) * (TW); \
         const int th = r / (TW);                                                                 \
-        ys[q] = tile_start(TH0 + th, DH, TM);                                                    \
-        xs[q] = tile_start(r - th * (TW), DW, TM);                                               \
+        ys[q] = tile_start(TH0 + th, DH, TMH);                                                   \
+        xs[q] = tile_start(r - th * (TW), DW, TMW);                                              \
         img[q] = (IDX)b * (channels) * (plane_size);                                             \
     }
 
@@ -556,12 +555,12 @@ void winograd_input_rows(__global const REAL* restrict x, const IDX x_off,
 {
     const int p0 = get_global_id(0) * VW, c = get_global_id(1), P = B * TH * TW, r0 = p0 % (TH * TW);
     const __global REAL* src = x + x_off + (IDX)c * H * W;
-    REALV v[36];
+    REALV v[TT];
     if (ONE_TILE_ROW(p0, r0, P, TW, DW)) {
         const __global REAL* plane = src + (IDX)(p0 / (TH * TW)) * C * H * W;
-        const int th = r0 / TW, y0 = tile_start(TH0 + th, DH, TM) - PT, x0 = TM * (r0 - th * TW) - PL;
+        const int th = r0 / TW, y0 = tile_start(TH0 + th, DH, TMH) - PT, x0 = TMW * (r0 - th * TW) - PL;
         #pragma unroll
-        for (int i = 0; i < 6; ++i) ROW_LANES(v + 6 * i, plane, y0 + i * DH, x0, H, W, 6)
+        for (int i = 0; i < AH; ++i) ROW_LANES(v + AW * i, plane, y0 + i * DH, x0, H, W, AW)
     } else {
         LANE_TILES(TH, TW, P, C, H * W)
         bool inside = DH == 1 && DW == 1;   // every lane's patch inside the image: no bounds to test
@@ -569,14 +568,14 @@ void winograd_input_rows(__global const REAL* restrict x, const IDX x_off,
         for (int q = 0; q < VW; ++q) {
             ys[q] -= PT;
             xs[q] -= PL;
-            inside = inside && ys[q] >= 0 && ys[q] + 5 < H && xs[q] >= 0 && xs[q] + 5 < W;
+            inside = inside && ys[q] >= 0 && ys[q] + AH - 1 < H && xs[q] >= 0 && xs[q] + AW - 1 < W;
         }
 #define PATCH(VALUE)                                                                             \
-    _Pragma("unroll") for (int i = 0; i < 6; ++i)                                                \
-        _Pragma("unroll") for (int j = 0; j < 6; ++j) {                                          \
+    _Pragma("unroll") for (int i = 0; i < AH; ++i)                                               \
+        _Pragma("unroll") for (int j = 0; j < AW; ++j) {                                         \
             lanes t;                                                                             \
             _Pragma("unroll") for (int q = 0; q < VW; ++q) t.s[q] = VALUE;                        \
-            v[6 * i + j] = t.v;                                                                  \
+            v[AW * i + j] = t.v;                                                                 \
         }
         if (inside) {
             PATCH(src[img[q] + (IDX)(ys[q] + i) * W + xs[q] + j])
@@ -585,10 +584,14 @@ void winograd_input_rows(__global const REAL* restrict x, const IDX x_off,
         }
 #undef PATCH
     }
+#if WINO_H
     #pragma unroll
-    for (int j = 0; j < 6; ++j) input_1d_v(v + j, 6);
+    for (int j = 0; j < AW; ++j) input_1d_v(v + j, AW);
+#endif
+#if WINO_W
     #pragma unroll
-    for (int i = 0; i < 6; ++i) input_1d_v(v + 6 * i, 1);
+    for (int i = 0; i < AH; ++i) input_1d_v(v + AW * i, 1);
+#endif
     store_tiles(v, out + out_off, p0, P - p0, C, c, L);
 }
 
@@ -604,26 +607,30 @@ void winograd_output_rows(__global const REAL* restrict m, const IDX m_off,
     const REAL b0 = (flags & EPI_BIAS) ? bias[bias_off + k] : (REAL)0;
     __global REAL* dst = y + y_off + (IDX)k * OH * OW;
     LANE_TILES(TH, TW, P, K, OH * OW)
-    REALV v[36];
+    REALV v[TT];
     load_planes(v, m + m_off + (IDX)k * P + p0, (IDX)K * P, P - p0);
+#if WINO_H
     #pragma unroll
-    for (int j = 0; j < 6; ++j) output_1d_v(v + j, 6);
+    for (int j = 0; j < AW; ++j) output_1d_v(v + j, AW);
+#endif
+#if WINO_W
     #pragma unroll
-    for (int i = 0; i < TM; ++i) output_1d_v(v + 6 * i, 1);
-    // the lanes' tiles side by side in one tile row, inside the output: TM * VW consecutive outputs
-    const bool run = ONE_TILE_ROW(p0, p0 % (TH * TW), P, TW, DW) && xs[VW - 1] + TM <= OW;
+    for (int i = 0; i < TMH; ++i) output_1d_v(v + AW * i, 1);
+#endif
+    // the lanes' tiles side by side in one tile row, inside the output: TMW * VW consecutive outputs
+    const bool run = ONE_TILE_ROW(p0, p0 % (TH * TW), P, TW, DW) && xs[VW - 1] + TMW <= OW;
     #pragma unroll
-    for (int i = 0; i < TM; ++i) {
-        lanes t[TM];
+    for (int i = 0; i < TMH; ++i) {
+        lanes t[TMW];
         #pragma unroll
-        for (int j = 0; j < TM; ++j) t[j].v = v[6 * i + j];
+        for (int j = 0; j < TMW; ++j) t[j].v = v[AW * i + j];
         if (run) {
             if (ys[0] + i * DH >= OH) break;
             __global REAL* row = dst + img[0] + (IDX)(ys[0] + i * DH) * OW + xs[0];
             #pragma unroll
             for (int q = 0; q < VW; ++q)
                 #pragma unroll
-                for (int j = 0; j < TM; ++j) row[TM * q + j] = EPILOGUE(flags, t[j].s[q] + b0);
+                for (int j = 0; j < TMW; ++j) row[TMW * q + j] = EPILOGUE(flags, t[j].s[q] + b0);
             continue;
         }
         #pragma unroll
@@ -631,12 +638,12 @@ void winograd_output_rows(__global const REAL* restrict m, const IDX m_off,
             const int oy = ys[q] + i * DH;
             if (p0 + q >= P || oy >= OH) continue;
             __global REAL* row = dst + img[q] + (IDX)oy * OW;
-            if (DW == 1 && xs[q] + TM <= OW) {   // the tile's TM outputs inside the row
+            if (DW == 1 && xs[q] + TMW <= OW) {   // the tile's TMW outputs inside the row
                 #pragma unroll
-                for (int j = 0; j < TM; ++j) row[xs[q] + j] = EPILOGUE(flags, t[j].s[q] + b0);
+                for (int j = 0; j < TMW; ++j) row[xs[q] + j] = EPILOGUE(flags, t[j].s[q] + b0);
             } else {
                 #pragma unroll
-                for (int j = 0; j < TM; ++j) {
+                for (int j = 0; j < TMW; ++j) {
                     const int ox = xs[q] + j * DW;
                     if (ox < OW) row[ox] = EPILOGUE(flags, t[j].s[q] + b0);
                 }
@@ -654,29 +661,33 @@ void winograd_grad_output_rows(__global const REAL* restrict dy, const IDX dy_of
 {
     const int p0 = get_global_id(0) * VW, k = get_global_id(1), P = B * TH * TW, r0 = p0 % (TH * TW);
     const __global REAL* src = dy + dy_off + (IDX)k * OH * OW;
-    REALV v[36];
+    REALV v[TT];
     if (ONE_TILE_ROW(p0, r0, P, TW, DW)) {
         const __global REAL* plane = src + (IDX)(p0 / (TH * TW)) * K * OH * OW;
-        const int th = r0 / TW, y0 = tile_start(TH0 + th, DH, TM), x0 = TM * (r0 - th * TW);
+        const int th = r0 / TW, y0 = tile_start(TH0 + th, DH, TMH), x0 = TMW * (r0 - th * TW);
         #pragma unroll
-        for (int i = 0; i < TM; ++i) ROW_LANES(v + 6 * i, plane, y0 + i * DH, x0, OH, OW, TM)
+        for (int i = 0; i < TMH; ++i) ROW_LANES(v + AW * i, plane, y0 + i * DH, x0, OH, OW, TMW)
     } else {
         LANE_TILES(TH, TW, P, K, OH * OW)
         #pragma unroll
-        for (int i = 0; i < TM; ++i)
+        for (int i = 0; i < TMH; ++i)
             #pragma unroll
-            for (int j = 0; j < TM; ++j) {
+            for (int j = 0; j < TMW; ++j) {
                 lanes t;
                 #pragma unroll
                 for (int q = 0; q < VW; ++q)
                     t.s[q] = value_or_zero(src + img[q], ys[q] + i * DH, xs[q] + j * DW, OH, OW);
-                v[6 * i + j] = t.v;
+                v[AW * i + j] = t.v;
             }
     }
+#if WINO_H
     #pragma unroll
-    for (int j = 0; j < TM; ++j) grad_output_1d_v(v + j, 6);
+    for (int j = 0; j < TMW; ++j) grad_output_1d_v(v + j, AW);
+#endif
+#if WINO_W
     #pragma unroll
-    for (int i = 0; i < 6; ++i) grad_output_1d_v(v + 6 * i, 1);
+    for (int i = 0; i < AH; ++i) grad_output_1d_v(v + AW * i, 1);
+#endif
     store_tiles(v, z + z_off, p0, P - p0, K, k, L);
 }
 
@@ -689,34 +700,36 @@ void winograd_filter_rows(__global const REAL* restrict w, const IDX w_off,
     const int k = get_global_id(0), grp = k / Ko;
     const IDX step = (IDX)K * Ci;
     for (int ci0 = 0; ci0 < Ci; ci0 += VW) {
-        REALV v[36];
+        REALV v[TT];
         #pragma unroll
-        for (int i = 0; i < FR; ++i)
+        for (int i = 0; i < FRH; ++i)
             #pragma unroll
-            for (int j = 0; j < FR; ++j) {
+            for (int j = 0; j < FRW; ++j) {
                 lanes t;
                 #pragma unroll
                 for (int q = 0; q < VW; ++q) {
                     const int ci = ci0 + q < Ci ? ci0 + q : Ci - 1;
                     const __global REAL* g = w + w_off + (flip ? (IDX)(grp * Ci + ci) * Ko + (k - grp * Ko)
-                                                               : (IDX)k * Ci + ci) * FR * FR;
-                    t.s[q] = flip ? g[(FR - 1 - i) * FR + FR - 1 - j] : g[i * FR + j];
+                                                               : (IDX)k * Ci + ci) * FRH * FRW;
+                    t.s[q] = flip ? g[FRH * FRW - 1 - FRW * i - j] : g[FRW * i + j];
                 }
-                v[6 * i + j] = t.v;
+                v[AW * i + j] = t.v;
             }
+#if WINO_H
         #pragma unroll
-        for (int j = 0; j < FR; ++j) filter_1d_v(v + j, 6);
+        for (int j = 0; j < FRW; ++j) filter_1d_v(v + j, AW);
+#endif
+#if WINO_W
         #pragma unroll
-        for (int i = 0; i < 6; ++i) filter_1d_v(v + 6 * i, 1);
+        for (int i = 0; i < AH; ++i) filter_1d_v(v + AW * i, 1);
+#endif
         __global REAL* dst = u + u_off + (IDX)k * Ci + ci0;
         #pragma unroll
-        for (int i = 0; i < 6; ++i)
-            #pragma unroll
-            for (int j = 0; j < 6; ++j) {
-                lanes t;
-                t.v = v[6 * i + j];
-                for (int q = 0; q < VW && ci0 + q < Ci; ++q) dst[(6 * i + j) * step + q] = t.s[q];
-            }
+        for (int t = 0; t < TT; ++t) {
+            lanes l;
+            l.v = v[t];
+            for (int q = 0; q < VW && ci0 + q < Ci; ++q) dst[t * step + q] = l.s[q];
+        }
     }
 }
 
@@ -729,21 +742,24 @@ void winograd_grad_filter_rows(__global const REAL* restrict du, const IDX du_of
     const int k = get_global_id(0);
     const IDX step = (IDX)K * Ci;
     for (int ci0 = 0; ci0 < Ci; ci0 += VW) {
-        REALV v[36];
+        REALV v[TT];
         load_planes(v, du + du_off + (IDX)k * Ci + ci0, step, Ci - ci0);
+#if WINO_H
         #pragma unroll
-        for (int j = 0; j < 6; ++j) grad_filter_1d_v(v + j, 6);
+        for (int j = 0; j < AW; ++j) grad_filter_1d_v(v + j, AW);
+#endif
+#if WINO_W
         #pragma unroll
-        for (int i = 0; i < FR; ++i) grad_filter_1d_v(v + 6 * i, 1);
+        for (int i = 0; i < FRH; ++i) grad_filter_1d_v(v + AW * i, 1);
+#endif
         #pragma unroll
-        for (int i = 0; i < FR; ++i)
+        for (int i = 0; i < FRH; ++i)
             #pragma unroll
-            for (int j = 0; j < FR; ++j) {
+            for (int j = 0; j < FRW; ++j) {
                 lanes t;
-                t.v = v[6 * i + j];
+                t.v = v[AW * i + j];
                 for (int q = 0; q < VW && ci0 + q < Ci; ++q)
-                    dw[dw_off + ((IDX)k * Ci + ci0 + q) * FR * FR + FR * i + j] = t.s[q];
+                    dw[dw_off + ((IDX)k * Ci + ci0 + q) * FRH * FRW + FRW * i + j] = t.s[q];
             }
     }
 }
-#endif

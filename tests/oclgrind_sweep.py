@@ -188,6 +188,12 @@ SWEEP = [
     ("cpu_winograd_rows", (2, 3, 7, 37), (4, 3, 3, 3), dict(padding=1, cpu=True), "winograd", "single", None),
     ("cpu_winograd_rows_d2x1", (1, 2, 13, 21), (3, 2, 3, 3), dict(padding=(2, 1), dilation=(2, 1), cpu=True),
      "winograd", "single", None),
+    # F(2, 7) in rows: a 7x1's lanes in one tile row of 11 columns (the one-tap axis padded, dilated
+    # rows) and across tile rows; a 1x7's 2-output tiles, 9 to a tile row, its last tile cut
+    ("cpu_winograd_7x1_rows", (1, 2, 9, 10), (3, 2, 7, 1), dict(padding=((3, 2), (0, 1)), dilation=(2, 1), cpu=True),
+     "winograd", "single", None),
+    ("cpu_winograd_1x7_rows", (2, 2, 3, 17), (3, 2, 1, 7), dict(padding=(1, 3), cpu=True), "winograd", "single",
+     None),
     ("cpu_winograd_5x5_pieces", (1, 3, 13, 10), (2, 3, 5, 5), dict(padding=2, cpu=True), "winograd", "single",
      9600),
     ("cpu_im2col_column_tiles", (1, 3, 5, 11), (4, 3, 3, 3), dict(stride=(1, 2), padding=((1, 0), (2, 1)), cpu=True),

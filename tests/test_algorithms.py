@@ -43,6 +43,10 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
     # the dilated filter, groups; 7x1 over 5 channels to 7 filters, uneven padding on both axes
     Case("winograd_1x7_g2_d1x2_overpad", 2, 6, 9, 23, 4, 1, 7, padding=((1, 0), (2, 8)), dilation=(1, 2), groups=2),
     Case("winograd_7x1_c5_k7", 3, 5, 13, 6, 7, 7, 1, padding=((3, 3), (1, 0))),
+    # the CPU row transforms' lanes in one tile row: a 7x1 over 38 columns, dilated rows, the one-tap
+    # axis padded (its edge columns zeros); a 1x7 over 20 tiles a tile row, cut at its right edge
+    Case("winograd_7x1_rows_d2", 2, 3, 15, 37, 5, 7, 1, padding=((3, 2), (0, 1)), dilation=(2, 1)),
+    Case("winograd_1x7_rows_p3", 2, 3, 5, 40, 4, 1, 7, padding=(1, 3)),
     # tile rows of 12 tiles, dilated rows: CPU transforms whose lanes lie side by side in one tile row
     Case("winograd_rows_d2x1", 2, 4, 13, 45, 5, 3, 3, padding=(2, 1), dilation=(2, 1)),
     # tile rows of 18 tiles, 2 per image: CPU transforms' lanes in one tile row (their patches'
@@ -137,15 +141,16 @@ def test_auto_choice_of_winograd_on_small_maps(size, batch, on_cpu, queue):
 
 @pytest.mark.parametrize("kernel,padding", [((1, 7), (0, 3)), ((7, 1), (3, 0))], ids=["1x7", "7x1"])
 def test_auto_choice_for_one_row_or_column_of_taps(kernel, padding, queue):
-    """1x7 and 7x1 filters (inception_v3's, in small): Winograd's F(2, 7) form on GPUs, im2col on
-    CPUs, whose per-tile transforms cost more than its GEMMs save; below 16 channels, im2col."""
+    """1x7 and 7x1 filters (inception_v3's, in small): Winograd's F(2, 7) form on GPUs, and on CPUs
+    for a 7x1, whose tiles' values load as runs of rows; a 1x7 on CPUs im2col, its 2-output tiles
+    too few to a tile row for the row transforms' vectors; below 16 channels, im2col."""
     p = clconv.plan((2, 16, 12, 12), (16, 16) + kernel, padding=padding, queue=queue)
-    gpu = bool(queue.device.type & cl.device_type.GPU)
-    assert set(p.algorithms.values()) == {"winograd" if gpu else "im2col"}
-    if gpu:
+    winograd = bool(queue.device.type & cl.device_type.GPU) or kernel == (7, 1)
+    assert set(p.algorithms.values()) == {"winograd" if winograd else "im2col"}
+    if winograd:
         assert "Winograd F({}x{},{}x{})".format(*(1 if k == 1 else 2 for k in kernel), *kernel) in p.explain()
     else:
-        assert "(not winograd: on CPUs its per-tile transforms of a 1x7 or 7x1 filter" in p.explain()
+        assert "(not winograd: on CPUs a 1x7 filter's tiles, 2 outputs wide" in p.explain()
     thin = clconv.plan((2, 8, 12, 12), (16, 8) + kernel, padding=padding, queue=queue)
     assert set(thin.algorithms.values()) == {"im2col"} and "(not winograd: fewer than 16 channels" in thin.explain()
 
@@ -837,15 +842,17 @@ class _Platform:
         self.name = name
 
 
-@pytest.mark.parametrize("name", ["winograd_g2_d2_overpad", "winograd_rows_p1"])
-@pytest.mark.parametrize("platform,rows", [("Portable Computing Language", True), ("Intel(R) OpenCL", False)],
-                         ids=["pocl", "intel"])
-def test_winograd_transforms_per_cpu_runtime(platform, rows, name, queue):
+@pytest.mark.parametrize("name", ["winograd_g2_d2_overpad", "winograd_rows_p1", "winograd_7x1_rows_d2",
+                                  "winograd_1x7_rows_p3"])
+@pytest.mark.parametrize("platform", ["Portable Computing Language", "Intel(R) OpenCL"], ids=["pocl", "intel"])
+def test_winograd_transforms_per_cpu_runtime(platform, name, queue):
     """The two CPU runtimes differ: PoCL 3.0 keeps the per-tile transform kernels scalar, so CPU
     devices there take the row forms (VW tiles per vector); Intel's runtime vectorises the
-    per-tile kernels across work-items, which then measure faster. Both match the reference, on
-    every runtime the suite runs (the row forms' lanes in one tile row too: winograd_rows_p1)."""
+    per-tile kernels across work-items, which then measure faster, but for a column of taps (7x1),
+    whose tiles' values load as runs of rows. All match the reference, on every runtime the suite
+    runs (the row forms' lanes in one tile row too: winograd_rows_p1, winograd_7x1_rows_d2)."""
     case = next(c for c in EXTRA if c.name == name)
+    rows = platform.startswith("Portable") or case.weight_shape[2:] == (7, 1)
     x, w, b, dy = case.data()
     opts = case.options
     g = conv_geometry(x.shape, w.shape, **opts)

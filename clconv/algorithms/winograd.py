@@ -83,6 +83,11 @@ def _dilation(t):
     return tuple(d if r > 1 else 1 for d, r in zip(t.dilation, (t.kh, t.kw)))
 
 
+def _column(g):
+    """Whether the filter is one column of taps (a 7x1): Winograd along its rows only."""
+    return g.kw == 1 and g.kh > 1
+
+
 def _grid(t, side):
     """Tiles (TH, TW) per image along the output rows and columns of geometry ``t``."""
     (dh, dw) = _dilation(t)
@@ -117,13 +122,20 @@ class Winograd(Transform):
             # of 3 interleaved: forward 0.67-0.81x (0.75x counts weighted), grad-input 0.82-1.00x
             # (0.91x), grad-weight 0.74-0.89x (0.82x); inception_v3's step 21.74 -> 20.53 ms
             return True, ""
+        if g.kh != g.kw and not _column(g):
+            # a row of taps on CPUs: 2-output tiles, 6 to a tile row of inception_v3's 12-wide maps, too
+            # few to fill the row transforms' vectors (8 tiles) side by side. 2-core Xeon, batch 4, its
+            # five 1x7 layers against im2col, device time, least of 3 interleaved: PoCL (row transforms)
+            # forward 0.99-1.08x, grad-input 0.97-1.19x, grad-weight 1.14-1.26x; Intel's runtime
+            # (per-tile) 0.97-1.04x, 1.03-1.20x, 1.11-1.20x
+            return False, ("on CPUs a 1x7 filter's tiles, 2 outputs wide, fill too few vector lanes for its "
+                           "transforms to gain (0.97-1.26x im2col's time on PoCL and Intel's runtime)")
         if g.kh != g.kw:
-            # filters of one row or column on CPUs: their transforms run per tile, unvectorised. 2-core
-            # Xeon, batch 2, inception_v3's ten 1x7 and 7x1 layers against im2col (device time, counts
-            # weighted), PoCL / Intel's runtime: forward 1.16 / 0.98x, grad-input 0.97 / 1.16x,
-            # grad-weight 1.16 / 1.24x
-            return False, ("on CPUs its per-tile transforms of a 1x7 or 7x1 filter cost more than its GEMMs save "
-                           "(0.97-1.24x im2col's time on PoCL and Intel's runtime)")
+            # a column of taps on CPUs, its transforms in rows (self.rows): 2-core Xeon, batch 4,
+            # inception_v3's five 7x1 layers against im2col, as above: PoCL forward 0.76-0.83x,
+            # grad-input 0.74-0.88x, grad-weight 0.84-0.94x; Intel's runtime 0.79-0.87x, 0.88-0.99x,
+            # 0.95-1.10x
+            return True, ""
         if not device.type & cl.device_type.GPU:
             # CPUs on small maps, where the transforms outweigh the GEMMs they shrink. 2-core Xeon,
             # batch 4, the networks' Winograd layers against im2col (PoCL / Intel's runtime):
@@ -156,11 +168,13 @@ class Winograd(Transform):
         # the kernels' form: 3, 5 or 7 taps along the transformed axes (both, or one of a 1x7 / 7x1)
         self.defines = (dict(FR=g.kh) if g.kh == g.kw else
                         dict(FR=max(g.kh, g.kw), WINO_H=int(g.kh > 1), WINO_W=int(g.kw > 1)))
-        # CPU devices whose compiler keeps per-tile kernels scalar: the transforms' _rows
-        # forms, this many tiles (or channels) per vector
-        # (filters of one row or column: the per-tile kernels everywhere)
-        self.rows = (0 if vectorizes_work_items(device) or g.kh != g.kw
-                     else cpu_vector_width(device, dtype.itemsize))
+        # CPU devices whose compiler keeps per-tile kernels scalar, and a column of taps (7x1) on every
+        # CPU: the transforms' _rows forms, this many tiles (or channels) per vector. A column's tiles
+        # lie one per column, so a vector of them loads as a run of a row; on Intel's runtime, which
+        # vectorises the per-tile kernels itself, inception_v3's 7x1 layers' passes took 0.75-0.84x their
+        # time with the per-tile transforms this way, its 1x7 layers' 1.07-1.23x (2-core Xeon, batch 4)
+        self.rows = (cpu_vector_width(device, dtype.itemsize) if not device.type & cl.device_type.GPU
+                     and (_column(g) or not vectorizes_work_items(device)) else 0)
         # tiles (TH, TW) per image along the pass's output rows and columns
         self.grid = {p: _grid(t, self.tile) for p, t in self.geometry.items()}
         # grad-weight split-K over the tiles: slices of a chunk divide its tiles exactly
@@ -264,8 +278,9 @@ class Winograd(Transform):
         if R is not None and pass_name == "backward_weight":
             text += ", pieces added in order"
         if self.rows:
-            text += (f"; transforms in rows, {self.rows} tiles per vector (this CPU compiler keeps per-tile kernels "
-                     "scalar)")
+            why = ("a column's tiles load as runs of rows" if _column(self.g)
+                   else "this CPU compiler keeps per-tile kernels scalar")
+            text += f"; transforms in rows, {self.rows} tiles per vector ({why})"
         return text
 
     def _slices(self, tiles):
