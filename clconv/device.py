@@ -164,7 +164,8 @@ def vectorizes_work_items(device):
     that clconv's per-tile Winograd transforms beat their CPU row forms: Intel's CPU runtime
     (AlexNet conv4 transforms 1.3-2x faster per tile than in rows there); not PoCL 3.0, whose
     cost model keeps those kernels scalar (rows 1.3-1.7x faster there on the workloads' 3x3
-    and 5x5 shapes); GPUs run work-items in lanes anyway."""
+    and 5x5 shapes); GPUs run work-items in lanes anyway. (A 7x1 filter takes the row forms on
+    every CPU: its tiles load as runs of rows, see clconv.algorithms.winograd.)"""
     return bool(device.type & cl.device_type.GPU) or device.platform.name.startswith("Intel(R) OpenCL")
 
 

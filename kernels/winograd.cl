@@ -430,15 +430,17 @@ __kernel void winograd_grad_filter(__global const REAL* restrict du, const IDX d
 // ---- CPU devices ----------------------------------------------------------------------
 // CPU runtimes vectorise a work-item only as far as it is written with vectors (PoCL 3.0
 // keeps the kernels above scalar: its cost model finds their gathers too dear). These do
-// the same transforms on VW tiles of one tile row at once, one tile per vector lane,
-// work-groups of one work-item: buffers and results exactly as above.
+// the same transforms on VW consecutive tiles at once (across tile rows and images where
+// they must), one tile per vector lane, work-groups of one work-item: buffers and results
+// exactly as above. A 7x1's tiles lie one per output column, so VW of them in one tile row
+// load as one run of a row: the host takes these for it on every CPU.
 #ifndef VW             // tiles per vector: 4 or 8
 #define VW 8
 #endif
 typedef union { REALV v; REAL s[VW]; } lanes;   // a vector and its values
 TRANSFORMS(REALV, _v)
 
-// The TT transformed values of tiles p0 .. p0 + n - 1 (n > VW: VW of them) of channel c,
+// The TT transformed values of tiles p0 .. p0 + n - 1 (n >= VW: VW of them) of channel c,
 // one per lane of v, into out[s][t][c][l] (p = s * L + l) with `channels` channels: each
 // value's VW tiles consecutive where they lie in one slice.
 inline void store_tiles(REALV v[TT], __global REAL* restrict out, const int p0, const int n, const int channels,

@@ -18,7 +18,8 @@ def assert_close(actual, expected, dtype, what=""):
 def kernel_kind(name):
     """A launch's kernel without its variant's suffix: whether a runtime gets a transform's row
     kernel (direct_rows, winograd_input_rows, the layout kernels' nchw_to_cnhw_rows, ...) or its
-    per-tile one depends on what its compiler vectorises (clconv.algorithms.winograd, .direct),
+    per-tile one depends on what its compiler vectorises and on the filter's shape
+    (clconv.algorithms.winograd, .direct),
     as whether split-K's sum runs four values a work-item (sum_partials4) does, not on the pass's
     launches."""
     return name.removesuffix("_rows").replace("sum_partials4", "sum_partials")

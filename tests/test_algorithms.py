@@ -44,9 +44,10 @@ EXTRA = [  # cases that exercise the specialised algorithms harder
     Case("winograd_1x7_g2_d1x2_overpad", 2, 6, 9, 23, 4, 1, 7, padding=((1, 0), (2, 8)), dilation=(1, 2), groups=2),
     Case("winograd_7x1_c5_k7", 3, 5, 13, 6, 7, 7, 1, padding=((3, 3), (1, 0))),
     # the CPU row transforms' lanes in one tile row: a 7x1 over 38 columns, dilated rows, the one-tap
-    # axis padded (its edge columns zeros); a 1x7 over 20 tiles a tile row, cut at its right edge
+    # axis padded on the right; a 1x7 over 20 tiles a tile row, its last tile cut by the right edge,
+    # its last vector of tiles partly filled
     Case("winograd_7x1_rows_d2", 2, 3, 15, 37, 5, 7, 1, padding=((3, 2), (0, 1)), dilation=(2, 1)),
-    Case("winograd_1x7_rows_p3", 2, 3, 5, 40, 4, 1, 7, padding=(1, 3)),
+    Case("winograd_1x7_rows_p3", 3, 3, 5, 39, 4, 1, 7, padding=(1, 3)),
     # tile rows of 12 tiles, dilated rows: CPU transforms whose lanes lie side by side in one tile row
     Case("winograd_rows_d2x1", 2, 4, 13, 45, 5, 3, 3, padding=(2, 1), dilation=(2, 1)),
     # tile rows of 18 tiles, 2 per image: CPU transforms' lanes in one tile row (their patches'

@@ -84,7 +84,7 @@ def _dilation(t):
 
 
 def _column(g):
-    """Whether the filter is one column of taps (a 7x1): Winograd along its rows only."""
+    """Whether the filter is one column of taps (a 7x1): Winograd along its column (the H axis) only."""
     return g.kw == 1 and g.kh > 1
 
 
@@ -127,15 +127,13 @@ class Winograd(Transform):
             # few to fill the row transforms' vectors (8 tiles) side by side. 2-core Xeon, batch 4, its
             # five 1x7 layers against im2col, device time, least of 3 interleaved: PoCL (row transforms)
             # forward 0.99-1.08x, grad-input 0.97-1.19x, grad-weight 1.14-1.26x; Intel's runtime
-            # (per-tile) 0.97-1.04x, 1.03-1.20x, 1.11-1.20x
-            return False, ("on CPUs a 1x7 filter's tiles, 2 outputs wide, fill too few vector lanes for its "
-                           "transforms to gain (0.97-1.26x im2col's time on PoCL and Intel's runtime)")
-        if g.kh != g.kw:
-            # a column of taps on CPUs, its transforms in rows (self.rows): 2-core Xeon, batch 4,
-            # inception_v3's five 7x1 layers against im2col, as above: PoCL forward 0.76-0.83x,
+            # (per-tile) 0.97-1.04x, 1.03-1.20x, 1.11-1.20x. A column of taps (7x1), its transforms in
+            # rows (self.rows), takes the CPU rules below (on inception_v3's 12x12 maps, 72 tiles an
+            # image, it passes them): its five layers there, as above, PoCL forward 0.76-0.83x,
             # grad-input 0.74-0.88x, grad-weight 0.84-0.94x; Intel's runtime 0.79-0.87x, 0.88-0.99x,
             # 0.95-1.10x
-            return True, ""
+            return False, ("on CPUs a 1x7 filter's tiles, 2 outputs wide, fill too few vector lanes for its "
+                           "transforms to gain (0.97-1.26x im2col's time on PoCL and Intel's runtime)")
         if not device.type & cl.device_type.GPU:
             # CPUs on small maps, where the transforms outweigh the GEMMs they shrink. 2-core Xeon,
             # batch 4, the networks' Winograd layers against im2col (PoCL / Intel's runtime):
