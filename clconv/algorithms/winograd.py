@@ -122,18 +122,18 @@ class Winograd(Transform):
             # of 3 interleaved: forward 0.67-0.81x (0.75x counts weighted), grad-input 0.82-1.00x
             # (0.91x), grad-weight 0.74-0.89x (0.82x); inception_v3's step 21.74 -> 20.53 ms
             return True, ""
-        if g.kh != g.kw and not _column(g):
-            # a row of taps on CPUs: 2-output tiles, 6 to a tile row of inception_v3's 12-wide maps, too
-            # few to fill the row transforms' vectors (8 tiles) side by side. 2-core Xeon, batch 4, its
-            # five 1x7 layers against im2col, device time, least of 3 interleaved: PoCL (row transforms)
-            # forward 0.99-1.08x, grad-input 0.97-1.19x, grad-weight 1.14-1.26x; Intel's runtime
-            # (per-tile) 0.97-1.04x, 1.03-1.20x, 1.11-1.20x. A column of taps (7x1), its transforms in
-            # rows (self.rows), takes the CPU rules below (on inception_v3's 12x12 maps, 72 tiles an
-            # image, it passes them): its five layers there, as above, PoCL forward 0.76-0.83x,
-            # grad-input 0.74-0.88x, grad-weight 0.84-0.94x; Intel's runtime 0.79-0.87x, 0.88-0.99x,
-            # 0.95-1.10x
-            return False, ("on CPUs a 1x7 filter's tiles, 2 outputs wide, fill too few vector lanes for its "
-                           "transforms to gain (0.97-1.26x im2col's time on PoCL and Intel's runtime)")
+        if g.kh != g.kw:
+            # filters of one row or column on CPUs. 2-core Xeon, batch 4, inception_v3's layers against
+            # im2col, device time, least of 3 interleaved: its five 7x1 layers (transforms in rows) PoCL
+            # forward 0.76-0.83x, grad-input 0.74-0.88x, grad-weight 0.84-0.94x, Intel's runtime
+            # 0.79-0.87x, 0.88-0.99x, 0.95-1.10x; its five 1x7 layers (2-output tiles, 6 to a tile row
+            # of its 12-wide maps, too few for a vector of 8) 0.97-1.26x. But the networks benchmark's
+            # plain calls (wall time, PyTorch interleaved), the five 7x1 layers with and without this
+            # form, two rounds each: PoCL 50.6-51.2 against 48.9-49.5 ms per step, Intel's runtime
+            # 57.7-58.3 against 56.1-58.4: its four launches a pass cost in wall time what their device
+            # time saves
+            return False, ("on CPUs its transforms' launches for a 1x7 or 7x1 filter cost what its GEMMs save "
+                           "(plain calls on PoCL and Intel's runtime 0.99-1.04x im2col's time)")
         if not device.type & cl.device_type.GPU:
             # CPUs on small maps, where the transforms outweigh the GEMMs they shrink. 2-core Xeon,
             # batch 4, the networks' Winograd layers against im2col (PoCL / Intel's runtime):
