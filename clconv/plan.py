@@ -69,11 +69,14 @@ class Plan:
                       for p, (algo, _) in self._choice.items()}
         # per pass: its arguments' names and expected sizes, and the result's size, checked on every call
         self._shapes = {p: (tuple(sizes), tuple(sizes.values()), out) for p, (sizes, out) in g.pass_shapes().items()}
-        # the same for the quick test of a replayed call, with their C-contiguous strides, the
-        # result among the arguments (optional there: None asks for a new one)
-        self._replay_spec = {p: replay_spec((*names, "out"), (*shapes, out),
-                                            tuple(memory.layout(s, self.dtype)[0] for s in (*shapes, out)))
-                             for p, (names, shapes, out) in self._shapes.items()}
+        # what the usual call needs, in one look-up (Plan._call): the quick test of its arrays
+        # (their sizes as above with their C-contiguous strides, the result among the arguments,
+        # optional there: None asks for a new one), the result's size, the pass's name for
+        # messages and its workspace bytes
+        self._usual = {p: (replay_spec((*names, "out"), (*shapes, out),
+                                       tuple(memory.layout(s, self.dtype)[0] for s in (*shapes, out))),
+                           out, self._runs[p][1], self._runs[p][2])
+                       for p, (names, shapes, out) in self._shapes.items()}
         self._replays = Replays()
 
     def _build(self, cls, per_group):
@@ -230,16 +233,17 @@ class Plan:
         allocator = allocator or self.allocator
         home = queue or getattr(arrays[0], "queue", None)
         if home is not None:
-            layout = replay_layout(home, self.dtype, (*arrays, out), self._replay_spec[pass_name])
-            launches = None if layout is None else self._replays.fast(key, home, layout)
+            spec, out_shape, what, nbytes = self._usual[pass_name]
+            found = replay_layout(home, self.dtype, (*arrays, out), spec)
+            launches = None if found is None else self._replays.fast(key, home, found[0])
             if launches is not None:
-                _, what, nbytes = self._runs[pass_name]
-                result = (memory.empty(home, self.context, self._shapes[pass_name][2], self.dtype, allocator)
-                          if out is None else out)
-                bufs = [None if a is None else a.base_data for a in arrays]
-                bufs += (result.base_data, memory.allocate(home, nbytes, what, allocator) if nbytes else None)
+                bufs = found[1]   # the arrays' and out's buffers; the workspace's appended
+                if out is None:
+                    out = memory.empty(home, self.context, out_shape, self.dtype, allocator)
+                    bufs[-1] = out.base_data
+                bufs.append(memory.allocate(home, nbytes, what, allocator) if nbytes else None)
                 relaunch(home, launches, bufs)
-                return result
+                return out
         names, shapes, out_shape = self._shapes[pass_name]
         if pass_name != "forward":
             check_grad_output_array(arrays[-1], self.geometry)
@@ -248,10 +252,10 @@ class Plan:
         if self.geometry.N:
             refs = [None if dev[n] is None else ref(dev[n]) for n in names] + [ref(dev["out"])]
             replayed = self.enqueue(pass_name, queue, *refs, allocator=allocator, relu=relu)
-            layout = (None if replayed is None
-                      else replay_layout(queue, self.dtype, (*arrays, out), self._replay_spec[pass_name]))
-            if layout is not None:
-                self._replays.arm(key, queue, layout, replayed)
+            found = (None if replayed is None
+                     else replay_layout(queue, self.dtype, (*arrays, out), self._usual[pass_name][0]))
+            if found is not None:
+                self._replays.arm(key, queue, found[0], replayed)
         elif pass_name == "backward_weight":
             storage.zero(queue, dev["out"])
         return finish(queue, dev, out, numpy_mode)

@@ -294,18 +294,19 @@ def relaunch(queue, launches, bufs):
     ``launches``: ((kernel, global size, local size, slots, what), ...), global sizes already
     multiples of the local ones, as :func:`launch` made them; each slot (argument position, i)
     is set to ``bufs[i]`` first. The last launch's event is returned."""
-    event, events = None, []
+    event, events = None, ([] if _recording.events is not None else None)
     try:
         with _launch_lock:
             for kernel, global_size, local_size, slots, what in launches:
                 for pos, i in slots:
                     kernel.set_arg(pos, bufs[i])
                 event = cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size)
-                events.append(event)
+                if events is not None:
+                    events.append(event)
     except cl.Error as exc:
         raise ClconvError(f"clconv: {what or kernel.function_name}: launching {kernel.function_name} "
                           f"over {global_size} failed: {exc}") from exc
-    if _recording.events is not None:   # names are driver queries: only when recording
+    if events is not None:   # names are driver queries: only when recording
         for (kernel, *_), e in zip(launches, events):
             record(kernel.function_name, e)
     if _capture.current is not None:   # a capture in progress would not see these

@@ -120,26 +120,29 @@ def replay_layout(queue, dtype, arrays, spec):
     its buffer (their count if none does). A replayed call whose arrays are laid out as an
     earlier call's that passed every check needs no other check (``clconv.Plan._call``,
     :mod:`clconv.replay`). The strides are compared rather than asking pyopencl's flags, which
-    a new array works out on first use (about 1 us). One loop: this runs on every call."""
-    key, bufs = [], []
+    a new array works out on first use (about 1 us). One loop: this runs on every call.
+    Returned with the arrays' buffers in argument order (None for None), as (layout, buffers)."""
+    key, bufs, seen = [], [], []
     itemsize = dtype.itemsize
     for a, (optional, shape, step) in zip(arrays, spec):
         if a is None:
             if not optional:
                 return None
             key.append(None)
+            bufs.append(None)
             continue
         if (type(a) is not cla.Array or a.queue is not queue or a.shape != shape or a.strides != step
                 or a.dtype != dtype or a.offset % itemsize):
             return None
         buf, first = a.base_data, 0
-        for seen in bufs:
-            if seen is buf:
+        for other in seen:
+            if other is buf:
                 break
             first += 1
+        seen.append(buf)
         bufs.append(buf)
         key.append((a.offset, first))
-    return tuple(key)
+    return tuple(key), bufs
 
 
 def _plain(a, dtype, shape):
