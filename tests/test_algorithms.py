@@ -132,27 +132,47 @@ def test_auto_choice(case, expected, queue):
 def test_auto_choice_of_winograd_on_small_maps(size, batch, on_cpu, queue):
     """On CPUs, Winograd's transforms outweigh its smaller GEMMs on small maps: im2col where its
     tiles leave most outputs unused, for grad-weight over 4 tiles or fewer, and over 4 tiles per
-    image where the batch has fewer than 32; GPUs keep it."""
+    image where the batch has fewer than 32 (GPUs, by work: the test after next)."""
+    if queue.device.type & cl.device_type.GPU:
+        pytest.skip("the CPUs' rule")
     p = clconv.plan((batch, 16, size, size), (16, 16, 3, 3), padding=1, queue=queue)
-    gpu = bool(queue.device.type & cl.device_type.GPU)
-    assert p.algorithms == ({name: "winograd" for name in on_cpu} if gpu else on_cpu)
-    if not gpu and "im2col" in on_cpu.values():
+    assert p.algorithms == on_cpu
+    if "im2col" in on_cpu.values():
         assert "(not winograd: on CPUs" in p.explain()
 
 
 @pytest.mark.parametrize("kernel,padding", [((1, 7), (0, 3)), ((7, 1), (3, 0))], ids=["1x7", "7x1"])
 def test_auto_choice_for_one_row_or_column_of_taps(kernel, padding, queue):
-    """1x7 and 7x1 filters (inception_v3's, in small): Winograd's F(2, 7) form on GPUs, im2col on
-    CPUs, where its transforms' launches cost what its GEMMs save; below 16 channels, im2col."""
-    p = clconv.plan((2, 16, 12, 12), (16, 16) + kernel, padding=padding, queue=queue)
-    gpu = bool(queue.device.type & cl.device_type.GPU)
-    assert set(p.algorithms.values()) == {"winograd" if gpu else "im2col"}
-    if gpu:
-        assert "Winograd F({}x{},{}x{})".format(*(1 if k == 1 else 2 for k in kernel), *kernel) in p.explain()
-    else:
+    """1x7 and 7x1 filters (inception_v3's, in small): im2col on CPUs, where Winograd's transforms'
+    launches cost what its GEMMs save; below 16 channels, im2col everywhere (GPUs: the next test)."""
+    if not queue.device.type & cl.device_type.GPU:
+        p = clconv.plan((3, 16, 12, 12), (16, 16) + kernel, padding=padding, queue=queue)
+        assert set(p.algorithms.values()) == {"im2col"}
         assert "(not winograd: on CPUs its transforms' launches for a 1x7 or 7x1 filter" in p.explain()
-    thin = clconv.plan((2, 8, 12, 12), (16, 8) + kernel, padding=padding, queue=queue)
+    thin = clconv.plan((3, 8, 12, 12), (16, 8) + kernel, padding=padding, queue=queue)
     assert set(thin.algorithms.values()) == {"im2col"} and "(not winograd: fewer than 16 channels" in thin.explain()
+
+
+@pytest.mark.parametrize("kernel,padding,size,batches,mflop", [
+    ((3, 3), (1, 1), 28, (4, 1), (231, 58)),
+    ((1, 7), (0, 3), 12, (32, 8), (264, 66)),
+    ((7, 1), (3, 0), 12, (32, 8), (264, 66)),
+], ids=["3x3", "1x7", "7x1"])
+def test_auto_choice_of_winograd_on_gpus_by_work(kernel, padding, size, batches, mflop, queue):
+    """On GPUs (a stand-in of 16 compute units: 104 MFLOP) Winograd, its F(4x4,3x3) or F(2, 7)
+    form, from 6.5 MFLOP a pass per compute unit; on less work its four launches and thin GEMMs
+    cost more than im2col's."""
+    gpu = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=16)
+    for batch, work, algorithm in zip(batches, mflop, ("winograd", "im2col")):
+        p = clconv.Plan(clconv.conv_geometry((batch, 64, size, size), (64, 64) + kernel, padding=padding), np.float32,
+                        gpu, selfcheck=False)
+        assert set(p.algorithms.values()) == {algorithm}, batch
+        if algorithm == "winograd":
+            form = "4x4,3x3" if kernel == (3, 3) else "{}x{},{}x{}".format(*(1 if k == 1 else 2 for k in kernel), *kernel)
+            assert f"Winograd F({form})" in p.explain()
+        else:
+            assert (f"(not winograd: on GPUs, {work} MFLOP a pass (below 104, 6.5 per compute unit)"
+                    in p.explain())
 
 
 def test_auto_choice_of_fft(queue):

@@ -39,6 +39,7 @@ from .transform import Transform, aligned, pass_geometry
 
 MIN_CHANNELS = 16         # fewer channels or filters per group: the batched GEMMs are too thin to pay
 CPU_MIN_TILES = 32        # on CPUs over maps of 4 tiles, tiles per batch below which it is not chosen (see preferred)
+GPU_MIN_FLOP_PER_UNIT = 6.5e6   # on GPUs, work of a pass per compute unit below which it is not chosen (see preferred)
 LOCAL = 256               # transform kernels' work-group, at most (H200, AlexNet conv2: passes 2-4 % faster than 64)
 # Grad-weight split-K on GPUs: partial sums of about this many elements at most, an eighth of
 # partials.SPLIT_K_TARGET. H200, batch 32, the networks' ten Winograd grad-weights, each timed at
@@ -117,10 +118,24 @@ class Winograd(Transform):
         if min(g.Cg, g.Kg) < MIN_CHANNELS:
             return False, (f"fewer than {MIN_CHANNELS} channels or filters per group (Cg = {g.Cg}, Kg = {g.Kg}): "
                            "its batched GEMMs would be too thin")
-        if g.kh != g.kw and device.type & cl.device_type.GPU:
-            # H100, batch 32, inception_v3's ten 1x7 and 7x1 layers against im2col, device time, least
-            # of 3 interleaved: forward 0.67-0.81x (0.75x counts weighted), grad-input 0.82-1.00x
-            # (0.91x), grad-weight 0.74-0.89x (0.82x); inception_v3's step 21.74 -> 20.53 ms
+        if device.type & cl.device_type.GPU:
+            # Its four launches a pass and thin GEMMs cost more than they save where the work is
+            # small. The networks benchmark's plain calls (wall time) with it and through im2col, one
+            # H100 host (132 compute units), its time over im2col's, forward / grad-input /
+            # grad-weight, by the work of the pass (2 x multiply-adds, as im2col's GEMM counts them):
+            # resnet50's and inception_v3's 3x3 layers: 77-231 MFLOP (batch 1) 0.82-1.72 / 1.32-1.93
+            # / 1.17-2.08, 310-416 MFLOP (batch 4) 0.96-1.23 / 1.06-1.50 / 0.90-1.47, 924 MFLOP
+            # (batch 4) 0.75-1.03 / 0.87-1.30 / 0.59-1.01, 1.2 GFLOP and up (batch 16 and 32)
+            # 0.43-0.97 / 0.44-1.03 / 0.40-0.89; inception_v3's 1x7 / 7x1 layers (geometric means):
+            # 33-74 MFLOP (batch 1) 1.26 / 1.63 / 1.24, 0.5-0.8 GFLOP (batch 16) 0.85 / 1.20 / 1.10,
+            # 1.1-1.6 GFLOP (batch 32) 0.67 / 0.92 / 0.80; at batch 32 (up to 2.4 GFLOP) their device
+            # time 0.75x / 0.91x / 0.82x im2col's, inception_v3's step 21.74 -> 20.53 ms
+            flop, least = g.flops(), GPU_MIN_FLOP_PER_UNIT * device.max_compute_units
+            if flop < least:
+                return False, (f"on GPUs, {flop / 1e6:.0f} MFLOP a pass (below {least / 1e6:.0f}, "
+                               f"{GPU_MIN_FLOP_PER_UNIT / 1e6:g} per compute unit): its four launches and thin GEMMs "
+                               "cost more than its fewer multiplications save (H100, 3x3 at batch 1 and 4 up to 416 "
+                               "MFLOP: 0.82-2.08x im2col's time, 1x7 / 7x1 up to 0.8 GFLOP 0.85-1.65x)")
             return True, ""
         if g.kh != g.kw:
             # filters of one row or column on CPUs. 2-core Xeon, batch 4, inception_v3's layers against
@@ -134,29 +149,28 @@ class Winograd(Transform):
             # time saves
             return False, ("on CPUs its transforms' launches for a 1x7 or 7x1 filter cost what its GEMMs save "
                            "(plain calls on PoCL and Intel's runtime 0.99-1.04x im2col's time)")
-        if not device.type & cl.device_type.GPU:
-            # CPUs on small maps, where the transforms outweigh the GEMMs they shrink. 2-core Xeon,
-            # batch 4, the networks' Winograd layers against im2col (PoCL / Intel's runtime):
-            # 5x5 maps (4 tiles, 39% of their outputs used) 1.64-2.05 / 1.33-2.23x im2col's time
-            # in every pass; 7x7 maps (4 tiles) grad-weight 1.54 / 1.56x, forward and grad-input
-            # 0.91-0.92 / 0.75-0.98x; 14x14 maps and up 0.44-1.00 / 0.34-1.22x (PoCL with the
-            # row transforms' lanes across tile rows). Since clconv's CPU GEMM packs B in panels
-            # (gemm_cpu.PANEL_MIN_ROWS), im2col's GEMMs are faster: resnet50's 3x3 on 7x7 maps, 512
-            # channels, forward and grad-input at batch 4 (16 tiles, Winograd's GEMMs 16 columns
-            # wide) 1.6-1.7x im2col's time on PoCL, 1.15-1.34x on Intel's runtime; at batch 8 (32
-            # tiles) 0.92-0.98x on PoCL.
-            (mh, mw), t = _side(g), pass_geometry(g, pass_name)
-            th, tw = _grid(t, (mh, mw))
-            tiles, used = th * tw, t.OH * t.OW / (th * tw * mh * mw)
-            if pass_name == "backward_weight" and tiles <= 4:
-                return False, (f"on CPUs its grad-weight over {tiles} tiles per image costs more in transforms than "
-                               "it saves (7x7 maps: 1.6-1.7x im2col's time on PoCL and Intel's runtime)")
-            if tiles <= 4 and t.N * tiles < CPU_MIN_TILES:
-                return False, (f"on CPUs, {t.N * tiles} tiles in the batch (fewer than {CPU_MIN_TILES}) make GEMMs too "
-                               "narrow for their transforms (7x7 maps at batch 4: 1.15-1.7x im2col's time)")
-            if used < 0.5:
-                return False, (f"on CPUs, tiles of which {used:.0%} of the outputs are used cost more in transforms "
-                               "than they save (5x5 maps: 1.3-2.4x im2col's time on PoCL and Intel's runtime)")
+        # CPUs on small maps, where the transforms outweigh the GEMMs they shrink. 2-core Xeon,
+        # batch 4, the networks' Winograd layers against im2col (PoCL / Intel's runtime):
+        # 5x5 maps (4 tiles, 39% of their outputs used) 1.64-2.05 / 1.33-2.23x im2col's time
+        # in every pass; 7x7 maps (4 tiles) grad-weight 1.54 / 1.56x, forward and grad-input
+        # 0.91-0.92 / 0.75-0.98x; 14x14 maps and up 0.44-1.00 / 0.34-1.22x (PoCL with the
+        # row transforms' lanes across tile rows). Since clconv's CPU GEMM packs B in panels
+        # (gemm_cpu.PANEL_MIN_ROWS), im2col's GEMMs are faster: resnet50's 3x3 on 7x7 maps, 512
+        # channels, forward and grad-input at batch 4 (16 tiles, Winograd's GEMMs 16 columns
+        # wide) 1.6-1.7x im2col's time on PoCL, 1.15-1.34x on Intel's runtime; at batch 8 (32
+        # tiles) 0.92-0.98x on PoCL.
+        (mh, mw), t = _side(g), pass_geometry(g, pass_name)
+        th, tw = _grid(t, (mh, mw))
+        tiles, used = th * tw, t.OH * t.OW / (th * tw * mh * mw)
+        if pass_name == "backward_weight" and tiles <= 4:
+            return False, (f"on CPUs its grad-weight over {tiles} tiles per image costs more in transforms than "
+                           "it saves (7x7 maps: 1.6-1.7x im2col's time on PoCL and Intel's runtime)")
+        if tiles <= 4 and t.N * tiles < CPU_MIN_TILES:
+            return False, (f"on CPUs, {t.N * tiles} tiles in the batch (fewer than {CPU_MIN_TILES}) make GEMMs too "
+                           "narrow for their transforms (7x7 maps at batch 4: 1.15-1.7x im2col's time)")
+        if used < 0.5:
+            return False, (f"on CPUs, tiles of which {used:.0%} of the outputs are used cost more in transforms "
+                           "than they save (5x5 maps: 1.3-2.4x im2col's time on PoCL and Intel's runtime)")
         return True, ""
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
