@@ -8,7 +8,7 @@ import pytest
 
 import clconv
 from clconv import reference
-from clconv.algorithms import direct
+from clconv.algorithms import direct, winograd
 from clconv.algorithms.direct import Direct
 from clconv.device import has_fp64
 from clconv.geometry import conv_geometry
@@ -117,7 +117,9 @@ def test_forced_algorithm_that_does_not_apply_is_refused(case, algorithm, queue)
 @pytest.mark.parametrize("case,expected", [
     ("fc_mode", "fc"), ("fc_mode_g2", "fc"), ("k1x1_g2", "1x1"), ("depthwise_x2_s2_same", "direct"),
     ("dense_c6_s2", "im2col"), ("winograd_wide_d1x2", "winograd")])
-def test_auto_choice(case, expected, queue):
+def test_auto_choice(case, expected, queue, monkeypatch):
+    # (on GPUs, without the Winograd work rule, which these small cases are below: its own test)
+    monkeypatch.setattr(winograd, "GPU_MIN_FLOP_PER_UNIT", 0)
     case = next(c for c in CASES + EXTRA if c.name == case)
     p = clconv.plan(case.input_shape, case.weight_shape, **case.options, queue=queue)
     assert set(p.algorithms.values()) == {expected}
@@ -794,8 +796,10 @@ def test_direct_staged_float64(case, queue):
     _direct_staged(case, np.float64, 1, queue)
 
 
-def test_auto_passes_over_winograd_above_the_workspace_limit(queue):
+def test_auto_passes_over_winograd_above_the_workspace_limit(queue, monkeypatch):
     # many filters, few pixels: Winograd's 36 x 64 x 16 transformed filters need more than im2col
+    # (on GPUs, without the Winograd work rule, which 1.5 MFLOP is below: its own test)
+    monkeypatch.setattr(winograd, "GPU_MIN_FLOP_PER_UNIT", 0)
     x = np.random.default_rng(0).standard_normal((1, 16, 9, 9)).astype(np.float32)
     w = np.random.default_rng(1).standard_normal((64, 16, 3, 3)).astype(np.float32)
     assert clconv.plan(x.shape, w.shape, padding=1, queue=queue).algorithms["forward"] == "winograd"

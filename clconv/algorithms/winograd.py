@@ -123,19 +123,21 @@ class Winograd(Transform):
             # small. The networks benchmark's plain calls (wall time) with it and through im2col, one
             # H100 host (132 compute units), its time over im2col's, forward / grad-input /
             # grad-weight, by the work of the pass (2 x multiply-adds, as im2col's GEMM counts them):
-            # resnet50's and inception_v3's 3x3 layers: 77-231 MFLOP (batch 1) 0.82-1.72 / 1.32-1.93
-            # / 1.17-2.08, 310-416 MFLOP (batch 4) 0.96-1.23 / 1.06-1.50 / 0.90-1.47, 924 MFLOP
-            # (batch 4) 0.75-1.03 / 0.87-1.30 / 0.59-1.01, 1.2 GFLOP and up (batch 16 and 32)
-            # 0.43-0.97 / 0.44-1.03 / 0.40-0.89; inception_v3's 1x7 / 7x1 layers (geometric means):
+            # six 3x3 layers (resnet50's four at stride 1, inception_v3's 96x25x25 and 448x5x5):
+            # 77-231 MFLOP (batch 1) 0.82-1.72 / 1.32-1.93 / 1.17-2.08, 310-415 MFLOP (batch 4)
+            # 0.96-1.23 / 1.06-1.50 / 0.90-1.47, 925 MFLOP (batch 4) 0.75-1.03 / 0.87-1.30 / 0.59-1.01,
+            # 1.2 GFLOP and up (batch 16 and 32) 0.43-0.97 / 0.44-1.03 / 0.40-0.89: mixed between 415
+            # and 925 MFLOP, where the threshold lies; inception_v3's 1x7 / 7x1 layers (geometric means):
             # 33-74 MFLOP (batch 1) 1.26 / 1.63 / 1.24, 0.5-0.8 GFLOP (batch 16) 0.85 / 1.20 / 1.10,
             # 1.1-1.6 GFLOP (batch 32) 0.67 / 0.92 / 0.80; at batch 32 (up to 2.4 GFLOP) their device
             # time 0.75x / 0.91x / 0.82x im2col's, inception_v3's step 21.74 -> 20.53 ms
             flop, least = g.flops(), GPU_MIN_FLOP_PER_UNIT * device.max_compute_units
             if flop < least:
                 return False, (f"on GPUs, {flop / 1e6:.0f} MFLOP a pass (below {least / 1e6:.0f}, "
-                               f"{GPU_MIN_FLOP_PER_UNIT / 1e6:g} per compute unit): its four launches and thin GEMMs "
-                               "cost more than its fewer multiplications save (H100, 3x3 at batch 1 and 4 up to 416 "
-                               "MFLOP: 0.82-2.08x im2col's time, 1x7 / 7x1 up to 0.8 GFLOP 0.85-1.65x)")
+                               f"{GPU_MIN_FLOP_PER_UNIT / 1e6:g} per compute unit): too little work for its four "
+                               "launches and thin GEMMs (H100, 3x3 layers at batch 1 and 4 up to 415 MFLOP: "
+                               "0.82-2.08x im2col's time, most passes slower; 1x7 / 7x1 layers up to 0.8 GFLOP: "
+                               "0.85-1.65x, geometric means per pass and batch)")
             return True, ""
         if g.kh != g.kw:
             # filters of one row or column on CPUs. 2-core Xeon, batch 4, inception_v3's layers against
