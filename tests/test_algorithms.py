@@ -170,7 +170,8 @@ def test_auto_choice_of_winograd_on_gpus_by_work(kernel, padding, size, batches,
                         gpu, selfcheck=False)
         assert set(p.algorithms.values()) == {algorithm}, batch
         if algorithm == "winograd":
-            form = "4x4,3x3" if kernel == (3, 3) else "{}x{},{}x{}".format(*(1 if k == 1 else 2 for k in kernel), *kernel)
+            outputs = (4, 4) if kernel == (3, 3) else tuple(1 if k == 1 else 2 for k in kernel)
+            form = "{}x{},{}x{}".format(*outputs, *kernel)
             assert f"Winograd F({form})" in p.explain()
         else:
             assert (f"(not winograd: on GPUs, {work} MFLOP a pass (below 104, 6.5 per compute unit)"

@@ -120,9 +120,10 @@ class Winograd(Transform):
                            "its batched GEMMs would be too thin")
         if device.type & cl.device_type.GPU:
             # Its four launches a pass and thin GEMMs cost more than they save where the work is
-            # small. The networks benchmark's plain calls (wall time) with it and through im2col, H100s
-            # (132 compute units; each set of layers on one host), its time over im2col's, forward / grad-input /
-            # grad-weight, by the work of the pass (2 x multiply-adds, as im2col's GEMM counts them):
+            # small. The networks benchmark's plain calls (wall time) with it and through im2col,
+            # H100s (132 compute units; each set of layers on one host), its time over im2col's,
+            # forward / grad-input / grad-weight, by the work of the pass (2 x multiply-adds, as
+            # im2col's GEMM counts them):
             # six 3x3 layers (resnet50's four at stride 1, inception_v3's 96x25x25 and 448x5x5):
             # 77-231 MFLOP (batch 1) 0.82-1.72 / 1.32-1.93 / 1.17-2.08, 310-415 MFLOP (batch 4)
             # 0.96-1.23 / 1.06-1.50 / 0.90-1.47, 925 MFLOP (batch 4) 0.75-1.03 / 0.87-1.30 / 0.59-1.01,
