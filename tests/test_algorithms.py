@@ -8,7 +8,7 @@ import pytest
 
 import clconv
 from clconv import reference
-from clconv.algorithms import direct, winograd
+from clconv.algorithms import direct, im2col, winograd
 from clconv.algorithms.direct import Direct
 from clconv.device import has_fp64
 from clconv.geometry import conv_geometry
@@ -294,17 +294,18 @@ def test_im2col_grad_weight_slices_fill_the_device(units, slices, queue):
     (Case("odd_wide_taps", 9, 8, 9, 7, 5, 3, 3, padding=1), 7, False),       # N 72: the layout copy
     (Case("whole_vector_slices", 30, 8, 4, 5, 5, 3, 3, padding=1), 6, True),  # 600: 6 slices of 100, not 8 of 75; N 72
 ], ids=repr)
-def test_im2col_grad_weight_reads_grad_output_in_place(case, slices, folds, queue):
+def test_im2col_grad_weight_reads_grad_output_in_place(case, slices, folds, queue, monkeypatch):
     """In a plan for a GPU, im2col's grad-weight GEMM reads grad_output as it is, its images'
     positions folded into the depth: four-wide where the slices are whole vectors, which the
     slice count prefers (at least half as many), else value by value where the GEMM's N is at
     most SCALAR_FOLD_MAX_TAPS (else through the layout copy). Against the reference."""
     x, w, b, dy = case.data()
     gpu = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=64)   # (enough units to want the cap)
+    monkeypatch.setattr(im2col, "GPU_IMPLICIT_FLOP_PER_UNIT", {"forward": 0, "backward_weight": 0})   # (col here)
     p = clconv.Plan(conv_geometry(x.shape, w.shape, **case.options), np.float32, gpu, algorithm="im2col",
                     selfcheck=False)
     algo = p._choice["backward_weight"][0]
-    assert algo.gemm == "gpu" and not algo._implicit() and algo.chunk == case.input_shape[0]
+    assert algo.gemm == "gpu" and not algo._implicit("backward_weight") and algo.chunk == case.input_shape[0]
     assert algo.slices == slices
     text = algo.describe("backward_weight")
     assert ("folded into the GEMM's depth" in text) == folds and f"split-K into {slices} slices" in text
@@ -951,7 +952,6 @@ def test_fc_split_k(case, slices, queue, monkeypatch):
 def test_im2col_split_k(case, slices, queues, queue, monkeypatch):
     """im2col's forward and grad-input split-K (a GPU's rule, forced here on any device and engine),
     rounded down to a divisor of each GEMM's K, against the reference."""
-    from clconv.algorithms import im2col
     # (on the GPU engine this also limits grad-weight's slices)
     monkeypatch.setattr(im2col, "k_slices", lambda *args, **kwargs: slices)
     x, w, b, dy = case.data()
@@ -961,8 +961,8 @@ def test_im2col_split_k(case, slices, queues, queue, monkeypatch):
     g = p.geometry
     for pass_name, k in (("forward", g.Kd), ("backward_input", g.Kg)):
         want = max(d for d in range(1, slices + 1) if k % d == 0)
-        if pass_name == "forward" and algo._implicit():
-            want = 1   # few channels on clconv's GPU GEMM: one GEMM reading im2col in place, not split
+        if pass_name == "forward" and algo._implicit("forward"):
+            want = 1   # little work on a GPU: one GEMM reading im2col in place, not split
         assert algo.split[pass_name] == want, pass_name
         assert ("slices of K=" in algo.describe(pass_name)) == (want > 1), pass_name
     assert_passes_match(p, x, w, b, dy, opts, weight=False)
@@ -980,14 +980,14 @@ def test_im2col_forward_writes_output_in_place(case, slices, folds, queue, monke
     positions folded into the GEMM's columns (no layout copy), unsplit or in split-K slices of one
     group (each a whole partial output); slices over several groups keep the layout copy.
     Forward, with bias and through ReLU, against the reference."""
-    from clconv.algorithms import im2col
     # (on the GPU engine this also limits grad-weight's slices)
     monkeypatch.setattr(im2col, "k_slices", lambda *args, **kwargs: slices)
+    monkeypatch.setattr(im2col, "GPU_IMPLICIT_FLOP_PER_UNIT", {"forward": 0, "backward_weight": 0})   # (col here)
     x, w, b, _ = case.data()
     opts = case.options
     p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="im2col", gemm="gpu")
     algo = p._choice["forward"][0]
-    assert not algo._implicit() and algo.split["forward"] == slices and algo.chunk == case.input_shape[0]
+    assert not algo._implicit("forward") and algo.split["forward"] == slices and algo.chunk == case.input_shape[0]
     assert ("the output written in place" in algo.describe("forward")) == folds
     want = reference.conv2d(x, w, b, **opts)
     assert_close(p.forward(x, w, b), want, np.float32, "forward")
@@ -1011,7 +1011,7 @@ def test_deep_tile(case, algorithm, slices, queue, monkeypatch):
     work-items), split-K or not. Forced here (DEEP_K 9, every grid given a 4x4 tile and counted
     large enough, the split); forward with bias and through ReLU, and grad-input (never deep),
     against the reference."""
-    from clconv.algorithms import im2col, pointwise
+    from clconv.algorithms import pointwise
     from clconv.gemm import gemm_gpu
     module = im2col if algorithm == "im2col" else pointwise
     monkeypatch.setattr(gemm_gpu, "DEEP_K", 9)
@@ -1042,10 +1042,12 @@ def test_deep_tile(case, algorithm, slices, queue, monkeypatch):
     (((1, 192, 12, 12), (192, 192, 1, 7), dict(padding=(0, 3))), False, 4),   # 9 work-groups: too few
     (((32, 2048, 5, 5), (320, 2048, 1, 1), {}), True, 8),   # 1x1, folded: 65 work-groups, slices of 256
 ], ids=["1x7_c192", "3x1_c384", "3x3_s2_k864", "1x7_c192_batch1", "1x1_c2048_5x5"])
-def test_deep_tile_rule(case, deep, slices, queue):
+def test_deep_tile_rule(case, deep, slices, queue, monkeypatch):
     """The deep tile's rule on a stand-in H200 (132 compute units): inception_v3's im2col forwards
-    at batch 32, one at batch 1, and a 1x1 forward. A plan only: the deep tile's results are
-    checked against the reference above."""
+    at batch 32, one at batch 1 (through col: the work rule, which would read it in place, set
+    aside), and a 1x1 forward. A plan only: the deep tile's results are checked against the
+    reference above."""
+    monkeypatch.setattr(im2col, "GPU_IMPLICIT_FLOP_PER_UNIT", {"forward": 0, "backward_weight": 0})
     input_shape, weight_shape, opts = case
     g = conv_geometry(input_shape, weight_shape, **opts)
     fake = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=132, max_work_group_size=1024,
@@ -1053,6 +1055,39 @@ def test_deep_tile_rule(case, deep, slices, queue):
     algorithm = "1x1" if weight_shape[2:] == (1, 1) else "im2col"
     algo = clconv.Plan(g, np.float32, fake, algorithm=algorithm, gemm="gpu", selfcheck=False)._choice["forward"][0]
     assert algo.deep == deep and algo.split["forward"] == slices
+
+
+@pytest.mark.gpu_form
+@pytest.mark.parametrize("case,forward,weight", [   # on 16 units: forwards up to 64 MFLOP, grad-weights up to 19
+    (Case("g2_cg5_3x3_odd", 3, 10, 9, 7, 6, 3, 3, padding=1, groups=2), True, True),   # 0.1 MFLOP
+    (Case("c64_3x3_36mflop", 2, 64, 19, 17, 48, 3, 3, padding=1), True, False),
+    (Case("c64_3x3_71mflop", 4, 64, 19, 17, 48, 3, 3, padding=1), False, False),
+], ids=repr)
+def test_implicit_im2col_on_gpus_by_work(case, forward, weight, queue):
+    """On GPUs (a stand-in of 16 compute units) im2col's forward reads the input in place up to 4
+    MFLOP a pass per compute unit and its grad-weight up to 1.2, whatever the channels and taps
+    (GPU_IMPLICIT_FLOP_PER_UNIT), explain() saying so; never by work on CPUs. Every pass against
+    the reference."""
+    x, w, b, dy = case.data()
+    g = conv_geometry(x.shape, w.shape, **case.options)
+    p = clconv.Plan(g, np.float32, QueueAs(queue, type=cl.device_type.GPU, max_compute_units=16),
+                    algorithm="im2col", gemm="gpu", selfcheck=False)
+    algo = p._choice["forward"][0]
+    for pass_name, implicit, least in (("forward", forward, 64), ("backward_weight", weight, 19)):
+        assert algo._implicit(pass_name) == implicit, pass_name
+        text = algo.describe(pass_name)
+        assert (f"no col; {g.flops() / 1e6:.0f} MFLOP a pass, at most {least} (" in text) == implicit, text
+        assert text.startswith("GEMM reading im2col in place") == implicit, text
+    want = reference.conv2d(x, w, b, **case.options)
+    assert_close(p.forward(x, w, b, queue=queue), want, np.float32, "forward")
+    assert_close(p.forward(x, w, b, queue=queue, relu=True), np.maximum(want, 0), np.float32, "forward + ReLU")
+    assert_close(p.backward_input(w, dy, queue=queue), reference.conv2d_input(x.shape, w, dy, **case.options),
+                 np.float32, "grad-input")
+    assert_close(p.backward_weight(x, dy, queue=queue), reference.conv2d_weight(x, w.shape, dy, **case.options),
+                 np.float32, "grad-weight")
+    cpu = clconv.Plan(g, np.float32, QueueAs(queue, type=cl.device_type.CPU, max_compute_units=16),
+                      algorithm="im2col", gemm="gpu", selfcheck=False)._choice["forward"][0]
+    assert not cpu._implicit("forward") and not cpu._implicit("backward_weight")
 
 
 @pytest.mark.gpu_form
@@ -1069,14 +1104,14 @@ def test_implicit_im2col_where_taps_do_not_overlap(case, implicit, slices, queue
     """On clconv's GPU GEMM kernel, im2col is read in place where it would only copy the input:
     few channels, or taps no wider than the stride. The forward is then one GEMM over the images
     into Y, or with one group, split-K slices of whole channels (the rule forced here)."""
-    from clconv.algorithms import im2col
     # (on the GPU engine this also limits grad-weight's slices)
     monkeypatch.setattr(im2col, "k_slices", lambda *args, **kwargs: slices)
+    monkeypatch.setattr(im2col, "GPU_IMPLICIT_FLOP_PER_UNIT", {"forward": 0, "backward_weight": 0})   # (not by work)
     x, w, b, dy = case.data()
     opts = case.options
     p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="im2col", gemm="gpu")
     algo, g = p._choice["forward"][0], p.geometry
-    assert algo._implicit() == implicit
+    assert algo._implicit("forward") == algo._implicit("backward_weight") == implicit
     forward = algo.describe("forward")
     assert ("reading im2col in place" in forward) == implicit
     if implicit:

@@ -232,9 +232,15 @@ GPU_LAUNCHES = [  # per algorithm, what each pass launches in a plan made for a 
     # forward over every image into Y in one launch, the bias filled first; grad-weight in split-K slices
     (Case("im2col_implicit", 4, 4, 17, 19, 6, 3, 3, padding=1, groups=2), "im2col",
      (["fill_bias", "gemm_gpu"], ["gemm_gpu", "col2im"], ["gemm_gpu", "sum_partials"])),
-    # 8 channels: col written; grad_output read in place by grad-input's GEMM, copied for grad-weight's
+    # 8 channels, little work (GPU_IMPLICIT_FLOP_PER_UNIT): forward and grad-weight read the input in
+    # place too; grad_output read in place by grad-input's GEMM, copied for grad-weight's
     (Case("im2col_c8", 3, 8, 11, 9, 6, 3, 3, stride=2, padding=1), "im2col",
-     (["im2col", "fill_bias", "gemm_gpu"], ["gemm_gpu", "col2im"], ["im2col", "nchw_to_cnhw", "gemm_gpu"])),
+     (["fill_bias", "gemm_gpu"], ["gemm_gpu", "col2im"], ["nchw_to_cnhw", "gemm_gpu"])),
+    # 64 channels, 71 MFLOP a pass (the rule's 64 and 19 on GPU_FACTS' 16 units): col written;
+    # grad-weight in split-K slices, summed in order
+    (Case("im2col_col", 4, 64, 19, 17, 48, 3, 3, padding=1), "im2col",
+     (["im2col", "fill_bias", "gemm_gpu"], ["gemm_gpu", "col2im"],
+      ["im2col", "nchw_to_cnhw", "gemm_gpu", "sum_partials"])),
     (Case("depthwise", 3, 6, 40, 33, 12, 3, 3, stride=2, padding=1, groups=6), "direct",
      (["direct_forward"], ["direct_input"], ["direct_weight_partial", "direct_weight_sum"])),
     (Case("winograd", 2, 6, 13, 11, 4, 3, 3, padding=1, groups=2), "winograd",

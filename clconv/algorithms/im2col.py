@@ -30,7 +30,8 @@ inception_v3's 5x5, which FFT runs, gained, 0.94-0.98x). Kernels no wider than t
 stride 2, patchify layers) read in place too, whatever their channels: there col is a copy of the
 input or of part of it. H200, the networks' 11 such layers, against col: forward 0.59-0.85x at batch
 32 where the GEMM is small (RegNet, ResNet's first two downsamplings), 1.0-1.2x on the largest;
-grad-weight 0.71-1.16x.
+grad-weight 0.71-1.16x. On GPUs, passes of little work read it in place too, whatever their channels
+(GPU_IMPLICIT_FLOP_PER_UNIT): at batch 1 the im2col launch costs more than the GEMM's gathers.
 """
 import pyopencl as cl
 
@@ -57,6 +58,21 @@ GPU_MIN_SLICE, GPU_MAX_SLICES = 64, 256   # grad-weight split-K on GPUs (see Im2
 # -3 .. +3 %); its single-group 1x1 stride-2 projections and the stems, small grids, keep the cap.
 GPU_FILL_WAVES = 4
 IMPLICIT_MAX_CHANNELS = 4  # input channels per group up to which im2col is read in place (see above)
+# On GPUs a pass of little work also reads im2col in place, whatever its channels: there the im2col
+# launch costs more than the GEMM's own gathers. H100, the networks benchmark's plain calls (wall
+# time), col against in place, two runs each, alternating. Batch 1, the 36 layers whose forward or
+# grad-weight wrote col (3x3, 1x3, 3x1, 1x7, 7x1; 3-748 MFLOP): forwards 0.60-1.01x (geometric
+# mean 0.81; inception_v3's 32x109x109 -> 64, 438 MFLOP, 0.84, its 80x54x54 -> 192, 748, 0.97);
+# grad-weights 0.63-0.83x up to 104 MFLOP (25 layers, 0.75), mixed above: resnet50's 3x3 on
+# 14x14 and 7x7 maps (231 MFLOP, GEMMs 196-49 positions deep) 1.05-1.17x, the GEMM on 512x7x7
+# 24.8 -> 34.7 us of device time against col's im2col of 7.6 us, but inception_v3's 32x109x109 ->
+# 64 0.71x. Grad-inputs (col either way) 0.87-1.13x, 1.01: the runs' noise. Batch 32, the 11
+# layers of at most 792 MFLOP: RegNet's grouped 3x3 (99-376 MFLOP) forwards 0.81-0.93x,
+# grad-weights (99 MFLOP) 0.93-0.96x; inception_v3's dense 3x3, 1x3 and 3x1 over 96-384
+# channels (531-764 MFLOP), which took the deep tile or split-K through col, 0.97-1.12x, and
+# RegNet's 48x112x112 g6 (694 MFLOP) 0.88x; grad-inputs 0.97-1.02x. So forwards up to 4 MFLOP per
+# compute unit (528 on the H100's 132), grad-weights up to 1.2 (158).
+GPU_IMPLICIT_FLOP_PER_UNIT = {"forward": 4e6, "backward_weight": 1.2e6}   # work of a pass per compute unit
 SCALAR_FOLD_MAX_TAPS = 64  # grad-weight reads grad_output in place value by value up to this N (_folds_grad_output_weight)
 # The forward on clconv's CPU GEMM kernel in chunks of one image from this many output positions
 # per image, where an image's GEMM is at least CPU_IMAGE_WORK FLOP per compute unit: its GEMM
@@ -116,6 +132,7 @@ class Im2col(Algorithm):
         # 7x7 stem: its GEMM 0.034 ms of device time in 196 slices, 0.055 in 49); CPUs only below
         # CPU_SPLIT_BELOW values
         gpu = bool(device.type & cl.device_type.GPU)
+        self.units = device.max_compute_units if gpu else 0   # (_in_place_reason: the work rule is for GPUs only)
         self.max_slices = (max_slices(g.K * g.Kd, g.N * g.P, GPU_MIN_SLICE, GPU_MAX_SLICES) if gpu
                            else max_slices(g.K * g.Kd, g.N * g.P) if g.K * g.Kd < CPU_SPLIT_BELOW else 1)
         partials = self.max_slices * g.K * g.Kd if self.max_slices > 1 else 0
@@ -156,13 +173,13 @@ class Im2col(Algorithm):
         # and T, as many as the budget holds, summed in order
         # (the forward's long products on clconv's GPU GEMM kernel's deep tile: gemm_gpu.deep)
         room, ld = workspace_limit // itemsize - per_image * self.chunk, self.chunk * g.P
-        self.deep = not self._implicit() and deep(device, gemm, g.Kg, ld, g.Kd, g.groups, itemsize)
+        self.deep = not self._implicit("forward") and deep(device, gemm, g.Kg, ld, g.Kd, g.groups, itemsize)
         split = lambda m, k, outputs, in_deep=False: fit_slices(k, k_slices(device, gemm, m, ld, k, g.groups,
                                                                             itemsize, deep=in_deep),
                                                                 room // (outputs * ld))
         self.split = {"backward_input": split(g.Kd, g.Kg, self.rows)}
         self.packed_at = per_image * self.chunk + _partials(self.split["backward_input"], self.rows * ld)
-        if self._implicit():
+        if self._implicit("forward"):
             # the implicit forward is one grid over all images, into Y; with one group, where that
             # grid leaves compute units idle, cut into slices of whole channels (an offset into the
             # input, which its im2col B reads), their partial outputs summed in order
@@ -263,9 +280,10 @@ class Im2col(Algorithm):
             return (f"im2col + GEMM batched over {g.groups} group(s), image by image in {self.tiling}; per GEMM "
                     f"M={mnk[0]} N={mnk[1]} K={mnk[2]} (tile = {self.band * self.cols} positions, fewer in the last); "
                     f"{how}")
-        if pass_name == "forward" and self._implicit():
+        if pass_name == "forward" and self._implicit("forward"):
             S = self.split["forward"]
-            return (f"GEMM reading im2col in place (clconv's GPU GEMM kernel, no col), one per group ({g.groups}), "
+            return (f"GEMM reading im2col in place (clconv's GPU GEMM kernel, no col; {self._in_place_reason('forward')}), "
+                    f"one per group ({g.groups}), "
                     f"M={g.Kg} N={g.N * g.P} (every image's positions) K={g.Kd}"
                     + (f", split-K into {S} slices of {g.C // S} channels (K={g.Kd // S}) summed in order (the grid "
                        "alone would leave the GPU's compute units idle)" if S > 1 else ", into the output"))
@@ -274,8 +292,9 @@ class Im2col(Algorithm):
         chunks = -(-g.N // B) if g.N else 0
         mnk = {"forward": (g.Kg, B * g.P, g.Kd), "backward_input": (g.Kd, B * g.P, g.Kg),
                "backward_weight": (g.Kg, g.Kd, B * g.P)}[pass_name]
-        implicit = pass_name == "backward_weight" and self._implicit()
-        text = (("GEMM reading im2col in place (clconv's GPU GEMM kernel, no col)" if implicit else "im2col + GEMM")
+        implicit = pass_name == "backward_weight" and self._implicit(pass_name)
+        text = ((f"GEMM reading im2col in place (clconv's GPU GEMM kernel, no col; {self._in_place_reason(pass_name)})"
+                 if implicit else "im2col + GEMM")
                 + f" batched over {g.groups} group(s), {chunks} chunk(s) of {B} image(s), "
                 f"per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2]}")
         if pass_name == "forward" and B < self.chunk:
@@ -330,15 +349,28 @@ class Im2col(Algorithm):
         vectors = g.P % 4 == 0 and all(L % 4 == 0 for L in slices)
         return self.gemm == "gpu" and not self.band and (vectors or g.Kd <= SCALAR_FOLD_MAX_TAPS)
 
-    def _implicit(self):
-        """Whether forward and grad-weight read im2col in place, on the GPU GEMM kernel (not in
-        tiles: the kernel's im2col is compiled for whole images): few channels, or taps that do not
-        overlap (a kernel no wider than its stride: 1x1 stride 2, patchify layers), whose col would
-        be a copy of the input or of part of it."""
+    def _implicit(self, pass_name):
+        """Whether ``pass_name`` (forward or grad-weight) reads im2col in place, on the GPU GEMM
+        kernel (not in tiles: the kernel's im2col is compiled for whole images); why: see
+        :meth:`_in_place_reason`."""
+        return (self.gemm == "gpu" and not self.band and self.g.N * self.g.P <= INT32_MAX
+                and self._in_place_reason(pass_name) is not None)   # (N * P: a 32-bit argument of the forward)
+
+    def _in_place_reason(self, pass_name):
+        """Why ``pass_name`` would read im2col in place, as explain() says it, or None: few
+        channels, or taps that do not overlap (a kernel no wider than its stride: 1x1 stride 2,
+        patchify layers), whose col would be a copy of the input or of part of it; or on GPUs too
+        little work for the im2col launch to pay (GPU_IMPLICIT_FLOP_PER_UNIT)."""
         g = self.g
-        apart = all(s >= (k - 1) * d + 1 for s, k, d in zip(g.stride, (g.kh, g.kw), g.dilation))
-        return ((g.Cg <= IMPLICIT_MAX_CHANNELS or apart) and self.gemm == "gpu" and not self.band
-                and g.N * g.P <= INT32_MAX)   # (the forward's N, every image's positions, is a 32-bit argument)
+        if g.Cg <= IMPLICIT_MAX_CHANNELS:
+            return f"{g.Cg} channel(s) per group"
+        if all(s >= (k - 1) * d + 1 for s, k, d in zip(g.stride, (g.kh, g.kw), g.dilation)):
+            return "taps apart: col would be a copy of the input"
+        per_unit = GPU_IMPLICIT_FLOP_PER_UNIT[pass_name]
+        if self.units and g.flops() <= per_unit * self.units:
+            return (f"{g.flops() / 1e6:.0f} MFLOP a pass, at most {per_unit * self.units / 1e6:.0f} "
+                    f"({per_unit / 1e6:g} per compute unit): the im2col launch would cost more than the GEMM's gathers")
+        return None
 
     def _im2col_b(self, pj, images):
         """The input as the GEMM's im2col operand, slices of pj columns, matrices over ``images``."""
@@ -427,7 +459,7 @@ class Im2col(Algorithm):
         Kg, Kd = g.Kg, g.Kd
         if self.band:
             return self._forward_tiles(queue, x, w, bias, y, ws, relu)
-        if self._implicit():   # one GEMM per group over all images' positions, into Y
+        if self._implicit("forward"):   # one GEMM per group over all images' positions, into Y
             beta = before_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
             S, plane, cols = self.split["forward"], g.H * g.W, g.N * g.P
             if S > 1:   # slice s: W[:, s-th Kd/S columns] @ im2col of the s-th C/S channels; one group
@@ -526,7 +558,7 @@ class Im2col(Algorithm):
             L = ld // S   # slice length: S slices cover the nb * P columns exactly
             # B: col (Kd x ld per group, slices L apart), or the input read through im2col in
             # place (its leading dimension unused; the slices are im2col's)
-            if self._implicit():
+            if self._implicit("backward_weight"):
                 b = Op(x.buf, x.off + n0 * g.C * g.H * g.W, ld, g.Cg * g.H * g.W)
                 im2col = self._im2col_b(L if S > 1 else 0, nb)
             else:
