@@ -8,7 +8,7 @@ import pytest
 
 import clconv
 from clconv import reference
-from clconv.algorithms import direct, im2col, winograd
+from clconv.algorithms import direct, fft, im2col, winograd
 from clconv.algorithms.direct import Direct
 from clconv.device import has_fp64
 from clconv.geometry import conv_geometry
@@ -178,9 +178,11 @@ def test_auto_choice_of_winograd_on_gpus_by_work(kernel, padding, size, batches,
                     in p.explain())
 
 
-def test_auto_choice_of_fft(queue):
+def test_auto_choice_of_fft(queue, monkeypatch):
     """5x5 on 27x27 images: the FFT's GEMMs need 3 multiplications per output against Winograd's 9;
-    on GPUs that pays for its transforms, on CPUs it does not."""
+    on GPUs that pays for its transforms (the work rule, below, set aside: this layer is small),
+    on CPUs it does not."""
+    monkeypatch.setattr(fft, "GPU_MIN_FLOP_PER_UNIT", 0)
     case = next(c for c in EXTRA if c.name == "fft_g2_5x5_27")
     p = clconv.plan(case.input_shape, case.weight_shape, **case.options, queue=queue)
     gpu = bool(queue.device.type & cl.device_type.GPU)
@@ -189,6 +191,18 @@ def test_auto_choice_of_fft(queue):
         assert "32x32 frames, 3.0 multiplications per output" in p.explain()
     else:
         assert "(not fft: on CPUs its image transforms cost more than its GEMMs save" in p.explain()
+
+
+def test_auto_choice_of_fft_on_gpus_by_work(queue):
+    """On GPUs (a stand-in of 16 compute units: 40 MFLOP) the FFT from 2.5 MFLOP a pass per
+    compute unit; on less work its four launches cost more than im2col's pass. A 5x5 over 32
+    channels of 27x27: 37 MFLOP an image."""
+    gpu = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=16)
+    for batch, algorithm in ((2, "fft"), (1, "im2col")):
+        p = clconv.Plan(clconv.conv_geometry((batch, 32, 27, 27), (32, 32, 5, 5), padding=2), np.float32, gpu,
+                        selfcheck=False)
+        assert set(p.algorithms.values()) == {algorithm}, batch
+    assert "(not fft: on GPUs, 37 MFLOP a pass (below 40, 2.5 per compute unit)" in p.explain()
 
 
 @pytest.mark.parametrize("case", ["g1_k3x3_s1_p1", "k1x1_s2", "fc_mode_padded", "stem_7x7_s2"])
