@@ -141,10 +141,17 @@ class Im2col(Algorithm):
         packed = g.K * g.Kd if gemm == "cpu" else 0
         reserved = max(partials, packed)
         self.band = None   # output rows per tile, when one image does not fit the budget (or the cache)
+        self.in_place = {}   # forward, grad-weight: why it reads im2col in place (_in_place_reason), where it does
         cache_bound = bool(self.vw) and self.rows * g.P * itemsize > CPU_COL_BYTES
         if cache_bound or (per_image + reserved) * itemsize > workspace_limit:   # (the tiles pack nothing)
             self._fit_bands(workspace_limit, (per_image + partials) * itemsize, partials, cache_bound)
             return
+        # where forward and grad-weight read im2col in place, on clconv's GPU GEMM kernel: whole images
+        # only (its im2col is compiled for them, not for tiles), whose positions, the forward's N, are
+        # a 32-bit argument
+        if gemm == "gpu" and g.N * g.P <= INT32_MAX:
+            reasons = {p: self._in_place_reason(p) for p in ("forward", "backward_weight")}
+            self.in_place = {p: why for p, why in reasons.items() if why is not None}
         # clconv's CPU GEMM kernel packs B (col, T) in panels after the rest where its rule says so
         # (gemm_cpu.panels_size): per image at most B's rows by its positions, and a block of
         # columns more per matrix
@@ -282,7 +289,7 @@ class Im2col(Algorithm):
                     f"{how}")
         if pass_name == "forward" and self._implicit("forward"):
             S = self.split["forward"]
-            return (f"GEMM reading im2col in place (clconv's GPU GEMM kernel, no col; {self._in_place_reason('forward')}), "
+            return (f"GEMM reading im2col in place (clconv's GPU GEMM kernel, no col; {self.in_place['forward']}), "
                     f"one per group ({g.groups}), "
                     f"M={g.Kg} N={g.N * g.P} (every image's positions) K={g.Kd}"
                     + (f", split-K into {S} slices of {g.C // S} channels (K={g.Kd // S}) summed in order (the grid "
@@ -293,7 +300,7 @@ class Im2col(Algorithm):
         mnk = {"forward": (g.Kg, B * g.P, g.Kd), "backward_input": (g.Kd, B * g.P, g.Kg),
                "backward_weight": (g.Kg, g.Kd, B * g.P)}[pass_name]
         implicit = pass_name == "backward_weight" and self._implicit(pass_name)
-        text = ((f"GEMM reading im2col in place (clconv's GPU GEMM kernel, no col; {self._in_place_reason(pass_name)})"
+        text = ((f"GEMM reading im2col in place (clconv's GPU GEMM kernel, no col; {self.in_place[pass_name]})"
                  if implicit else "im2col + GEMM")
                 + f" batched over {g.groups} group(s), {chunks} chunk(s) of {B} image(s), "
                 f"per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2]}")
@@ -351,10 +358,8 @@ class Im2col(Algorithm):
 
     def _implicit(self, pass_name):
         """Whether ``pass_name`` (forward or grad-weight) reads im2col in place, on the GPU GEMM
-        kernel (not in tiles: the kernel's im2col is compiled for whole images); why: see
-        :meth:`_in_place_reason`."""
-        return (self.gemm == "gpu" and not self.band and self.g.N * self.g.P <= INT32_MAX
-                and self._in_place_reason(pass_name) is not None)   # (N * P: a 32-bit argument of the forward)
+        kernel, as decided when the plan was made (``in_place``, :meth:`_in_place_reason`)."""
+        return pass_name in self.in_place
 
     def _in_place_reason(self, pass_name):
         """Why ``pass_name`` would read im2col in place, as explain() says it, or None: few
@@ -368,7 +373,7 @@ class Im2col(Algorithm):
             return "taps apart: col would be a copy of the input"
         per_unit = GPU_IMPLICIT_FLOP_PER_UNIT[pass_name]
         if self.units and g.flops() <= per_unit * self.units:
-            return (f"{g.flops() / 1e6:.0f} MFLOP a pass, at most {per_unit * self.units / 1e6:.0f} "
+            return (f"{g.flops() / 1e6:.1f} MFLOP a pass, at most {per_unit * self.units / 1e6:.0f} "
                     f"({per_unit / 1e6:g} per compute unit): the im2col launch would cost more than the GEMM's gathers")
         return None
 
