@@ -253,6 +253,33 @@ def test_per_group_queues_are_bit_identical(case, algorithm, engine, queue, monk
     assert_close(results[1][0], reference.conv2d(x, w, b, **opts), np.float32, "forward per-group")
 
 
+@pytest.mark.gpu_form
+@pytest.mark.parametrize("name,algorithm", [
+    ("g2_k3x3_s2_pad_pair", "im2col"), ("k1x1_g2", "im2col"), ("g2_k5x5_alexnet_like", "im2col"),
+    ("grouped_cg8_s2", "im2col"), ("grouped_cg24_pad_h", "auto"), ("winograd_g2_d2_overpad", "winograd"),
+    ("fft_g2_5x5_27", "fft"),
+])
+def test_per_group_queues_are_bit_identical_in_plans_for_a_gpu(name, algorithm, queue):
+    """In plans made for a GPU (a stand-in of 132 compute units, clconv's GPU GEMM kernel) each
+    group's launch on its own queue takes the tile and planes of the whole grid, so per-group queues
+    give the single queue's results bit for bit: a group's smaller grid took more K planes before
+    (im2col's grad-weights and grouped forwards differed in their last bits). Against the
+    reference too."""
+    case = next(c for c in CASES + EXTRA if c.name == name)
+    x, w, b, dy = case.data()
+    gpu = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=132, max_work_group_size=1024,
+                  max_work_item_sizes=(1024, 1024, 64), local_mem_size=49152)
+    results = []
+    for queues in ("single", "per-group"):
+        p = clconv.Plan(conv_geometry(x.shape, w.shape, **case.options), np.float32, gpu, algorithm=algorithm,
+                        queues=queues, gemm="gpu", selfcheck=False)
+        results.append([p.forward(x, w, b, queue=queue), p.backward_input(w, dy, queue=queue),
+                        p.backward_weight(x, dy, queue=queue)])
+    for pass_name, single, grouped in zip(("forward", "grad-input", "grad-weight"), *results):
+        np.testing.assert_array_equal(single, grouped, err_msg=pass_name)
+    assert_close(results[0][2], reference.conv2d_weight(x, w.shape, dy, **case.options), np.float32, "grad-weight")
+
+
 def test_functional_api_takes_algorithm_and_queues(queue):
     case = CASES[1]
     x, w, b, dy = case.data()

@@ -147,7 +147,9 @@ def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1
 
     With ``per_group`` each group's GEMMs (batched over the images) run on an in-order queue of
     their own: those queues wait for a marker of everything enqueued on ``queue`` so far, and
-    ``queue`` waits for all of them before going on (CLBlast takes no wait list).
+    ``queue`` waits for all of them before going on (CLBlast takes no wait list). On clconv's GPU
+    kernel each group's launch takes the tile and planes of the whole grid, so its sums are those
+    of one launch over all groups, bit for bit.
     """
     folded = c_fold or b_fold or a_fold
     if ((im2col is not None or folded or deep) and engine != "gpu" or k_blocks is not None and engine == "clblast"
@@ -169,7 +171,7 @@ def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1
             cl.enqueue_barrier(q, wait_for=[ready])
             one = [x._replace(off=x.at(g), per_group=0) for x in ops]
             _run(q, engine, dtype, 1, images, m, n, k, *one, im2col, k_blocks, c_fold, b_fold, a_fold, None,
-                 None, flags)
+                 None, flags, share=groups)
             done.append(cl.enqueue_marker(q))
             q.flush()
         cl.enqueue_barrier(queue, wait_for=done)
@@ -179,12 +181,12 @@ def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1
 
 
 def _run(queue, engine, dtype, groups, images, m, n, k, a, b, c, im2col, k_blocks, c_fold, b_fold, a_fold, a_packed,
-         b_panels, flags):
+         b_panels, flags, share=1):
     if engine == "cpu":
         gemm_cpu.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, a_packed=a_packed, b_panels=b_panels,
                            k_blocks=k_blocks, **flags)
     elif engine == "gpu":
         gemm_gpu.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, im2col=im2col, k_blocks=k_blocks,
-                           c_fold=c_fold, b_fold=b_fold, a_fold=a_fold, **flags)
+                           c_fold=c_fold, b_fold=b_fold, a_fold=a_fold, share=share, **flags)
     else:
         clblast.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, **flags)

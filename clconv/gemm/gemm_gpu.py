@@ -264,7 +264,7 @@ class KBlocks(NamedTuple):
 
 
 def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False, b_transp=False,
-              im2col=None, k_blocks=None, c_fold=0, b_fold=0, a_fold=0, deep=False, what=""):
+              im2col=None, k_blocks=None, c_fold=0, b_fold=0, a_fold=0, deep=False, share=1, what=""):
     """C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j] for i < gi, j < gj, in one launch.
 
     ``a``, ``b``, ``c``: :class:`clconv.gemm.Operand` s (matrix (i, j) at ``at(i, j)``); C
@@ -277,7 +277,9 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     M x K, read as it is): the same for A's depth, where the gj products along j are split-K
     slices of one depth of gj * K values (product j's depth k is j * K + k; an NCHW operand,
     its batch in the GEMM's K). ``deep``: the grid runs EIGHT_BY_FOUR, the tile its caller's
-    split was counted in (:func:`deep`).
+    split was counted in (:func:`deep`). ``share``: this launch is one of ``share`` alike that
+    together make the grid (per-group queues): its tile and planes are chosen for the whole grid,
+    as one launch of it would take them, so that its sums are the same bit for bit.
     """
     if im2col is not None and k_blocks is not None:
         raise ClconvError(f"clconv: {what}: an im2col B is not read in K blocks")
@@ -294,7 +296,7 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     if deep:
         chosen = EIGHT_BY_FOUR
     else:
-        chosen = tile(queue.device, m, n, gi * gj, itemsize)
+        chosen = tile(queue.device, m, n, gi * gj * share, itemsize)
         if chosen is None:
             raise ClconvError(f"clconv: {what}: no tile of clconv's GEMM kernel fits {queue.device.name.strip()} "
                               f"(work-group and local-memory limits); use gemm='clblast'")
@@ -302,7 +304,7 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     tm, tn = chosen.tm, chosen.tn
     groups = -(-m // tm) * -(-n // tn) * gi * gj
     depth, blocks = (k * kb.count, 1) if kb.continuous else (k, kb.count)   # (continuous: one depth)
-    chosen = sliced(queue.device, chosen, groups, depth, blocks, itemsize)
+    chosen = sliced(queue.device, chosen, groups * share, depth, blocks, itemsize)
     shapes = ((k, m) if a_transp else (m, k), (n, k) if b_transp else (k, n), (m, n))   # as stored, row-major
     spans = [(rows - 1) * x.ld + cols for (rows, cols), x in zip(shapes, ops)]
     if im2col is not None:
