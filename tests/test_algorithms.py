@@ -223,6 +223,13 @@ def test_explain_fc_mode_names_the_gemm(queue):
     assert "covers the whole input 6x6" in text and p.workspace_bytes == 0
 
 
+@pytest.fixture
+def im2col_col_path(monkeypatch):
+    """im2col's GPU work rule set aside (GPU_IMPLICIT_FLOP_PER_UNIT 0), for the tests of its col
+    path's own rules: on a real GPU their small layers would read im2col in place instead."""
+    monkeypatch.setattr(im2col, "GPU_IMPLICIT_FLOP_PER_UNIT", {"forward": 0, "backward_weight": 0})
+
+
 def _grouped_runs():
     """(case, algorithm) for the grouped cases: im2col and auto always, Winograd where it applies,
     the FFT on the cases meant for it."""
@@ -335,14 +342,13 @@ def test_im2col_grad_weight_slices_fill_the_device(units, slices, queue):
     (Case("odd_wide_taps", 9, 8, 9, 7, 5, 3, 3, padding=1), 7, False),       # N 72: the layout copy
     (Case("whole_vector_slices", 30, 8, 4, 5, 5, 3, 3, padding=1), 6, True),  # 600: 6 slices of 100, not 8 of 75; N 72
 ], ids=repr)
-def test_im2col_grad_weight_reads_grad_output_in_place(case, slices, folds, queue, monkeypatch):
+def test_im2col_grad_weight_reads_grad_output_in_place(case, slices, folds, queue, im2col_col_path):
     """In a plan for a GPU, im2col's grad-weight GEMM reads grad_output as it is, its images'
     positions folded into the depth: four-wide where the slices are whole vectors, which the
     slice count prefers (at least half as many), else value by value where the GEMM's N is at
     most SCALAR_FOLD_MAX_TAPS (else through the layout copy). Against the reference."""
     x, w, b, dy = case.data()
     gpu = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=64)   # (enough units to want the cap)
-    monkeypatch.setattr(im2col, "GPU_IMPLICIT_FLOP_PER_UNIT", {"forward": 0, "backward_weight": 0})   # (col here)
     p = clconv.Plan(conv_geometry(x.shape, w.shape, **case.options), np.float32, gpu, algorithm="im2col",
                     selfcheck=False)
     algo = p._choice["backward_weight"][0]
@@ -990,12 +996,11 @@ def test_fc_split_k(case, slices, queue, monkeypatch):
     Case("g2_3x3_s2_batch3", 3, 6, 9, 7, 8, 3, 3, stride=2, padding=(1, 0), groups=2),   # K: 27 forward, 4 grad-input
     Case("g1_1x7_one_image", 1, 5, 6, 11, 6, 1, 7, padding=(0, 3)),                       # one image: into Y in place
 ], ids=repr)
-def test_im2col_split_k(case, slices, queues, queue, monkeypatch):
+def test_im2col_split_k(case, slices, queues, queue, monkeypatch, im2col_col_path):
     """im2col's forward and grad-input split-K (a GPU's rule, forced here on any device and engine),
     rounded down to a divisor of each GEMM's K, against the reference."""
     # (on the GPU engine this also limits grad-weight's slices)
     monkeypatch.setattr(im2col, "k_slices", lambda *args, **kwargs: slices)
-    monkeypatch.setattr(im2col, "GPU_IMPLICIT_FLOP_PER_UNIT", {"forward": 0, "backward_weight": 0})   # (col here)
     x, w, b, dy = case.data()
     opts = case.options
     p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="im2col", queues=queues)
@@ -1017,14 +1022,13 @@ def test_im2col_split_k(case, slices, queues, queue, monkeypatch):
     (Case("g2_c5_3x3_batch3", 3, 10, 9, 7, 8, 3, 3, padding=1, groups=2), 1, True),   # each group's C at its rows
     (Case("g2_c5_3x3_s2_batch3", 3, 10, 9, 7, 8, 3, 3, stride=2, padding=(1, 0), groups=2), 3, False),
 ], ids=repr)
-def test_im2col_forward_writes_output_in_place(case, slices, folds, queue, monkeypatch):
+def test_im2col_forward_writes_output_in_place(case, slices, folds, queue, monkeypatch, im2col_col_path):
     """On clconv's GPU GEMM kernel im2col's forward writes the output as it is, every image's
     positions folded into the GEMM's columns (no layout copy), unsplit or in split-K slices of one
     group (each a whole partial output); slices over several groups keep the layout copy.
     Forward, with bias and through ReLU, against the reference."""
     # (on the GPU engine this also limits grad-weight's slices)
     monkeypatch.setattr(im2col, "k_slices", lambda *args, **kwargs: slices)
-    monkeypatch.setattr(im2col, "GPU_IMPLICIT_FLOP_PER_UNIT", {"forward": 0, "backward_weight": 0})   # (col here)
     x, w, b, _ = case.data()
     opts = case.options
     p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="im2col", gemm="gpu")
@@ -1047,7 +1051,7 @@ def test_im2col_forward_writes_output_in_place(case, slices, folds, queue, monke
     (Case("1x1_5x5_batch3", 3, 45, 5, 5, 27, 1, 1), "1x1"),   # folded over the images
     (Case("1x1_16x17_batch2", 2, 30, 16, 17, 21, 1, 1), "1x1"),   # 272 positions: a product per image
 ], ids=repr)
-def test_deep_tile(case, algorithm, slices, queue, monkeypatch):
+def test_deep_tile(case, algorithm, slices, queue, monkeypatch, im2col_col_path):
     """On clconv's GPU GEMM kernel a forward's products at least DEEP_K deep, where the model gives
     the grid 4x4 work-items and that fill enough of the device, run the deep tile (64x64 of 8x4
     work-items), split-K or not. Forced here (DEEP_K 9, every grid given a 4x4 tile and counted
@@ -1060,7 +1064,6 @@ def test_deep_tile(case, algorithm, slices, queue, monkeypatch):
     monkeypatch.setattr(gemm_gpu, "DEEP_MIN_SHARE", 1 << 20)   # (a grid of one work-group large enough)
     monkeypatch.setattr(gemm_gpu, "tile", lambda *args, **kwargs: gemm_gpu.TILES[2][0])
     monkeypatch.setattr(module, "k_slices", lambda *args, **kwargs: slices)
-    monkeypatch.setattr(im2col, "GPU_IMPLICIT_FLOP_PER_UNIT", {"forward": 0, "backward_weight": 0})   # (col here)
     tiles, run, planes = {}, gemm_gpu.grid_gemm, gemm_gpu.sliced   # {pass: tiles its GEMMs launched}
     current = []
     monkeypatch.setattr(gemm_gpu, "grid_gemm", lambda *args, **kwargs: current.insert(0, kwargs["what"].split(" ")[0])
@@ -1085,12 +1088,11 @@ def test_deep_tile(case, algorithm, slices, queue, monkeypatch):
     (((1, 192, 12, 12), (192, 192, 1, 7), dict(padding=(0, 3))), False, 4),   # 9 work-groups: too few
     (((32, 2048, 5, 5), (320, 2048, 1, 1), {}), True, 8),   # 1x1, folded: 65 work-groups, slices of 256
 ], ids=["1x7_c192", "3x1_c384", "3x3_s2_k864", "1x7_c192_batch1", "1x1_c2048_5x5"])
-def test_deep_tile_rule(case, deep, slices, queue, monkeypatch):
+def test_deep_tile_rule(case, deep, slices, queue, im2col_col_path):
     """The deep tile's rule on a stand-in H200 (132 compute units): inception_v3's im2col forwards
     at batch 32, one at batch 1 (through col: the work rule, which would read it in place, set
     aside), and a 1x1 forward. A plan only: the deep tile's results are checked against the
     reference above."""
-    monkeypatch.setattr(im2col, "GPU_IMPLICIT_FLOP_PER_UNIT", {"forward": 0, "backward_weight": 0})
     input_shape, weight_shape, opts = case
     g = conv_geometry(input_shape, weight_shape, **opts)
     fake = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=132, max_work_group_size=1024,
@@ -1143,13 +1145,12 @@ def test_implicit_im2col_on_gpus_by_work(case, forward, weight, queue):
     (Case("2x2_s2_g2_cg5", 2, 10, 6, 7, 6, 2, 2, stride=2, groups=2), True),   # 5 channels per group
     (Case("3x3_s2_overlapping", 2, 6, 9, 8, 4, 3, 3, stride=2, padding=1), False),
 ], ids=repr)
-def test_implicit_im2col_where_taps_do_not_overlap(case, implicit, slices, queue, monkeypatch):
+def test_implicit_im2col_where_taps_do_not_overlap(case, implicit, slices, queue, monkeypatch, im2col_col_path):
     """On clconv's GPU GEMM kernel, im2col is read in place where it would only copy the input:
     few channels, or taps no wider than the stride. The forward is then one GEMM over the images
     into Y, or with one group, split-K slices of whole channels (the rule forced here)."""
     # (on the GPU engine this also limits grad-weight's slices)
     monkeypatch.setattr(im2col, "k_slices", lambda *args, **kwargs: slices)
-    monkeypatch.setattr(im2col, "GPU_IMPLICIT_FLOP_PER_UNIT", {"forward": 0, "backward_weight": 0})   # (not by work)
     x, w, b, dy = case.data()
     opts = case.options
     p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="im2col", gemm="gpu")

@@ -27,7 +27,7 @@ from ..buffers import Ref, idx_for
 from ..gemm import Operand as Op
 from ..programs import ClconvError, get_kernel, launch, work_group_limit
 from .base import pow2_at_least
-from .transform import Transform, aligned
+from .transform import Transform, aligned, little_gpu_work
 
 MAX_FRAME = 64        # frame side, at most: one frame row lives in a work-item's registers
 MIN_FRAME = 4
@@ -114,11 +114,10 @@ class FFT(Transform):
         if min(g.Cg, g.Kg) < MIN_CHANNELS:
             return False, (f"fewer than {MIN_CHANNELS} channels or filters per group (Cg = {g.Cg}, Kg = {g.Kg}): "
                            "its per-frequency GEMMs would be too thin")
-        flop, least = g.flops(), GPU_MIN_FLOP_PER_UNIT * device.max_compute_units
-        if flop < least:
-            return False, (f"on GPUs, {flop / 1e6:.0f} MFLOP a pass (below {least / 1e6:.0f}, "
-                           f"{GPU_MIN_FLOP_PER_UNIT / 1e6:g} per compute unit): too little work for its four launches "
-                           "(H100, a 5x5 layer at batch 1: im2col 0.58-0.66x its time)")
+        small = little_gpu_work(g, device, GPU_MIN_FLOP_PER_UNIT)
+        if small:
+            return False, (f"{small}: too little work for its four launches (H100, a 5x5 layer at batch 1: im2col "
+                           "0.58-0.66x its time)")
         fft = multiplications_per_output(g, pass_name)
         if (g.kh, g.kw) in ((3, 3), (5, 5)):
             other, name = 36 / (7 - g.kh) ** 2, "Winograd"

@@ -18,6 +18,16 @@ def aligned(n):
     return -(-n // ALIGN) * ALIGN
 
 
+def little_gpu_work(g, device, per_unit):
+    """explain()'s words for a pass of ``g`` below ``per_unit`` FLOP per compute unit of GPU
+    ``device`` ("on GPUs, N MFLOP a pass (below L, P per compute unit)"), or None where it has
+    that much work: the transforms' rules of when their launches do not pay."""
+    flop, least = g.flops(), per_unit * device.max_compute_units
+    if flop >= least:
+        return None
+    return f"on GPUs, {flop / 1e6:.0f} MFLOP a pass (below {least / 1e6:.0f}, {per_unit / 1e6:g} per compute unit)"
+
+
 def pass_geometry(g, pass_name):
     """The convolution a pass of ``g`` runs as a forward pass: grad-input's is the transposed one."""
     return g.transposed() if pass_name == "backward_input" else g

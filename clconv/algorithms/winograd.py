@@ -35,7 +35,7 @@ from ..device import cpu_vector_width, vectorizes_work_items
 from ..gemm import Operand as Op, gemm_cpu
 from ..programs import INT32_MAX, get_kernel, launch, reduction_work_group, work_group_limit
 from .partials import MAX_SLICES, MIN_SLICE, SPLIT_K_TARGET, largest_divisor_at_most, max_slices, sum_partials
-from .transform import Transform, aligned, pass_geometry
+from .transform import Transform, aligned, little_gpu_work, pass_geometry
 
 MIN_CHANNELS = 16         # fewer channels or filters per group: the batched GEMMs are too thin to pay
 CPU_MIN_TILES = 32        # on CPUs over maps of 4 tiles, tiles per batch below which it is not chosen (see preferred)
@@ -132,11 +132,10 @@ class Winograd(Transform):
             # 33-74 MFLOP (batch 1) 1.26 / 1.63 / 1.24, 0.5-0.8 GFLOP (batch 16) 0.85 / 1.20 / 1.10,
             # 1.1-1.6 GFLOP (batch 32) 0.67 / 0.92 / 0.80; at batch 32 (up to 2.4 GFLOP) their device
             # time 0.75x / 0.91x / 0.82x im2col's, inception_v3's step 21.74 -> 20.53 ms
-            flop, least = g.flops(), GPU_MIN_FLOP_PER_UNIT * device.max_compute_units
-            if flop < least:
-                return False, (f"on GPUs, {flop / 1e6:.0f} MFLOP a pass (below {least / 1e6:.0f}, "
-                               f"{GPU_MIN_FLOP_PER_UNIT / 1e6:g} per compute unit): too little work for its four "
-                               "launches and thin GEMMs (H100, 3x3 layers at batch 1 and 4 up to 415 MFLOP: "
+            small = little_gpu_work(g, device, GPU_MIN_FLOP_PER_UNIT)
+            if small:
+                return False, (f"{small}: too little work for its four launches and thin GEMMs (H100, 3x3 "
+                               "layers at batch 1 and 4 up to 415 MFLOP: "
                                "0.82-2.08x im2col's time, most passes slower; 1x7 / 7x1 layers up to 0.8 GFLOP: "
                                "0.85-1.65x, geometric means per pass and batch)")
             return True, ""
