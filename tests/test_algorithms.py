@@ -337,6 +337,30 @@ def test_im2col_grad_weight_slices_fill_the_device(units, slices, queue):
 
 
 @pytest.mark.gpu_form
+@pytest.mark.parametrize("case,split", [
+    (Case("255_positions", 1, 5, 17, 19, 7, 3, 3), False),   # 15 x 17 positions: one product
+    (Case("256_positions", 1, 5, 18, 18, 7, 3, 3), True),    # 16 x 16: split
+    (Case("3_images_of_99", 3, 5, 11, 13, 7, 3, 3), True),   # 3 x 9 x 11 = 297 in one chunk
+], ids=repr)
+def test_im2col_grad_weight_splits_no_short_product(case, split, queue):
+    """On a GPU, im2col's grad-weight splits a chunk's positions only from
+    GPU_MIN_SPLIT_POSITIONS (below, one product, and explain() says why), however many compute
+    units the grid leaves idle. Against the reference."""
+    x, w, b, dy = case.data()
+    gpu = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=64)
+    p = clconv.Plan(conv_geometry(x.shape, w.shape, **case.options), np.float32, gpu, algorithm="im2col",
+                    selfcheck=False)
+    algo = p._choice["backward_weight"][0]
+    assert algo.gemm == "gpu" and algo.chunk == case.input_shape[0]
+    assert (algo.slices > 1) == split
+    positions = algo.chunk * (case.input_shape[2] - 2) * (case.input_shape[3] - 2)
+    unsplit = f"unsplit ({positions} positions a chunk, below {im2col.GPU_MIN_SPLIT_POSITIONS}"
+    assert (unsplit in algo.describe("backward_weight")) == (not split)
+    assert_close(p.backward_weight(x, dy, queue=queue), reference.conv2d_weight(x, w.shape, dy, **case.options),
+                 np.float32, "grad-weight")
+
+
+@pytest.mark.gpu_form
 @pytest.mark.parametrize("case,slices,folds", [
     (Case("odd_63_positions", 9, 6, 9, 7, 5, 3, 3, padding=1), 7, True),     # 567 positions: 7 slices of 81, N 54
     (Case("odd_wide_taps", 9, 8, 9, 7, 5, 3, 3, padding=1), 7, False),       # N 72: the layout copy

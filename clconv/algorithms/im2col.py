@@ -57,6 +57,13 @@ GPU_MIN_SLICE, GPU_MAX_SLICES = 64, 256   # grad-weight split-K on GPUs (see Im2
 # 14x14 and 7x7: 0.057 and 0.054 ms at 14 against 0.072 and 0.068 at 16; g6 and g13 within
 # -3 .. +3 %); its single-group 1x1 stride-2 projections and the stems, small grids, keep the cap.
 GPU_FILL_WAVES = 4
+# ... and only where a chunk has at least this many positions: a product that short is one short
+# loop already, and its partial sums cost a second launch. H100, batch 1, the networks' 12 im2col
+# grad-weights of 144 positions (inception_v3's 1x7, 7x1 and stride-2 3x3 on 12x12 maps), two
+# slices against none, two runs each, alternating: device time 0.64-0.75x unsplit, plain calls
+# 0.49-0.68x in one run and 0.52-1.12x in the other (host-bound there); at 625 positions (25x25
+# maps, five slices of 125) unsplit took 1.5-1.8x the device time. None between was measured.
+GPU_MIN_SPLIT_POSITIONS = 256
 IMPLICIT_MAX_CHANNELS = 4  # input channels per group up to which im2col is read in place (see above)
 # On GPUs a pass of little work also reads im2col in place, whatever its channels: there the im2col
 # launch costs more than the GEMM's own gathers. H100, the networks benchmark's plain calls (wall
@@ -211,9 +218,12 @@ class Im2col(Algorithm):
         divide them exactly; on that kernel, whose folded grad_output (see
         _folds_grad_output_weight) is read four-wide where its slices are whole vectors, the most of
         lengths a multiple of 4 where they are at least half as many (RegNet's C48 56x56 1x1
-        stride-2 projection at batch 32: 224 slices of 112 positions, not 256 of 98). (The tiles
-        of _fit_bands take their own count of max_slices.)"""
+        stride-2 projection at batch 32: 224 slices of 112 positions, not 256 of 98); one on that
+        kernel below GPU_MIN_SPLIT_POSITIONS. (The tiles of _fit_bands take their own count of
+        max_slices.)"""
         g, limit = self.g, self.max_slices
+        if self.gemm == "gpu" and positions < GPU_MIN_SPLIT_POSITIONS:
+            return 1
         if self.gemm == "gpu":   # (slices of at least positions / max_slices: no longer count is taken)
             limit = min(limit, k_slices(device, self.gemm, g.Kg, g.Kd, positions, g.groups, self.dtype.itemsize,
                                         min_slice=max(1, positions // limit), waves=GPU_FILL_WAVES,
@@ -320,6 +330,9 @@ class Im2col(Algorithm):
                 text += (f" (a divisor of the positions, slices of whole vectors of 4 preferred, up to the fewest "
                          f"giving {GPU_FILL_WAVES} work-groups of 128x128 per compute unit and at most "
                          f"{self.max_slices})")
+        elif pass_name == "backward_weight" and self.gemm == "gpu" and self.chunk * g.P < GPU_MIN_SPLIT_POSITIONS:
+            text += (f", unsplit ({self.chunk * g.P} positions a chunk, below {GPU_MIN_SPLIT_POSITIONS}: a short "
+                     "product, whose partial sums would cost a second launch)")
         elif self.split.get(pass_name, 1) > 1:
             text += (f", split-K into {self.split[pass_name]} slices of K={mnk[2] // self.split[pass_name]} summed in "
                      "order (the grid alone would leave the GPU's compute units idle)")
