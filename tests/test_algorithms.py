@@ -1105,6 +1105,34 @@ def test_deep_tile(case, algorithm, slices, queue, monkeypatch, im2col_col_path)
     assert tiles["forward"] == {(64, 64, 8, 4)} and tiles["grad-input"] == {(32, 64, 4, 4)}
 
 
+@pytest.mark.gpu_form
+@pytest.mark.parametrize("case,pass_name,split", [
+    (Case("fwd_766_deep", 1, 766, 5, 7, 24, 1, 1), "forward", False),   # K 766: two slices before the rule
+    (Case("fwd_768_deep", 1, 768, 5, 7, 24, 1, 1), "forward", True),
+    (Case("dgrad_766_deep", 1, 24, 5, 7, 766, 1, 1), "backward_input", False),
+    (Case("dgrad_768_deep", 1, 24, 5, 7, 768, 1, 1), "backward_input", True),
+], ids=repr)
+def test_split_k_only_from_the_least_depth(case, pass_name, split, queue):
+    """On clconv's GPU kernel a forward's or grad-input's product is split only from
+    gemm.MIN_SPLIT_DEPTH deep, however idle its grid leaves the device (a 1x1 over a 5x7 map on a
+    stand-in of 132 compute units). Against the reference."""
+    x, w, b, dy = case.data()
+    gpu = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=132, max_work_group_size=1024,
+                  max_work_item_sizes=(1024, 1024, 64), local_mem_size=49152)
+    p = clconv.Plan(conv_geometry(x.shape, w.shape, **case.options), np.float32, gpu, algorithm="1x1", gemm="gpu",
+                    selfcheck=False)
+    algo = p._choice[pass_name][0]
+    text = algo.describe(pass_name)
+    assert (algo.split[pass_name] > 1) == split and ("split-K into" in text) == split
+    depth = case.weight_shape[1] if pass_name == "forward" else case.weight_shape[0]
+    assert (f"not split-K (K={depth}, below {clconv.gemm.MIN_SPLIT_DEPTH}" in text) == (not split)
+    if pass_name == "forward":
+        assert_close(p.forward(x, w, queue=queue), reference.conv2d(x, w, **case.options), np.float32, "forward")
+    else:
+        assert_close(p.backward_input(w, dy, queue=queue), reference.conv2d_input(x.shape, w, dy, **case.options),
+                     np.float32, "grad-input")
+
+
 @pytest.mark.parametrize("case,deep,slices", [
     (((32, 192, 12, 12), (192, 192, 1, 7), dict(padding=(0, 3))), True, 3),   # 216 work-groups of 64x64
     (((32, 384, 5, 5), (384, 384, 3, 1), dict(padding=(1, 0))), True, 4),   # 78: K 1152 in slices of 288

@@ -14,7 +14,7 @@ the rule 1x1 and im2col use), whose partial results in the workspace are summed 
 """
 from ..bias import after_gemm, before_gemm
 from ..buffers import Ref, idx_for
-from ..gemm import Operand as Op, k_slices
+from ..gemm import Operand as Op, k_slices, unsplit_note
 from .base import Algorithm
 from .partials import fit_slices, partials_size, sum_partials
 
@@ -43,7 +43,9 @@ class FullyConnected(Algorithm):
         mnk = {"forward": (g.N, g.Kg, g.Kd), "backward_input": (g.N, g.Kd, g.Kg),
                "backward_weight": (g.Kg, g.Kd, g.N)}[pass_name]
         split = (f", split-K into {S} slices of K={mnk[2] // S} summed in order (the grid alone would leave the "
-                 "GPU's compute units idle)" if S > 1 else ", no workspace")
+                 "GPU's compute units idle)" if S > 1 else
+                 (unsplit_note(self.gemm, mnk[2]) if g.groups == 1 and pass_name != "backward_weight" else "")
+                 + ", no workspace")
         return (f"fully-connected GEMM over the whole batch, {g.groups} group(s) in one batched call, "
                 f"M={mnk[0]} N={mnk[1]} K={mnk[2]}, no im2col" + split)
 

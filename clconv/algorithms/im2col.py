@@ -38,7 +38,7 @@ import pyopencl as cl
 from ..bias import after_gemm, before_gemm, flags
 from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width
-from ..gemm import Im2colB, Operand as Op, deep, gemm_cpu, gemm_gpu, k_slices
+from ..gemm import Im2colB, Operand as Op, deep, gemm_cpu, gemm_gpu, k_slices, unsplit_note
 from ..programs import INT32_MAX, get_kernel, launch
 from .base import Algorithm
 from .partials import fit_slices, largest_divisor_at_most, max_slices, partials_size as _partials, sum_partials
@@ -58,11 +58,14 @@ GPU_MIN_SLICE, GPU_MAX_SLICES = 64, 256   # grad-weight split-K on GPUs (see Im2
 # -3 .. +3 %); its single-group 1x1 stride-2 projections and the stems, small grids, keep the cap.
 GPU_FILL_WAVES = 4
 # ... and only where a chunk has at least this many positions: a product that short is one short
-# loop already, and its partial sums cost a second launch. H100, batch 1, the networks' 12 im2col
-# grad-weights of 144 positions (inception_v3's 1x7, 7x1 and stride-2 3x3 on 12x12 maps), two
-# slices against none, two runs each, alternating: device time 0.64-0.75x unsplit, plain calls
-# 0.49-0.68x in one run and 0.52-1.12x in the other (host-bound there); at 625 positions (25x25
-# maps, five slices of 125) unsplit took 1.5-1.8x the device time. None between was measured.
+# loop already, and its partial sums cost a second launch. H100, the networks' im2col grad-weights
+# that split a chunk of 144-200 positions in two, unsplit against split, plain calls, two runs
+# alternating (geometric means of the time, then the device time): batch 1, 12 passes (inception_v3's
+# 1x7, 7x1 and stride-2 3x3 on 12x12 maps), 0.59 and 0.65x (an earlier pair 0.49-0.68x and
+# 0.52-1.12x each), device 0.70x; batch 4, 6 passes (196 positions: resnet50's, RegNet's, convnext's
+# on 7x7 maps), 0.62 and 0.69x, device 0.79x; batch 8, 5 passes (200: inception_v3's on 5x5), 0.92
+# and 0.79x, device 0.92x; none slower in both runs. At 625 positions (five slices of 125) unsplit
+# took 1.5-1.8x the device time at batch 1.
 GPU_MIN_SPLIT_POSITIONS = 256
 IMPLICIT_MAX_CHANNELS = 4  # input channels per group up to which im2col is read in place (see above)
 # On GPUs a pass of little work also reads im2col in place, whatever its channels: there the im2col
@@ -227,7 +230,7 @@ class Im2col(Algorithm):
         if self.gemm == "gpu":   # (slices of at least positions / max_slices: no longer count is taken)
             limit = min(limit, k_slices(device, self.gemm, g.Kg, g.Kd, positions, g.groups, self.dtype.itemsize,
                                         min_slice=max(1, positions // limit), waves=GPU_FILL_WAVES,
-                                        tile=gemm_gpu.TILES[0][0]))
+                                        tile=gemm_gpu.TILES[0][0], min_depth=0))
         most = largest_divisor_at_most(positions, limit)
         if self.gemm == "gpu" and g.P % 4 == 0:
             whole = largest_divisor_at_most(positions // 4, limit)
@@ -303,7 +306,8 @@ class Im2col(Algorithm):
                     f"one per group ({g.groups}), "
                     f"M={g.Kg} N={g.N * g.P} (every image's positions) K={g.Kd}"
                     + (f", split-K into {S} slices of {g.C // S} channels (K={g.Kd // S}) summed in order (the grid "
-                       "alone would leave the GPU's compute units idle)" if S > 1 else ", into the output"))
+                       "alone would leave the GPU's compute units idle)" if S > 1 else
+                       (unsplit_note(self.gemm, g.Kd) if g.groups == 1 else "") + ", into the output"))
         if pass_name == "forward":
             B = self.forward_chunk
         chunks = -(-g.N // B) if g.N else 0
@@ -336,6 +340,8 @@ class Im2col(Algorithm):
         elif self.split.get(pass_name, 1) > 1:
             text += (f", split-K into {self.split[pass_name]} slices of K={mnk[2] // self.split[pass_name]} summed in "
                      "order (the grid alone would leave the GPU's compute units idle)")
+        elif pass_name != "backward_weight":
+            text += unsplit_note(self.gemm, mnk[2])
         if pass_name == "forward" and self.deep:
             text += ", " + gemm_gpu.deep_note()
         return text

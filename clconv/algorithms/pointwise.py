@@ -35,7 +35,8 @@ long products run the GPU kernel's deep tile, split to fill the device more
 """
 from ..bias import after_gemm, before_gemm
 from ..buffers import Ref, idx_for
-from ..gemm import MIN_K_SLICE, KBlocks, Operand as Op, best_slices, deep, gemm_cpu, gemm_gpu, k_slices
+from ..gemm import (MIN_K_SLICE, KBlocks, Operand as Op, best_slices, deep, gemm_cpu, gemm_gpu, k_slices,
+                    unsplit_note)
 from ..programs import INT32_MAX
 from .base import Algorithm
 from .im2col import Im2col
@@ -118,15 +119,16 @@ class Pointwise(Algorithm):
                             and gemm_gpu.deep_grid(device, g.Kg, g.Cg, g.groups, item))
         if self.deep_weight:
             self.slices = fit_slices(g.N, k_slices(device, gemm, g.Kg, g.Cg, g.N, g.groups, item,
-                                                   -(-DEEP_WEIGHT_SLICE // g.P), deep=True), min(fits, MAX_SLICES))
+                                                   -(-DEEP_WEIGHT_SLICE // g.P), deep=True, min_depth=0),
+                                     min(fits, MAX_SLICES))
         elif self.continuous:   # (one slice needs no workspace)
             options = [d for d in range(1, max(1, min(g.N, fits, MAX_SLICES)) + 1) if g.N % d == 0]
             self.slices = best_slices(device, g.Kg, g.Cg, g.N * g.P, g.groups, options, item)
         elif self.blocked:
             by_images = fit_slices(g.N, k_slices(device, gemm, g.Kg, g.Cg, g.N, g.groups, item,
-                                                 -(-MIN_K_SLICE // g.P)), fits)
+                                                 -(-MIN_K_SLICE // g.P), min_depth=0), fits)
             by_positions = fit_slices(g.P, k_slices(device, gemm, g.Kg, g.Cg, g.P, g.groups, item,
-                                                    -(-MIN_K_SLICE // g.N)), fits)
+                                                    -(-MIN_K_SLICE // g.N), min_depth=0), fits)
             self.by_images = by_images >= by_positions
             self.slices = max(by_images, by_positions)
         # elsewhere: images per chunk of per-image partial sums (1: the im2col layout instead)
@@ -147,7 +149,7 @@ class Pointwise(Algorithm):
         self.split = {"forward": split(g.K, g.C, g.N * g.K * g.P, self.deep),
                       "backward_input": split(g.C, g.K, g.N * g.C * g.P),
                       "backward_weight": 1 if self._weight is not None or self.blocked else
-                      fit_slices(g.P, k_slices(device, gemm, g.K, g.C, g.P, self.images, item),
+                      fit_slices(g.P, k_slices(device, gemm, g.K, g.C, g.P, self.images, item, min_depth=0),
                                  workspace_limit // (self.images * g.K * g.C * item)) if g.groups == 1 else 1}
         # grad-input on the CPU kernel over small maps, unsplit: dX^T = dY^T W, stored transposed
         self.transposed = gemm == "cpu" and g.P < CPU_TRANSPOSED_BELOW and self.split["backward_input"] == 1
@@ -201,6 +203,8 @@ class Pointwise(Algorithm):
                     f"partial sums of {self.images} image(s) per launch summed in order, no layout copies"
                     + split.format(g.P // S))
         m, k = (g.Kg, g.Cg) if pass_name == "forward" else (g.Cg, g.Kg)
+        if S == 1 and g.groups == 1:
+            split = unsplit_note(self.gemm, k)
         if pass_name == "backward_input" and self.transposed:
             return (f"1x1 GEMM per (group, image) run transposed, grad_input^T = grad_output^T @ weight, "
                     f"{g.groups} group(s) x {g.N} image(s) in one launch, M={g.P} N={g.Cg} K={g.Kg}, grad_output "

@@ -76,6 +76,17 @@ def choose(device, requested="auto"):
 # K < 512 (24 passes: the partial sums' traffic costs more than the short loop loses)
 FILL_WAVES = 2
 MIN_K_SLICE = 256
+# Products less than MIN_SPLIT_DEPTH deep are not split at all: K allows them two slices, which
+# save about what their sum costs on the device and cost a second launch's host time. H100, the
+# networks' forwards and grad-inputs of K 512-720 that took two slices (resnet50's 1x1 over 512
+# channels, mobilenet_v2's and efficientnet_b0's over 576-672 and their SE layers, 3x3 over 64-80),
+# unsplit against split, plain calls, two runs alternating (geometric means of the time, then the
+# device time): batch 1, 21 passes, 0.78 and 0.82x (then 0.88 and 0.73x), device 1.03-1.04x;
+# batch 4, 13 passes, 0.78 and 0.87x, device 1.01x; batch 8, 9 passes, 0.81 and 0.83x, 1.02x;
+# batch 32, 4 passes, 0.95 and 0.76x, 1.09x. Slower in every run: efficientnet_b0's 672x7x7 -> 192
+# forward (1.04-1.20x), and inception_v3's 64x25x25 -> 96 3x3 at batch 4 (1.07x). Deeper products
+# (K 864 and 896, three and two slices) took 1.3-1.5x the time unsplit at batch 1.
+MIN_SPLIT_DEPTH = 3 * MIN_K_SLICE
 
 
 def deep(device, engine, m, n, k, count, itemsize=4):
@@ -85,15 +96,16 @@ def deep(device, engine, m, n, k, count, itemsize=4):
 
 
 def k_slices(device, engine, m, n, k, count, itemsize=4, min_slice=MIN_K_SLICE, waves=FILL_WAVES, tile=None,
-             deep=False):
+             deep=False, min_depth=None):
     """Split-K slices for ``count`` M x N x K products on ``engine``: the fewest that divide K
     exactly (so every slice is one product of the grid) and fill the device as above, or with
     ``waves`` work-groups per compute unit, counted in the tile the GEMM model picks for the grid
     or in ``tile`` (a :class:`.gemm_gpu.Tile`), or with ``deep`` in the deep tile to
     :data:`.gemm_gpu.DEEP_WAVES`; 1 where the grid fills it already, K is too short, or the engine
     is not clconv's GPU kernel (CPU kernels spread a product's blocks over the cores themselves;
-    CLBlast is not split)."""
-    if engine != "gpu":
+    CLBlast is not split). ``min_depth``: the least K split at all (default MIN_SPLIT_DEPTH; 0
+    where ``k`` counts images rather than the depth, whose callers bound it themselves)."""
+    if engine != "gpu" or k < (MIN_SPLIT_DEPTH if min_depth is None else min_depth):
         return 1
     if deep:
         tile, waves = gemm_gpu.EIGHT_BY_FOUR, gemm_gpu.DEEP_WAVES
@@ -108,6 +120,15 @@ def k_slices(device, engine, m, n, k, count, itemsize=4, min_slice=MIN_K_SLICE, 
         if k % d == 0:
             best = d
     return best
+
+
+def unsplit_note(engine, k):
+    """explain()'s words for a forward's or grad-input's product ``k`` deep that MIN_SPLIT_DEPTH
+    keeps whole on clconv's GPU kernel (deep enough for two MIN_K_SLICE slices), else ""."""
+    if engine == "gpu" and 2 * MIN_K_SLICE <= k < MIN_SPLIT_DEPTH:
+        return (f", not split-K (K={k}, below {MIN_SPLIT_DEPTH}: two slices would save about what their sum "
+                "costs, and cost a second launch)")
+    return ""
 
 
 @context_dependent_memoize
