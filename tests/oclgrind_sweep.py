@@ -116,8 +116,9 @@ SWEEP = [
      "single", None),
     # grad-input's GEMM reading grad_output in place, its images' positions folded into the columns
     # (48 per image: four-wide reads; 35: a value at a time), then col2im with the taps built in;
-    # grad-weight's too, folded into the depth (48 per image; 35: through the layout copy)
-    ("own_gemm_im2col_folded_grad_output", (3, 10, 8, 6), (4, 5, 3, 3), dict(padding=1, groups=2, gemm="clconv"),
+    # grad-weight's too, folded into the depth (48 per image; 35: through the layout copy), in split-K
+    # slices (six images: 288 positions; on GPUs a chunk of fewer than 256 is not split)
+    ("own_gemm_im2col_folded_grad_output", (6, 10, 8, 6), (4, 5, 3, 3), dict(padding=1, groups=2, gemm="clconv"),
      "im2col", "single", None),
     ("own_gemm_im2col_folded_grad_output_odd", (2, 6, 9, 7), (5, 6, 3, 2), dict(stride=(1, 2), padding=(1, 2),
                                                                                dilation=(2, 1), gemm="clconv"),

@@ -260,11 +260,15 @@ def test_per_group_queues_are_bit_identical(case, algorithm, engine, queue, monk
     assert_close(results[1][0], reference.conv2d(x, w, b, **opts), np.float32, "forward per-group")
 
 
+# (288 positions: its grad-weight split-K, which chunks under 256 positions are not on GPUs)
+SPLIT_WEIGHT_4_IMAGES = Case("g2_k5x5_alexnet_like_4_images", 4, 4, 9, 8, 6, 5, 5, padding=2, groups=2)
+
+
 @pytest.mark.gpu_form
 @pytest.mark.parametrize("name,algorithm", [
     ("g2_k3x3_s2_pad_pair", "im2col"), ("k1x1_g2", "im2col"), ("g2_k5x5_alexnet_like", "im2col"),
-    ("grouped_cg8_s2", "im2col"), ("grouped_cg24_pad_h", "auto"), ("winograd_g2_d2_overpad", "winograd"),
-    ("fft_g2_5x5_27", "fft"),
+    ("g2_k5x5_alexnet_like_4_images", "im2col"), ("grouped_cg8_s2", "im2col"), ("grouped_cg24_pad_h", "auto"),
+    ("winograd_g2_d2_overpad", "winograd"), ("fft_g2_5x5_27", "fft"),
 ])
 def test_per_group_queues_are_bit_identical_in_plans_for_a_gpu(name, algorithm, queue):
     """In plans made for a GPU (a stand-in of 132 compute units, clconv's GPU GEMM kernel) each
@@ -272,7 +276,7 @@ def test_per_group_queues_are_bit_identical_in_plans_for_a_gpu(name, algorithm, 
     give the single queue's results bit for bit: a group's smaller grid took more K planes before
     (im2col's grad-weights and grouped forwards differed in their last bits). Against the
     reference too."""
-    case = next(c for c in CASES + EXTRA if c.name == name)
+    case = next(c for c in CASES + EXTRA + [SPLIT_WEIGHT_4_IMAGES] if c.name == name)
     x, w, b, dy = case.data()
     gpu = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=132, max_work_group_size=1024,
                   max_work_item_sizes=(1024, 1024, 64), local_mem_size=49152)
@@ -285,6 +289,8 @@ def test_per_group_queues_are_bit_identical_in_plans_for_a_gpu(name, algorithm, 
     for pass_name, single, grouped in zip(("forward", "grad-input", "grad-weight"), *results):
         np.testing.assert_array_equal(single, grouped, err_msg=pass_name)
     assert_close(results[0][2], reference.conv2d_weight(x, w.shape, dy, **case.options), np.float32, "grad-weight")
+    if case is SPLIT_WEIGHT_4_IMAGES:
+        assert p._choice["backward_weight"][0].slices > 1
 
 
 def test_functional_api_takes_algorithm_and_queues(queue):
@@ -886,11 +892,11 @@ def test_auto_passes_over_winograd_above_the_workspace_limit(queue, monkeypatch)
 
 
 def test_split_k_last_chunk_fits_its_workspace(queue):
-    # chunks of 26 images (104 positions) split into 2 slices, the last one of 18 images (72
-    # positions) into 3; on GPUs, which cut slices of >= 64 rather than 256 positions, 8 and 9
-    # (the last chunk's slices whole vectors of 8 positions, rather than 12 of 6), planned as of 64
-    # compute units (few would fill with fewer slices)
-    xs, ws = (200, 16, 5, 5), (64, 16, 3, 3)
+    # chunks of 26 images (416 positions) split into 8 slices, the last one of 18 images (288
+    # positions) into 12; on GPUs (chunks of at least 256 positions split there), which cut the
+    # batch into slices of >= 64 rather than 256 positions (at most 50), 26 and 36 (slices of whole
+    # vectors of 4 positions), planned as of 64 compute units (few would fill with fewer slices)
+    xs, ws = (200, 16, 9, 9), (64, 16, 3, 3)
     g = conv_geometry(xs, ws, stride=2)
     gpu = bool(queue.device.type & cl.device_type.GPU)
     on = QueueAs(queue, max_compute_units=64) if gpu else queue
@@ -898,7 +904,7 @@ def test_split_k_last_chunk_fits_its_workspace(queue):
     limit = ((algo.rows + g.K) * g.P * 26 + algo.max_slices * g.K * g.Kd) * 4
     p = clconv.Plan(g, np.float32, on, algorithm="im2col", selfcheck=False, workspace_limit=limit)
     algo = p._choice["backward_weight"][0]
-    assert (algo.chunk, algo.slices, algo.last_slices) == ((26, 8, 9) if gpu else (26, 2, 3))
+    assert (algo.chunk, algo.slices, algo.last_slices) == ((26, 26, 36) if gpu else (26, 8, 12))
     assert algo.workspace["backward_weight"] == (algo.rows + g.K) * g.P * 26 + algo.last_slices * g.K * g.Kd
     rng = np.random.default_rng(0)
     x = rng.standard_normal(xs).astype(np.float32)
@@ -1001,7 +1007,7 @@ def test_fc_split_k(case, slices, queue, monkeypatch):
     """fc's split-K (a GPU's rule, forced here on any device and engine): forward and grad-input
     cut along K, rounded down to a divisor of that K, against the reference."""
     from clconv.algorithms import fc
-    monkeypatch.setattr(fc, "k_slices", lambda device, engine, m, n, k, count, itemsize=4: slices)
+    monkeypatch.setattr(fc, "k_slices", lambda device, engine, m, n, k, count, itemsize=4, **kw: slices)
     x, w, b, dy = case.data()
     opts = case.options
     p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="fc")
@@ -1106,18 +1112,20 @@ def test_deep_tile(case, algorithm, slices, queue, monkeypatch, im2col_col_path)
 
 
 @pytest.mark.gpu_form
-@pytest.mark.parametrize("case,pass_name,split", [
-    (Case("fwd_766_deep", 1, 766, 5, 7, 24, 1, 1), "forward", False),   # K 766: two slices before the rule
-    (Case("fwd_768_deep", 1, 768, 5, 7, 24, 1, 1), "forward", True),
-    (Case("dgrad_766_deep", 1, 24, 5, 7, 766, 1, 1), "backward_input", False),
-    (Case("dgrad_768_deep", 1, 24, 5, 7, 768, 1, 1), "backward_input", True),
+@pytest.mark.parametrize("case,pass_name,units,split,note", [
+    (Case("fwd_766_deep", 1, 766, 5, 7, 24, 1, 1), "forward", 132, False, True),   # two slices before the rule
+    (Case("fwd_768_deep", 1, 768, 5, 7, 24, 1, 1), "forward", 132, True, False),
+    (Case("dgrad_766_deep", 1, 24, 5, 7, 766, 1, 1), "backward_input", 132, False, True),
+    (Case("dgrad_768_deep", 1, 24, 5, 7, 768, 1, 1), "backward_input", 132, True, False),
+    (Case("fwd_766_grid_fills", 1, 766, 5, 7, 128, 1, 1), "forward", 1, False, False),   # unsplit anyway
 ], ids=repr)
-def test_split_k_only_from_the_least_depth(case, pass_name, split, queue):
+def test_split_k_only_from_the_least_depth(case, pass_name, units, split, note, queue):
     """On clconv's GPU kernel a forward's or grad-input's product is split only from
     gemm.MIN_SPLIT_DEPTH deep, however idle its grid leaves the device (a 1x1 over a 5x7 map on a
-    stand-in of 132 compute units). Against the reference."""
+    stand-in of 132 compute units); explain() says so where the rule alone keeps it whole (not
+    where the grid fills the device anyway). Against the reference."""
     x, w, b, dy = case.data()
-    gpu = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=132, max_work_group_size=1024,
+    gpu = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=units, max_work_group_size=1024,
                   max_work_item_sizes=(1024, 1024, 64), local_mem_size=49152)
     p = clconv.Plan(conv_geometry(x.shape, w.shape, **case.options), np.float32, gpu, algorithm="1x1", gemm="gpu",
                     selfcheck=False)
@@ -1125,7 +1133,7 @@ def test_split_k_only_from_the_least_depth(case, pass_name, split, queue):
     text = algo.describe(pass_name)
     assert (algo.split[pass_name] > 1) == split and ("split-K into" in text) == split
     depth = case.weight_shape[1] if pass_name == "forward" else case.weight_shape[0]
-    assert (f"not split-K (K={depth}, below {clconv.gemm.MIN_SPLIT_DEPTH}" in text) == (not split)
+    assert (f"not split-K (K={depth}, below {clconv.gemm.MIN_SPLIT_DEPTH}" in text) == note
     if pass_name == "forward":
         assert_close(p.forward(x, w, queue=queue), reference.conv2d(x, w, **case.options), np.float32, "forward")
     else:

@@ -35,6 +35,10 @@ class FullyConnected(Algorithm):
         split = (lambda m, n, k: 1 if g.groups > 1 else
                  fit_slices(k, k_slices(device, gemm, m, n, k, 1, item), workspace_limit // max(1, m * n * item)))
         self.split = {"forward": split(g.N, g.K, g.Kd), "backward_input": split(g.N, g.Kd, g.K), "backward_weight": 1}
+        # explain()'s note per pass where MIN_SPLIT_DEPTH alone keeps its product whole
+        self.unsplit = ({"forward": unsplit_note(device, gemm, g.N, g.K, g.Kd, 1, item),
+                         "backward_input": unsplit_note(device, gemm, g.N, g.Kd, g.K, 1, item)}
+                        if g.groups == 1 else {})
         self.workspace["forward"] = partials_size(self.split["forward"], g.N * g.K)
         self.workspace["backward_input"] = partials_size(self.split["backward_input"], g.N * g.Kd)
 
@@ -44,8 +48,7 @@ class FullyConnected(Algorithm):
                "backward_weight": (g.Kg, g.Kd, g.N)}[pass_name]
         split = (f", split-K into {S} slices of K={mnk[2] // S} summed in order (the grid alone would leave the "
                  "GPU's compute units idle)" if S > 1 else
-                 (unsplit_note(self.gemm, mnk[2]) if g.groups == 1 and pass_name != "backward_weight" else "")
-                 + ", no workspace")
+                 self.unsplit.get(pass_name, "") + ", no workspace")
         return (f"fully-connected GEMM over the whole batch, {g.groups} group(s) in one batched call, "
                 f"M={mnk[0]} N={mnk[1]} K={mnk[2]}, no im2col" + split)
 

@@ -65,7 +65,7 @@ GPU_FILL_WAVES = 4
 # 0.52-1.12x each), device 0.70x; batch 4, 6 passes (196 positions: resnet50's, RegNet's, convnext's
 # on 7x7 maps), 0.62 and 0.69x, device 0.79x; batch 8, 5 passes (200: inception_v3's on 5x5), 0.92
 # and 0.79x, device 0.92x; none slower in both runs. At 625 positions (five slices of 125) unsplit
-# took 1.5-1.8x the device time at batch 1.
+# took 1.5-1.8x the device time at batch 1. Between 200 and 625 positions nothing was measured.
 GPU_MIN_SPLIT_POSITIONS = 256
 IMPLICIT_MAX_CHANNELS = 4  # input channels per group up to which im2col is read in place (see above)
 # On GPUs a pass of little work also reads im2col in place, whatever its channels: there the im2col
@@ -143,14 +143,16 @@ class Im2col(Algorithm):
         # CPU_SPLIT_BELOW values
         gpu = bool(device.type & cl.device_type.GPU)
         self.units = device.max_compute_units if gpu else 0   # (_in_place_reason: the work rule is for GPUs only)
-        self.max_slices = (max_slices(g.K * g.Kd, g.N * g.P, GPU_MIN_SLICE, GPU_MAX_SLICES) if gpu
-                           else max_slices(g.K * g.Kd, g.N * g.P) if g.K * g.Kd < CPU_SPLIT_BELOW else 1)
+        cap = (max_slices(g.K * g.Kd, g.N * g.P, GPU_MIN_SLICE, GPU_MAX_SLICES) if gpu
+               else max_slices(g.K * g.Kd, g.N * g.P) if g.K * g.Kd < CPU_SPLIT_BELOW else 1)
+        self.max_slices = 1 if self._short(g.N * g.P) else cap   # (no partials where no chunk can split)
         partials = self.max_slices * g.K * g.Kd if self.max_slices > 1 else 0
         # grad-input on clconv's CPU GEMM kernel packs W^T after the rest (gemm_cpu.packed_size);
         # grad-weight's partials and it are never needed at once
         packed = g.K * g.Kd if gemm == "cpu" else 0
         reserved = max(partials, packed)
         self.band = None   # output rows per tile, when one image does not fit the budget (or the cache)
+        self.short_chunk, self.unsplit = False, {}   # explain()'s notes of the split rules (below)
         self.in_place = {}   # forward, grad-weight: why it reads im2col in place (_in_place_reason), where it does
         cache_bound = bool(self.vw) and self.rows * g.P * itemsize > CPU_COL_BYTES
         if cache_bound or (per_image + reserved) * itemsize > workspace_limit:   # (the tiles pack nothing)
@@ -181,6 +183,9 @@ class Im2col(Algorithm):
                               else self.chunk)
         # slices of a full chunk, and of a shorter last one (which can split into more)
         self.slices = self._slice_count(device, self.chunk * g.P)
+        # explain()'s note where GPU_MIN_SPLIT_POSITIONS alone keeps a full chunk whole
+        self.short_chunk = (self.slices == 1 and self._short(self.chunk * g.P)
+                            and self._slice_count(device, self.chunk * g.P, cap, bound=False) > 1)
         last = g.N % self.chunk
         self.last_slices = self._slice_count(device, last * g.P) if last else self.slices
         most = max(self.slices, self.last_slices)
@@ -195,6 +200,8 @@ class Im2col(Algorithm):
                                                                             itemsize, deep=in_deep),
                                                                 room // (outputs * ld))
         self.split = {"backward_input": split(g.Kd, g.Kg, self.rows)}
+        # explain()'s note per pass where MIN_SPLIT_DEPTH alone keeps its products whole
+        self.unsplit = {"backward_input": unsplit_note(device, gemm, g.Kd, ld, g.Kg, g.groups, itemsize)}
         self.packed_at = per_image * self.chunk + _partials(self.split["backward_input"], self.rows * ld)
         if self._implicit("forward"):
             # the implicit forward is one grid over all images, into Y; with one group, where that
@@ -203,9 +210,12 @@ class Im2col(Algorithm):
             outputs = g.N * g.K * g.P
             want = k_slices(device, gemm, g.K, g.N * g.P, g.Kd, 1, itemsize) if g.groups == 1 else 1
             self.split["forward"] = fit_slices(g.C, want, workspace_limit // (max(1, outputs) * itemsize))
+            self.unsplit["forward"] = (unsplit_note(device, gemm, g.K, g.N * g.P, g.Kd, 1, itemsize)
+                                       if g.groups == 1 else "")
             forward = _partials(self.split["forward"], outputs)
         else:
             self.split["forward"] = split(g.Kg, g.Kd, g.K, self.deep)
+            self.unsplit["forward"] = unsplit_note(device, gemm, g.Kg, ld, g.Kd, g.groups, itemsize)
             forward = per_image * self.forward_chunk + _partials(self.split["forward"], g.K * ld)
         # B in panels (of the unsplit GEMMs) after the rest: where the sizes are 0, not packed
         self._reserve_panels("forward", forward, panels(g.Kg, self.forward_chunk * g.P, g.Kd), workspace_limit)
@@ -215,17 +225,24 @@ class Im2col(Algorithm):
                                    itemsize, b_transp=True) if self.packs else 0)
         self._reserve_panels("backward_weight", per_image * self.chunk + wgrad_extra, bt, workspace_limit)
 
-    def _slice_count(self, device, positions):
-        """Grad-weight's split-K slices of a chunk's ``positions``: the most, up to max_slices (on
+    def _short(self, positions):
+        """Whether clconv's GPU GEMM kernel keeps a grad-weight product of ``positions`` whole
+        (GPU_MIN_SPLIT_POSITIONS)."""
+        return self.gemm == "gpu" and positions < GPU_MIN_SPLIT_POSITIONS
+
+    def _slice_count(self, device, positions, limit=None, bound=True):
+        """Grad-weight's split-K slices of a chunk's ``positions``: the most, up to ``limit``
+        (max_slices where not given; on
         clconv's GPU GEMM kernel, up to the fewest that fill the device: GPU_FILL_WAVES), that
         divide them exactly; on that kernel, whose folded grad_output (see
         _folds_grad_output_weight) is read four-wide where its slices are whole vectors, the most of
         lengths a multiple of 4 where they are at least half as many (RegNet's C48 56x56 1x1
-        stride-2 projection at batch 32: 224 slices of 112 positions, not 256 of 98); one on that
-        kernel below GPU_MIN_SPLIT_POSITIONS. (The tiles of _fit_bands take their own count of
-        max_slices.)"""
-        g, limit = self.g, self.max_slices
-        if self.gemm == "gpu" and positions < GPU_MIN_SPLIT_POSITIONS:
+        stride-2 projection at batch 32: 224 slices of 112 positions, not 256 of 98); with
+        ``bound``, one on that kernel below GPU_MIN_SPLIT_POSITIONS (_short). (The tiles of
+        _fit_bands take their own count of max_slices, bounded likewise.)"""
+        g = self.g
+        limit = self.max_slices if limit is None else limit
+        if bound and self._short(positions):
             return 1
         if self.gemm == "gpu":   # (slices of at least positions / max_slices: no longer count is taken)
             limit = min(limit, k_slices(device, self.gemm, g.Kg, g.Kd, positions, g.groups, self.dtype.itemsize,
@@ -307,7 +324,7 @@ class Im2col(Algorithm):
                     f"M={g.Kg} N={g.N * g.P} (every image's positions) K={g.Kd}"
                     + (f", split-K into {S} slices of {g.C // S} channels (K={g.Kd // S}) summed in order (the grid "
                        "alone would leave the GPU's compute units idle)" if S > 1 else
-                       (unsplit_note(self.gemm, g.Kd) if g.groups == 1 else "") + ", into the output"))
+                       self.unsplit["forward"] + ", into the output"))
         if pass_name == "forward":
             B = self.forward_chunk
         chunks = -(-g.N // B) if g.N else 0
@@ -334,14 +351,14 @@ class Im2col(Algorithm):
                 text += (f" (a divisor of the positions, slices of whole vectors of 4 preferred, up to the fewest "
                          f"giving {GPU_FILL_WAVES} work-groups of 128x128 per compute unit and at most "
                          f"{self.max_slices})")
-        elif pass_name == "backward_weight" and self.gemm == "gpu" and self.chunk * g.P < GPU_MIN_SPLIT_POSITIONS:
+        elif pass_name == "backward_weight" and self.short_chunk:
             text += (f", unsplit ({self.chunk * g.P} positions a chunk, below {GPU_MIN_SPLIT_POSITIONS}: a short "
                      "product, whose partial sums would cost a second launch)")
         elif self.split.get(pass_name, 1) > 1:
             text += (f", split-K into {self.split[pass_name]} slices of K={mnk[2] // self.split[pass_name]} summed in "
                      "order (the grid alone would leave the GPU's compute units idle)")
-        elif pass_name != "backward_weight":
-            text += unsplit_note(self.gemm, mnk[2])
+        else:
+            text += self.unsplit.get(pass_name, "")
         if pass_name == "forward" and self.deep:
             text += ", " + gemm_gpu.deep_note()
         return text
@@ -654,7 +671,7 @@ class Im2col(Algorithm):
             for tile in self._bands():
                 oy0, rows, ox0, cols = tile
                 L = rows * cols
-                S = largest_divisor_at_most(L, self.max_slices)
+                S = 1 if self._short(L) else largest_divisor_at_most(L, self.max_slices)
                 self._im2col(queue, idx, x, n, 1, ws, 0, tile)
                 a = Op(dy.buf, dy.off + n * g.K * g.P + oy0 * g.OW + ox0, g.P, Kg * g.P, L // S)
                 b = Op(ws, 0, L, Kd * L, L // S)

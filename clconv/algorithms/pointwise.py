@@ -146,6 +146,10 @@ class Pointwise(Algorithm):
         split = (lambda m, k, outputs, in_deep=False: 1 if g.groups > 1 else
                  fit_slices(k, k_slices(device, gemm, m, cols, k, count, item, deep=in_deep),
                             workspace_limit // (outputs * item)))
+        # explain()'s note per pass where MIN_SPLIT_DEPTH alone keeps its products whole
+        self.unsplit = ({"forward": unsplit_note(device, gemm, g.K, cols, g.C, count, item),
+                         "backward_input": unsplit_note(device, gemm, g.C, cols, g.K, count, item)}
+                        if g.groups == 1 else {})
         self.split = {"forward": split(g.K, g.C, g.N * g.K * g.P, self.deep),
                       "backward_input": split(g.C, g.K, g.N * g.C * g.P),
                       "backward_weight": 1 if self._weight is not None or self.blocked else
@@ -203,8 +207,8 @@ class Pointwise(Algorithm):
                     f"partial sums of {self.images} image(s) per launch summed in order, no layout copies"
                     + split.format(g.P // S))
         m, k = (g.Kg, g.Cg) if pass_name == "forward" else (g.Cg, g.Kg)
-        if S == 1 and g.groups == 1:
-            split = unsplit_note(self.gemm, k)
+        if S == 1:
+            split = self.unsplit.get(pass_name, "")
         if pass_name == "backward_input" and self.transposed:
             return (f"1x1 GEMM per (group, image) run transposed, grad_input^T = grad_output^T @ weight, "
                     f"{g.groups} group(s) x {g.N} image(s) in one launch, M={g.P} N={g.Cg} K={g.Kg}, grad_output "

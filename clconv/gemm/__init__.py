@@ -103,8 +103,9 @@ def k_slices(device, engine, m, n, k, count, itemsize=4, min_slice=MIN_K_SLICE, 
     or in ``tile`` (a :class:`.gemm_gpu.Tile`), or with ``deep`` in the deep tile to
     :data:`.gemm_gpu.DEEP_WAVES`; 1 where the grid fills it already, K is too short, or the engine
     is not clconv's GPU kernel (CPU kernels spread a product's blocks over the cores themselves;
-    CLBlast is not split). ``min_depth``: the least K split at all (default MIN_SPLIT_DEPTH; 0
-    where ``k`` counts images rather than the depth, whose callers bound it themselves)."""
+    CLBlast is not split). ``min_depth``: the least K split at all (default MIN_SPLIT_DEPTH, the
+    forwards' and grad-inputs' bound; grad-weight's callers pass 0 and bound their slices of
+    images or positions themselves)."""
     if engine != "gpu" or k < (MIN_SPLIT_DEPTH if min_depth is None else min_depth):
         return 1
     if deep:
@@ -122,10 +123,10 @@ def k_slices(device, engine, m, n, k, count, itemsize=4, min_slice=MIN_K_SLICE, 
     return best
 
 
-def unsplit_note(engine, k):
-    """explain()'s words for a forward's or grad-input's product ``k`` deep that MIN_SPLIT_DEPTH
-    keeps whole on clconv's GPU kernel (deep enough for two MIN_K_SLICE slices), else ""."""
-    if engine == "gpu" and 2 * MIN_K_SLICE <= k < MIN_SPLIT_DEPTH:
+def unsplit_note(device, engine, m, n, k, count, itemsize=4):
+    """explain()'s words where MIN_SPLIT_DEPTH alone keeps a forward's or grad-input's ``count``
+    M x N x K products whole (:func:`k_slices` would split them without it), else ""."""
+    if k < MIN_SPLIT_DEPTH and k_slices(device, engine, m, n, k, count, itemsize, min_depth=0) > 1:
         return (f", not split-K (K={k}, below {MIN_SPLIT_DEPTH}: two slices would save about what their sum "
                 "costs, and cost a second launch)")
     return ""
