@@ -976,7 +976,9 @@ def test_winograd_transforms_per_cpu_runtime(platform, name, queue):
 ], ids=repr)
 def test_pointwise_split_k(case, slices, queue, monkeypatch):
     """1x1's split-K (a GPU's rule, forced here on any device and engine): the slices along K of
-    every pass, rounded down to a divisor of that K (5 divides none of them), against the reference."""
+    forward and grad-input, rounded down to a divisor of that K (5 divides none of them), against
+    the reference; grad-weight's own (K blocks: test_1x1_grad_weight_sums_images_in_k_blocks) is
+    not split-K's."""
     from clconv.algorithms import pointwise
     monkeypatch.setattr(pointwise, "k_slices", lambda device, engine, m, n, k, count, *args, **kw: slices)
     x, w, b, dy = case.data()
@@ -984,11 +986,7 @@ def test_pointwise_split_k(case, slices, queue, monkeypatch):
     p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="1x1")
     algo = p._choice["forward"][0]
     for pass_name, k in (("forward", x.shape[1]), ("backward_input", w.shape[0]), ("backward_weight", 272)):
-        want = max(d for d in range(1, slices + 1) if k % d == 0)
-        if pass_name == "backward_weight" and (x.shape[2] * x.shape[3] < 256 or algo.blocked):
-            # the im2col layout's grad-weight, not split here; or on the GPU kernel, K blocks (their
-            # slices: test_1x1_grad_weight_sums_images_in_k_blocks)
-            want = 1
+        want = max(d for d in range(1, slices + 1) if k % d == 0) if pass_name != "backward_weight" else 1
         assert algo.split[pass_name] == want, pass_name
         assert ("split-K into" in algo.describe(pass_name)) == (want > 1), pass_name
     assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float32, "forward")

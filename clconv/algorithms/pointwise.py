@@ -150,11 +150,10 @@ class Pointwise(Algorithm):
         self.unsplit = ({"forward": unsplit_note(device, gemm, g.K, cols, g.C, count, item),
                          "backward_input": unsplit_note(device, gemm, g.C, cols, g.K, count, item)}
                         if g.groups == 1 else {})
+        # (grad-weight's own: self.slices in K blocks on clconv's kernels; split-K splits only on the
+        # GPU one, where they always are)
         self.split = {"forward": split(g.K, g.C, g.N * g.K * g.P, self.deep),
-                      "backward_input": split(g.C, g.K, g.N * g.C * g.P),
-                      "backward_weight": 1 if self._weight is not None or self.blocked else
-                      fit_slices(g.P, k_slices(device, gemm, g.K, g.C, g.P, self.images, item, min_depth=0),
-                                 workspace_limit // (self.images * g.K * g.C * item)) if g.groups == 1 else 1}
+                      "backward_input": split(g.C, g.K, g.N * g.C * g.P), "backward_weight": 1}
         # grad-input on the CPU kernel over small maps, unsplit: dX^T = dY^T W, stored transposed
         self.transposed = gemm == "cpu" and g.P < CPU_TRANSPOSED_BELOW and self.split["backward_input"] == 1
         # on clconv's CPU GEMM kernel W^T is packed in the workspace first (gemm_cpu.packed_size), and
@@ -168,7 +167,7 @@ class Pointwise(Algorithm):
                     if self.packs and self.split[p] == 1 else 0)
             self._reserve_panels(p, first[p], size, workspace_limit)
         self.workspace["backward_weight"] = (_partials(self.slices, g.K * g.Cg) if self.blocked else
-                                             self.images * self.split["backward_weight"] * g.K * g.Cg
+                                             self.images * g.K * g.Cg
                                              if self._weight is None else self._weight.workspace["backward_weight"])
         if self.blocked and self.packs:   # X^T in panels (K blocks)
             self._reserve_panels("backward_weight", self.workspace["backward_weight"],
@@ -204,8 +203,7 @@ class Pointwise(Algorithm):
                                                      f"{g.P // S} positions of every image")
                            + f" summed in order ({why})" if S > 1 else "") + ", no layout copies")
             return (f"1x1 GEMM per (group, image) on the input and grad_output, M={g.Kg} N={g.Cg} K={g.P}, "
-                    f"partial sums of {self.images} image(s) per launch summed in order, no layout copies"
-                    + split.format(g.P // S))
+                    f"partial sums of {self.images} image(s) per launch summed in order, no layout copies")
         m, k = (g.Kg, g.Cg) if pass_name == "forward" else (g.Cg, g.Kg)
         if S == 1:
             split = self.unsplit.get(pass_name, "")
@@ -278,7 +276,7 @@ class Pointwise(Algorithm):
         if self._weight is not None:
             self._weight.backward_weight(queue, x, dy, dw, ws)
             return
-        g, B, n, S = self.g, self.images, self.g.K * self.g.Cg, self.split["backward_weight"]
+        g, B, n = self.g, self.images, self.g.K * self.g.Cg
         if self.blocked:   # slice j: images j * nb ... (j + 1) * nb - 1, or positions j * ps ... of every image
             S = self.slices
             nb, ps = (g.N // S, g.P) if self.by_images else (g.N, g.P // S)
@@ -297,14 +295,8 @@ class Pointwise(Algorithm):
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
             dy0, x0 = dy.off + n0 * g.K * g.P, x.off + n0 * g.C * g.P
-            if S > 1:   # partial sum (slice s of the positions, image b) at (s * nb + b) * n; one group
-                ps = g.P // S
-                self._gemm(queue, g.K, g.C, ps, Op(dy.buf, dy0, g.P, ps, g.K * g.P), Op(x.buf, x0, g.P, ps, g.C * g.P),
-                           Op(ws, 0, g.C, nb * n, n), images=nb, slices=S, b_transp=True,
-                           what="grad-weight (1x1, split-K)")
-            else:
-                self._gemm(queue, g.Kg, g.Cg, g.P, Op(dy.buf, dy0, g.P, g.Kg * g.P, g.K * g.P),
-                           Op(x.buf, x0, g.P, g.Cg * g.P, g.C * g.P), Op(ws, 0, g.Cg, g.Kg * g.Cg, n),
-                           images=nb, b_transp=True, what="grad-weight (1x1)")
-            sum_partials(queue, self.dtype, idx, Ref(ws, 0), S * nb, n, dw, n0 > 0, "grad-weight (1x1, sum of images)")
+            self._gemm(queue, g.Kg, g.Cg, g.P, Op(dy.buf, dy0, g.P, g.Kg * g.P, g.K * g.P),
+                       Op(x.buf, x0, g.P, g.Cg * g.P, g.C * g.P), Op(ws, 0, g.Cg, g.Kg * g.Cg, n),
+                       images=nb, b_transp=True, what="grad-weight (1x1)")
+            sum_partials(queue, self.dtype, idx, Ref(ws, 0), nb, n, dw, n0 > 0, "grad-weight (1x1, sum of images)")
 
