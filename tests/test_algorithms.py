@@ -1027,7 +1027,7 @@ def test_fc_split_k(case, slices, queue, monkeypatch):
 def test_im2col_split_k(case, slices, queues, queue, monkeypatch, im2col_col_path):
     """im2col's forward and grad-input split-K (a GPU's rule, forced here on any device and engine),
     rounded down to a divisor of each GEMM's K, against the reference."""
-    # (on the GPU engine this also limits grad-weight's slices)
+    # (on the GPU engine this also limits grad-weight's slices, of chunks of at least 256 positions)
     monkeypatch.setattr(im2col, "k_slices", lambda *args, **kwargs: slices)
     x, w, b, dy = case.data()
     opts = case.options
@@ -1055,7 +1055,7 @@ def test_im2col_forward_writes_output_in_place(case, slices, folds, queue, monke
     positions folded into the GEMM's columns (no layout copy), unsplit or in split-K slices of one
     group (each a whole partial output); slices over several groups keep the layout copy.
     Forward, with bias and through ReLU, against the reference."""
-    # (on the GPU engine this also limits grad-weight's slices)
+    # (on the GPU engine this also limits grad-weight's slices, of chunks of at least 256 positions)
     monkeypatch.setattr(im2col, "k_slices", lambda *args, **kwargs: slices)
     x, w, b, _ = case.data()
     opts = case.options
@@ -1207,7 +1207,7 @@ def test_implicit_im2col_where_taps_do_not_overlap(case, implicit, slices, queue
     """On clconv's GPU GEMM kernel, im2col is read in place where it would only copy the input:
     few channels, or taps no wider than the stride. The forward is then one GEMM over the images
     into Y, or with one group, split-K slices of whole channels (the rule forced here)."""
-    # (on the GPU engine this also limits grad-weight's slices)
+    # (on the GPU engine this also limits grad-weight's slices, of chunks of at least 256 positions)
     monkeypatch.setattr(im2col, "k_slices", lambda *args, **kwargs: slices)
     x, w, b, dy = case.data()
     opts = case.options
