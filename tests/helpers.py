@@ -1,5 +1,6 @@
 """Shared test tools: the one tolerance table, the case list, comparisons."""
 import numpy as np
+import pyopencl as cl
 
 from clconv import reference
 from clconv.reference import TOLERANCE, normalised_error
@@ -57,6 +58,13 @@ class _DeviceAs:
 
     def __getattr__(self, name):
         return getattr(self._device, name)
+
+
+def stand_in_gpu(queue, units):
+    """``queue`` as a GPU of ``units`` compute units with an H100's or H200's work-group and
+    local-memory limits (:class:`QueueAs`): plans made for such a GPU, whatever device runs them."""
+    return QueueAs(queue, type=cl.device_type.GPU, max_compute_units=units, max_work_group_size=1024,
+                   max_work_item_sizes=(1024, 1024, 64), local_mem_size=49152)
 
 
 class Case:

@@ -13,7 +13,7 @@ from clconv.algorithms.direct import Direct
 from clconv.device import has_fp64
 from clconv.geometry import conv_geometry
 from clconv.plan import ALGORITHMS
-from helpers import CASES, Case, QueueAs, assert_close, assert_passes_match, kernel_kind
+from helpers import CASES, Case, QueueAs, assert_close, assert_passes_match, kernel_kind, stand_in_gpu
 
 EXTRA = [  # cases that exercise the specialised algorithms harder
     Case("fc_mode_g4_wide", 5, 8, 3, 2, 12, 3, 2, groups=4),
@@ -278,8 +278,7 @@ def test_per_group_queues_are_bit_identical_in_plans_for_a_gpu(name, algorithm, 
     reference too."""
     case = next(c for c in CASES + EXTRA + [SPLIT_WEIGHT_4_IMAGES] if c.name == name)
     x, w, b, dy = case.data()
-    gpu = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=132, max_work_group_size=1024,
-                  max_work_item_sizes=(1024, 1024, 64), local_mem_size=49152)
+    gpu = stand_in_gpu(queue, 132)
     results = []
     for queues in ("single", "per-group"):
         p = clconv.Plan(conv_geometry(x.shape, w.shape, **case.options), np.float32, gpu, algorithm=algorithm,
@@ -1123,8 +1122,7 @@ def test_split_k_only_from_the_least_depth(case, pass_name, units, split, note, 
     stand-in of 132 compute units); explain() says so where the rule alone keeps it whole (not
     where the grid fills the device anyway). Against the reference."""
     x, w, b, dy = case.data()
-    gpu = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=units, max_work_group_size=1024,
-                  max_work_item_sizes=(1024, 1024, 64), local_mem_size=49152)
+    gpu = stand_in_gpu(queue, units)
     p = clconv.Plan(conv_geometry(x.shape, w.shape, **case.options), np.float32, gpu, algorithm="1x1", gemm="gpu",
                     selfcheck=False)
     algo = p._choice[pass_name][0]
@@ -1153,8 +1151,7 @@ def test_deep_tile_rule(case, deep, slices, queue, im2col_col_path):
     reference above."""
     input_shape, weight_shape, opts = case
     g = conv_geometry(input_shape, weight_shape, **opts)
-    fake = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=132, max_work_group_size=1024,
-                   max_work_item_sizes=(1024, 1024, 64), local_mem_size=49152)
+    fake = stand_in_gpu(queue, 132)
     algorithm = "1x1" if weight_shape[2:] == (1, 1) else "im2col"
     algo = clconv.Plan(g, np.float32, fake, algorithm=algorithm, gemm="gpu", selfcheck=False)._choice["forward"][0]
     assert algo.deep == deep and algo.split["forward"] == slices

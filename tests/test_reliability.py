@@ -9,7 +9,7 @@ import pytest
 
 import clconv
 from clconv import reference
-from helpers import CASES, REPLAYED, Case, QueueAs, assert_close, kernel_kind
+from helpers import CASES, REPLAYED, Case, assert_close, kernel_kind, stand_in_gpu
 
 DETERMINISM = [  # one case per algorithm, plus per-group queues and split-K grad-weight
     (Case("im2col_split_k", 4, 4, 17, 19, 6, 3, 3, padding=1, groups=2), "im2col", "single"),
@@ -227,7 +227,7 @@ def test_launches_per_pass(case, algorithm, launches, queue):
     _assert_launches(p, launches)
 
 
-GPU_LAUNCHES = [  # per algorithm, what each pass launches in a plan made for a GPU (GPU_FACTS), clconv's GPU GEMM
+GPU_LAUNCHES = [  # per algorithm, what each pass launches in a plan made for a GPU (GPU_UNITS), clconv's GPU GEMM
     # 2 channels a group: forward and grad-weight read the input in place (no im2col); each group's
     # forward over every image into Y in one launch, the bias filled first; grad-weight in split-K slices
     (Case("im2col_implicit", 4, 4, 17, 19, 6, 3, 3, padding=1, groups=2), "im2col",
@@ -236,7 +236,7 @@ GPU_LAUNCHES = [  # per algorithm, what each pass launches in a plan made for a 
     # place too; grad_output read in place by grad-input's GEMM, copied for grad-weight's
     (Case("im2col_c8", 3, 8, 11, 9, 6, 3, 3, stride=2, padding=1), "im2col",
      (["fill_bias", "gemm_gpu"], ["gemm_gpu", "col2im"], ["nchw_to_cnhw", "gemm_gpu"])),
-    # 64 channels, 71 MFLOP a pass (the rule's 64 and 19 on GPU_FACTS' 16 units): col written;
+    # 64 channels, 71 MFLOP a pass (the rule's 64 and 19 on GPU_UNITS' 16): col written;
     # grad-weight in split-K slices, summed in order
     (Case("im2col_col", 4, 64, 19, 17, 48, 3, 3, padding=1), "im2col",
      (["im2col", "fill_bias", "gemm_gpu"], ["gemm_gpu", "col2im"],
@@ -261,10 +261,10 @@ GPU_LAUNCHES = [  # per algorithm, what each pass launches in a plan made for a 
     (Case("pointwise_large_maps", 3, 4, 29, 31, 6, 1, 1, groups=2), "1x1",
      (["fill_bias", "gemm_gpu"], ["gemm_gpu"], ["gemm_gpu", "sum_partials"])),
 ]
-# The GPU the table's plans are made for, whatever device runs them (on a real GPU too, whose own
-# compute units would change the split-K counts, and with them some passes' partial sums)
-GPU_FACTS = dict(type=cl.device_type.GPU, max_compute_units=16, max_work_group_size=1024,
-                 max_work_item_sizes=(1024, 1024, 64), local_mem_size=49152)
+# The compute units of the GPU the table's plans are made for (stand_in_gpu), whatever device runs
+# them (on a real GPU too, whose own would change the split-K counts, and with them some passes'
+# partial sums)
+GPU_UNITS = 16
 
 
 @pytest.mark.gpu_form
@@ -276,7 +276,7 @@ def test_gpu_launches_per_pass(case, algorithm, launches, queue):
     hx, hw, hb, hdy = case.data()
     x, w, b, dy = (cla.to_device(queue, a) for a in (hx, hw, hb, hdy))
     p = clconv.Plan(clconv.conv_geometry(case.input_shape, case.weight_shape, **opts), np.float32,
-                    QueueAs(queue, **GPU_FACTS), algorithm=algorithm, gemm="gpu", selfcheck=False)
+                    stand_in_gpu(queue, GPU_UNITS), algorithm=algorithm, gemm="gpu", selfcheck=False)
     results = (p.forward(x, w, b, queue=queue), p.backward_input(w, dy, queue=queue),
                p.backward_weight(x, dy, queue=queue))
     _assert_launches(p, launches)

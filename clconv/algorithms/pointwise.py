@@ -182,7 +182,7 @@ class Pointwise(Algorithm):
     def describe(self, pass_name):
         g, S = self.g, self.split[pass_name]
         split = (f", split-K into {S} slices of K={{}} summed in order (the grid alone would leave the GPU's compute "
-                 "units idle)") if S > 1 else ""
+                 "units idle)") if S > 1 else self.unsplit.get(pass_name, "")
         if pass_name == "backward_weight":
             if self._weight is not None:
                 return "1x1: " + self._weight.describe(pass_name)
@@ -205,8 +205,6 @@ class Pointwise(Algorithm):
             return (f"1x1 GEMM per (group, image) on the input and grad_output, M={g.Kg} N={g.Cg} K={g.P}, "
                     f"partial sums of {self.images} image(s) per launch summed in order, no layout copies")
         m, k = (g.Kg, g.Cg) if pass_name == "forward" else (g.Cg, g.Kg)
-        if S == 1:
-            split = self.unsplit.get(pass_name, "")
         if pass_name == "backward_input" and self.transposed:
             return (f"1x1 GEMM per (group, image) run transposed, grad_input^T = grad_output^T @ weight, "
                     f"{g.groups} group(s) x {g.N} image(s) in one launch, M={g.P} N={g.Cg} K={g.Kg}, grad_output "
