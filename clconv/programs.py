@@ -6,6 +6,7 @@ defaults and helpers every file uses), and built once per (context, file, dtype,
 options); that cache, the only one of kernels, lives on the context (pyopencl's
 context-dependent memoize).
 """
+import os
 import re
 import struct
 import threading
@@ -17,11 +18,35 @@ import numpy as np
 import pyopencl as cl
 from pyopencl.tools import context_dependent_memoize
 
-from .device import multiply_add_builtin
+# pyopencl's binary cache reads this variable unguarded when a build fails with anything but
+# BUILD_PROGRAM_FAILURE (Intel's CPU runtime answers a bad option with INVALID_BUILD_OPTIONS):
+# the value it means by default, so that such a failure reaches us as the driver's error, not a KeyError
+os.environ.setdefault("PYOPENCL_CACHE_FAILURE_FATAL", "")
 
 
 class ClconvError(RuntimeError):
     """A device-side failure (build, launch, CLBlast, out of memory), with its context."""
+
+
+class BuildError(ClconvError):
+    """A kernel build the device's compiler refused; ``compiler_lines``: the first error lines of
+    its build log, trimmed (:func:`compiler_lines`)."""
+
+    def __init__(self, message, compiler_lines):
+        super().__init__(message)
+        self.compiler_lines = compiler_lines
+
+
+def compiler_lines(error, count=2, width=160):
+    """The first ``count`` lines of a failed build's log (a pyopencl error's message) that say
+    "error:", else its first non-empty log lines, each trimmed to ``width`` characters and joined
+    by " | ": the compiler's own words, as short as a message can carry them."""
+    text = str(error)
+    log = text.split(">:\n", 1)[1] if ">:\n" in text else text   # after pyopencl's "Build on <device>:"
+    log = log.split("\n(options:", 1)[0]
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    errors = [line for line in lines if re.search(r"\berror:", line, re.I)] or lines
+    return " | ".join(line if len(line) <= width else line[:width - 3] + "..." for line in errors[:count]) or text
 
 
 def kernel_dir():
@@ -42,6 +67,14 @@ _C_TYPES = {np.dtype(np.float32): ("float", "float"), np.dtype(np.float64): ("do
 _STORAGE_AWARE = {"bias.cl", "partials.cl", "storage.cl"}
 HEADER = "clconv.h"
 INT32_MAX = 2**31 - 1
+
+
+def multiply_add_builtin(device):
+    """Whether clconv's kernels write a multiply-add as OpenCL's fma() for this device (MADD in
+    kernels/clconv.h), not as ``a * b + c``: Intel's CPU runtime leaves ``a * b + c`` as a
+    multiply and an add, where fma() gives one FMA instruction. PoCL 3.0 contracts ``a * b + c``
+    to an FMA but calls its mad() and fma() builtins as functions; GPUs contract it."""
+    return bool(device.type & cl.device_type.CPU) and device.platform.name.startswith("Intel(R) OpenCL")
 
 
 def index_type(*element_counts):
@@ -84,9 +117,9 @@ def _build(context, filename, dtype, defines):
     options = ["-cl-opt-disable"] if oclgrind else []
     try:
         program = cl.Program(context, source).build(options=options)
-    except cl.Error as exc:  # the message carries the build log
-        raise ClconvError(f"clconv: building {path.name} failed (dtype {dtype}, defines {dict(defines)}, "
-                          f"options {options}, source {path}):\n{exc}") from exc
+    except cl.Error as exc:
+        raise BuildError(f"clconv: building {path.name} failed: {compiler_lines(exc)} (dtype {dtype}, defines "
+                         f"{dict(defines)}, options {options}, source {path})\n{exc}", compiler_lines(exc)) from exc
     signatures = kernel_signatures(source, dtype, dict(defines))
     kernels = {k.function_name: k for k in program.all_kernels()}
     for name, k in kernels.items():

@@ -14,7 +14,7 @@
 #ifndef MADD           // a * b + c as one FMA: OpenCL C contracts the expression by default, and PoCL
                        // 3.0 calls its mad() and fma() builtins as functions, not inlined (seen in its
                        // objects); where a runtime does not contract it, the builder defines fma()
-                       // (clconv.device.multiply_add_builtin)
+                       // (clconv.programs.multiply_add_builtin)
 #define MADD(a, b, c) ((a) * (b) + (c))
 #endif
 #define CAT_(a, b) a##b
