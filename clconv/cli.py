@@ -1,4 +1,4 @@
-"""python -m clconv {info, bench, tune, tune-gemm, check}: the command line."""
+"""python -m clconv {info, bench, tune, tune-gemm, train-digits, probe, check}: the command line."""
 import argparse
 import functools
 import importlib
@@ -11,8 +11,8 @@ import numpy as np
 import pyopencl as cl
 from tqdm import tqdm
 
-from . import digits, reference, selfcheck, tuner, tuning
-from .device import DeviceNotFound, default_queue, has_fp16, has_fp64, pick_device
+from . import digits, probe, reference, selfcheck, tuner, tuning
+from .device import DeviceNotFound, default_queue, has_fp16, has_fp64, pick_device, pocl_version
 from .functional import conv2d_bias
 from .gemm import choose as choose_gemm, clblast_params
 from .geometry import PASSES, conv_geometry
@@ -31,6 +31,10 @@ def cmd_info(args):
         for di, d in enumerate(devices):
             kind = cl.device_type.to_string(d.type)
             print(f"  device {pi}:{di}: {d.name.strip()} [{kind}], driver {d.driver_version}")
+            builds, line = probe.check(d)
+            if not builds:
+                print(f"    cannot build kernels: {line}")
+                continue
             print(f"    compute units {d.max_compute_units}, global memory {d.global_mem_size / 2**30:.1f} GiB, "
                   f"max allocation {d.max_mem_alloc_size / 2**30:.2f} GiB, local memory {d.local_mem_size // 1024} KiB")
             print(f"    fp64 (cl_khr_fp64): {'yes' if has_fp64(d) else 'no'}, "
@@ -48,6 +52,10 @@ def cmd_info(args):
         print(f"no default device: {exc}", file=sys.stderr)
         return 2
     print(f"default device: {device.name.strip()} on {device.platform.name} ({why})")
+    pocls = [p for p in cl.get_platforms() if pocl_version(p)]
+    if len(pocls) > 1:
+        print(f"PoCL: {len(pocls)} installed ({', '.join('.'.join(map(str, pocl_version(p))) for p in pocls)}); "
+              "CLCONV_DEVICE=pocl and the default take the newest that builds kernels")
     print("known-answer checks run the first time an algorithm is used on a device (python -m clconv check "
           "runs them all now); CLCONV_SELFCHECK=0 turns them off" if selfcheck.enabled() else
           "known-answer checks are off (CLCONV_SELFCHECK=0)")
@@ -143,11 +151,23 @@ def cmd_train_digits(args):
     return 0
 
 
+def cmd_probe(args):
+    """Whether the device (CLCONV_DEVICE's, else the default) builds and runs kernels, asked anew
+    (:mod:`clconv.probe`): exit status 0, else 1 with the compiler's line."""
+    device, why = pick_device()
+    builds, line = probe.check(device, fresh=True)
+    print(f"{probe.describe(device)} ({why}): " + ("builds kernels" if builds else f"cannot build kernels: {line}"))
+    return 0 if builds else 1
+
+
 def cmd_check(args):
-    """Every algorithm's known-answer cases (:data:`clconv.selfcheck.CASES`) anew, on the plans'
-    GEMM engine, and im2col also on CLBlast and on per-group queues; the engines' verdicts are
+    """Whether the device builds kernels (:mod:`clconv.probe`), then every algorithm's
+    known-answer cases (:data:`clconv.selfcheck.CASES`), both anew, on the plans' GEMM engine, and im2col also on CLBlast and on per-group queues; the engines' verdicts are
     stored as the first use of an algorithm would store them."""
     queue = default_queue()
+    builds, line = probe.check(queue.device, fresh=True)   # anew, as the verdicts below
+    if not builds:
+        raise ClconvError(f"clconv: {probe.describe(queue.device)} cannot build kernels: {line}")
     dtype = np.dtype(args.dtype)
     own, _ = choose_gemm(queue.device)
     print(f"checking every pass in {dtype} against the NumPy reference on {queue.device.name.strip()} "
@@ -197,6 +217,7 @@ def main(argv=None):
                                                            "when started by mpiexec with more than one process)")
     digits.add_argument("--no-overlap", action="store_true", help="with MPI: reduce every layer's gradients after "
                                                                   "the whole backward, not during it")
+    sub.add_parser("probe", help="whether the device builds and runs kernels (exit status 1 if not)")
     check = sub.add_parser("check", help="quick self-test of every pass against the NumPy reference")
     check.add_argument("--dtype", choices=["float32", "float16", "float64"], default="float32")
     args, rest = ap.parse_known_args(argv)
@@ -206,7 +227,8 @@ def main(argv=None):
     if args.device:
         os.environ["CLCONV_DEVICE"] = args.device
     command = {"info": cmd_info, "bench": cmd_bench, "tune": cmd_tune, "tune-gemm": cmd_tune_gemm,
-               "train-digits": cmd_train_digits, "check": cmd_check}[args.command]
+               "train-digits": cmd_train_digits, "check": cmd_check,
+               "probe": cmd_probe}[args.command]
     # what a user can mend (no such device, a dtype the device lacks, a bad option) is said in one
     # line, without a traceback; exit status 2, as argparse gives for a bad command line
     try:

@@ -11,6 +11,7 @@ import pyopencl.array as cla
 import clconv
 from clconv import reference
 from clconv.device import DeviceNotFound, pick_device
+from clconv.programs import ClconvError
 
 
 def _timed(queue, fn, *args, **kw):
@@ -23,6 +24,14 @@ def _timed(queue, fn, *args, **kw):
 
 
 def main():
+    try:
+        return _demo()
+    except ClconvError as exc:   # the device's own failure (its compiler's words), said without a traceback
+        print(f"clconv.demo: {type(exc).__name__}: {exc}")
+        return 1
+
+
+def _demo():
     print("OpenCL devices:")
     for pi, platform in enumerate(cl.get_platforms()):
         for di, device in enumerate(platform.get_devices()):

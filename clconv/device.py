@@ -1,15 +1,20 @@
 """Choosing the OpenCL device: the default context and queue, and device facts."""
 import functools
 import os
+import re
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pyopencl as cl
 
+from . import probe
+
 _lock = threading.Lock()
 _default = {}
+_warned = set()   # devices pick_device warned of: once per process
 
 # OpenCL drivers installed into this Python environment by pip: Intel's CPU runtime
 # (intel-opencl-rt, the `intel` extra) ships an .icd file with a placeholder path, so `make`
@@ -44,41 +49,89 @@ def _all_devices():
     return found
 
 
+def pocl_version(platform):
+    """PoCL's version as a tuple ((3, 1) from "OpenCL 3.0 PoCL 3.1+debian ..."), None for another
+    platform."""
+    match = re.search(r"\bPoCL (\d+)\.(\d+)", platform.version)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def preference(entry):
+    """The default device's order: GPUs first, then PoCL's CPU devices (the newer PoCL first:
+    :data:`PREFER_NEWER_POCL`), then Intel's CPU runtime (whose builds are the quickest of the
+    CPU runtimes), then the others, each in the platforms' order."""
+    _, _, platform, device = entry
+    version = pocl_version(platform)
+    if device.type & cl.device_type.GPU:
+        return (0,)
+    if version is not None:
+        return (1, tuple(-v for v in version) if PREFER_NEWER_POCL else ())
+    return (2,) if platform.name.startswith("Intel(R) OpenCL") else (3,)
+
+
+# Where two PoCL platforms are installed (PyPI's wheel and Debian's), the newer is taken first:
+# the older may not know the CPU (see clconv.probe) and the newer measured no slower on the
+# networks benchmark (docs: performance, "PoCL versions").
+PREFER_NEWER_POCL = True
+
+
+def _matching(devices, spec):
+    """The devices ``spec`` names, each with why: ``P:D`` indices, else a case-insensitive
+    substring of a platform's name, vendor or version, else of a device's name or vendor."""
+    if ":" in spec and all(part.strip().isdigit() for part in spec.split(":")):
+        want = tuple(int(part) for part in spec.split(":"))
+        return [(e, f"CLCONV_DEVICE={spec!r} (platform:device indices)") for e in devices if e[:2] == want]
+    # platforms first: "intel" is Intel's runtime even where PoCL runs on an Intel CPU
+    # (whose device vendor is GenuineIntel); PoCL says "PoCL" only in its version
+    for fields in (lambda p, d: (p.name, p.vendor, p.version), lambda p, d: (d.name, d.vendor)):
+        found = [e for e in devices if any(spec.lower() in n.lower() for n in fields(e[2], e[3]))]
+        if found:
+            return [(e, f"CLCONV_DEVICE={spec!r} matches {e[2].name} / {e[3].name}") for e in found]
+    return []
+
+
 def pick_device(spec=None):
     """Return ``(device, reason)``.
 
     ``spec`` (default: ``$CLCONV_DEVICE``) is a case-insensitive substring of the
     platform or device name, vendor or version (``"nvidia"``, ``"pocl"``) or ``"P:D"`` indices.
-    Without one: the first GPU, else the first PoCL CPU device, else the first device.
+    Without one: the first GPU, else PoCL's CPU device (the newer PoCL where two are installed),
+    else the first device. A device that cannot build kernels (:mod:`clconv.probe`) is passed
+    over with a warning naming it and the compiler's line; where the spec names only such
+    devices, the first is returned and a plan on it raises that line.
     """
     spec = os.environ.get("CLCONV_DEVICE", "") if spec is None else spec
     devices = _all_devices()
     if not devices:
         raise DeviceNotFound("clconv: no OpenCL platform with a device was found "
                              "(install pyopencl[pocl] for the PoCL CPU device)")
-    listing = "; ".join(f"{pi}:{di} {p.name} / {d.name}" for pi, di, p, d in devices)
     if spec:
-        if ":" in spec and all(part.strip().isdigit() for part in spec.split(":")):
-            want = tuple(int(part) for part in spec.split(":"))
-            for pi, di, _, d in devices:
-                if (pi, di) == want:
-                    return d, f"CLCONV_DEVICE={spec!r} (platform:device indices)"
-        else:
-            # platforms first: "intel" is Intel's runtime even where PoCL runs on an Intel CPU
-            # (whose device vendor is GenuineIntel); PoCL says "PoCL" only in its version
-            for fields in (lambda p, d: (p.name, p.vendor, p.version), lambda p, d: (d.name, d.vendor)):
-                for _, _, p, d in devices:
-                    if any(spec.lower() in n.lower() for n in fields(p, d)):
-                        return d, f"CLCONV_DEVICE={spec!r} matches {p.name} / {d.name}"
-        raise DeviceNotFound(f"clconv: no OpenCL device matches CLCONV_DEVICE={spec!r} (a substring of a platform's "
-                             f"or device's name, vendor or version, or P:D indices); devices: {listing}")
-    for _, _, _, d in devices:
-        if d.type & cl.device_type.GPU:
-            return d, "first GPU"
-    for _, _, p, d in devices:
-        if "portable computing language" in p.name.lower() or "pocl" in p.name.lower():
-            return d, "no GPU; PoCL CPU device"
-    return devices[0][3], "no GPU and no PoCL; first device"
+        found = sorted(_matching(devices, spec), key=lambda m: preference(m[0]))
+        if not found:
+            listing = "; ".join(f"{pi}:{di} {p.name} / {d.name}" for pi, di, p, d in devices)
+            raise DeviceNotFound(f"clconv: no OpenCL device matches CLCONV_DEVICE={spec!r} (a substring of a "
+                                 f"platform's or device's name, vendor or version, or P:D indices); devices: {listing}")
+    else:
+        reasons = {0: "first GPU", 1: "no GPU; PoCL CPU device", 2: "no GPU or PoCL device; Intel's CPU runtime",
+                   3: "no GPU or PoCL device; first device"}
+        found = [(e, reasons[preference(e)[0]]) for e in sorted(devices, key=preference)]
+    skipped = []
+    for (_, _, _, d), why in found:
+        ok, line = probe.check(d)
+        if not ok:
+            skipped.append((d, line))
+            continue
+        for s, line in skipped:   # said where another device is taken instead: once per process
+            if s.int_ptr not in _warned:
+                _warned.add(s.int_ptr)
+                warnings.warn(f"clconv: {probe.describe(s)} cannot build kernels: {line}; {d.name.strip()} on "
+                              f"{d.platform.name.strip()} is used instead (CLCONV_DEVICE chooses the device; "
+                              f"python -m clconv info lists them)", RuntimeWarning, stacklevel=2)
+        if skipped:
+            why += f"; passed over {', '.join(probe.describe(s) for s, _ in skipped)}, which cannot build kernels"
+        return d, why
+    (_, _, _, d), why = found[0]
+    return d, why + "; no device found builds kernels"
 
 
 def default_context():
@@ -179,17 +232,6 @@ def scalar_work_items(device):
     which asks whether the per-tile Winograd transforms, with their gathers, vectorise well
     enough to beat the row forms: rusticl's do not.)"""
     return bool(device.type & cl.device_type.CPU) and device.platform.name == "Portable Computing Language"
-
-
-def multiply_add_builtin(device):
-    """Whether clconv's kernels write a multiply-add as OpenCL's fma() for this device (MADD in
-    kernels/clconv.h), not as ``a * b + c``. Intel's CPU runtime (2026.2) left ``a * b + c`` as a
-    multiply and an add on a 2-core AMD EPYC (Zen 3, AVX2), where fma() gives one FMA
-    instruction: the CPU GEMM's outer products 66-73 -> 115-171 GFLOP/s (measured FMA peak 193;
-    mad() the same within noise, but fma() is rounded once by definition). PoCL 3.0 contracts
-    ``a * b + c`` to an FMA but calls its mad() and fma() builtins as functions (the same GEMM
-    134-145 -> 20 GFLOP/s with either); GPUs contract it."""
-    return bool(device.type & cl.device_type.CPU) and device.platform.name.startswith("Intel(R) OpenCL")
 
 
 SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))

@@ -9,7 +9,7 @@ import functools
 
 import numpy as np
 
-from . import memory, selfcheck, storage
+from . import memory, probe, selfcheck, storage
 from .algorithms import ALGORITHMS
 from .buffers import ref
 from .device import check_dtype_supported
@@ -52,6 +52,7 @@ class Plan:
         self.queues = queues
         check_dtype_supported(self.dtype, queue.device)
         _check_allocations(geometry, self.dtype, queue.device)
+        probe.require(queue.device)   # a device that builds nothing: its compiler's words, not a plan's
         self.gemm, self._gemm_reason = choose_gemm(queue.device, gemm)   # fixed for the plan's life
         self.workspace_limit = workspace_limit or default_workspace_limit(queue.device)
         if self.workspace_limit > queue.device.max_mem_alloc_size:
@@ -101,13 +102,14 @@ class Plan:
             except ValueError:   # e.g. this plan's workspace limit: choose as if nothing were tuned
                 pass
         candidates = ALGORITHMS if algorithm == "auto" else {algorithm: ALGORITHMS[algorithm]}
-        reasons, passed_over = [], ""
+        reasons, passed_over, untrusted, unpreferred = [], "", [], []
         for name, cls in candidates.items():
             ok, why = cls.applies(g)
             if ok and algorithm == "auto":
                 preferred, why_not = cls.preferred(g, pass_name, self.queue.device)
                 if not preferred:
                     passed_over += f" (not {name}: {why_not})"
+                    unpreferred.append((name, why))
                     continue
             if ok:
                 trusted, why_not = self._trusted(name)   # asked only of what applies (and, for "auto", is preferred)
@@ -118,6 +120,7 @@ class Plan:
                                       f"{d.driver_version}): {why_not}")
                 if not trusted:
                     passed_over += f" (not {name}: it failed its known-answer check on this device: {why_not})"
+                    untrusted.append(f"{name}: {why_not}")
                     continue
                 try:
                     return self._build(cls, self.queues == "per-group"), why + passed_over
@@ -127,8 +130,20 @@ class Plan:
                     why = str(exc)
                     passed_over += f" (not {name}: {why})"
             reasons.append(f"{name}: {why}")
-        raise ValueError(f"algorithm {algorithm!r} does not apply to input {list(g.input_shape)} with weight "
-                         f"{list(g.weight_shape)}: {'; '.join(reasons)}")
+        if untrusted:   # what the rules passed over still runs where what they preferred failed its check
+            for name, why in unpreferred:
+                if self._trusted(name)[0]:
+                    try:
+                        return (self._build(ALGORITHMS[name], self.queues == "per-group"),
+                                f"{why}, and those preferred failed their known-answer check{passed_over}")
+                    except ValueError:
+                        pass
+        shapes = f"input {list(g.input_shape)} with weight {list(g.weight_shape)}"
+        if untrusted:   # the input is fine: this device failed the algorithms that would run it
+            raise ClconvError(f"clconv: no algorithm can run {pass_name} of {shapes} on "
+                              f"{probe.describe(self.queue.device)}: left out by the known-answer check: "
+                              f"{'; '.join(untrusted)}; not applicable: {'; '.join(reasons) or 'none'}")
+        raise ValueError(f"algorithm {algorithm!r} does not apply to {shapes}: {'; '.join(reasons)}")
 
     @property
     def algorithms(self):

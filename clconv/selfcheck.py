@@ -20,9 +20,9 @@ from functools import lru_cache
 import numpy as np
 import pyopencl as cl
 
-from . import reference, tuning
+from . import probe, reference, tuning
 from .geometry import conv_geometry
-from .programs import ClconvError, kernel_dir, outside_graph
+from .programs import BuildError, ClconvError, kernel_dir, outside_graph
 
 # (algorithm, label, input, weight, options): every algorithm at least once, on small odd
 # shapes (groups, uneven padding, dilation, channels not multiples of any vector width)
@@ -90,17 +90,26 @@ def run(make_plan, queue, algorithm, engine, dtype, queues="single"):
             got = {"forward": lambda: plan.forward(x, w, b), "grad-input": lambda: plan.backward_input(w, dy),
                    "grad-weight": lambda: plan.backward_weight(x, dy)}
         except (ValueError, ClconvError, cl.Error) as exc:
-            results += [(label, p, None, False, f"{type(exc).__name__}: {exc}") for p in PASS_NAMES]
+            results += [(label, p, None, False, _failure(exc)) for p in PASS_NAMES]
             continue
         for p in PASS_NAMES:
             try:
                 err = float(reference.normalised_error(got[p](), want[p]()))
             except (ClconvError, cl.Error) as exc:
-                results.append((label, p, None, False, f"{type(exc).__name__}: {exc}"))
+                results.append((label, p, None, False, _failure(exc)))
                 continue
             ok = err <= reference.TOLERANCE[dtype]   # NaN fails
             results.append((label, p, err, ok, "" if ok else f"normalised max error {err:.2g}"))
     return results
+
+
+BUILD_FAILED = "BuildError: "   # how a result's message starts where a kernel did not build
+
+
+def _failure(exc):
+    """A failed result's message: the error's type and its text (a build failure's first line
+    carries the compiler's words, :class:`clconv.programs.BuildError`)."""
+    return f"{BUILD_FAILED if isinstance(exc, BuildError) else type(exc).__name__ + ': '}{exc}"
 
 
 def summary(results):
@@ -112,8 +121,12 @@ def summary(results):
 
 
 def store(device, algorithm, engine, dtype, results):
-    """Keep a :func:`run`'s verdict for this process and in the tuning cache; (ok, message)."""
+    """Keep a :func:`run`'s verdict for this process and in the tuning cache; (ok, message).
+    Where a kernel did not build and the device now fails :mod:`clconv.probe` too, the failure is
+    the device's, not the algorithm's: nothing is kept, and :class:`ClconvError` says so."""
     ok, message = summary(results)
+    if not ok and any(m.startswith(BUILD_FAILED) for *_, m in results) and not probe.check(device, fresh=True)[0]:
+        probe.require(device)
     k = key(device, algorithm, engine, dtype)
     with _lock:
         _verdicts[k] = (ok, message)
@@ -129,6 +142,7 @@ def verdict(make_plan, queue, algorithm, engine, dtype):
     if not enabled():
         return True, "known-answer check off (CLCONV_SELFCHECK=0)"
     device = queue.device
+    probe.require(device)   # a device that builds nothing has no verdicts to give
     k = key(device, algorithm, engine, dtype)
     with _lock:
         if k in _verdicts:
