@@ -105,7 +105,9 @@ def chart(path, title, labels, values, xlabel, line=None, log=False):
     matplotlib.rcParams["svg.hashsalt"] = "clconv"
     fig, ax = plt.subplots(figsize=(7, 0.9 + 0.28 * len(labels)), constrained_layout=True)
     ys = range(len(labels))
-    ax.barh(list(ys), values, color=["tab:blue" if v <= (line or math.inf) else "tab:orange" for v in values])
+    base = line or 0   # bars grow from the line (a ratio of 1): left for clconv faster, right for slower
+    ax.barh(list(ys), [v - base for v in values], left=base,
+            color=["tab:blue" if v <= (line or math.inf) else "tab:orange" for v in values])
     if line is not None:
         ax.axvline(line, color="black", linewidth=0.8)
     if log:
