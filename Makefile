@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 APT_PACKAGES := libclblast-dev ocl-icd-opencl-dev opencl-headers clinfo oclgrind mesa-opencl-icd pocl-opencl-icd
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup system venv vendors demo test pytest check-kernels clean
+.PHONY: setup system venv vendors demo test pytest check-kernels docs clean
 
 setup: system venv
 
@@ -123,6 +123,19 @@ $(OCLGRIND_JOBS): oclgrind-%: setup $(OCLGRIND_DIR)/oclgrind.icd
 	  || { echo "Oclgrind sweep ($$mode) failed:"; cat $(OCLGRIND_DIR)/$$mode.out; exit 1; }; \
 	if [ -s $$log ]; then echo "Oclgrind sweep ($$mode) reported problems ($$log):"; head -60 $$log; exit 1; fi; \
 	echo "Oclgrind sweep ($$mode): $$(grep -c ' ok' $(OCLGRIND_DIR)/$$mode.out) results match the reference; Oclgrind log empty"
+
+# The documentation site into build/docs: the docs extra into the environment (not part of setup,
+# so make test does not install it), the performance pages and charts from bench/results, then
+# Sphinx with warnings as errors (-n: every reference must resolve). Needs no OpenCL device.
+docs: $(VENV)/.docs-installed
+	$(PY) docs/generate.py
+	$(PY) -m sphinx -W --keep-going -n -q -b html docs build/docs
+	@echo "documentation in build/docs/index.html"
+
+$(VENV)/.docs-installed: setup.cfg pyproject.toml | system
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[docs]'
+	touch $@
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

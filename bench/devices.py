@@ -150,8 +150,8 @@ def main(argv=None):
             print(f"geometric mean speed-up, split by {name}: {float(np.exp(np.mean(np.log(ups)))):.2f} "
                   f"over {len(ups)} passes")
     today = datetime.date.today().isoformat()
-    path = args.json or HERE / "results" / f"{labels[0].split(' (')[0].lower().replace(' ', '-')}-x{len(queues)}-" \
-                                           f"{kind}-{today}-devices.json"
+    path = args.json or HERE / "results" / f"{labels[0].split(' (')[0].lower().replace(' ', '-')}-devices-" \
+                                           f"{kind}.json"
     with open(path, "w") as f:
         json.dump({"date": today, "devices": labels, "kind": kind, "size": size, "rows": rows}, f, indent=1)
     print(f"wrote {path}")

@@ -34,7 +34,7 @@ ROUNDS = 3
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.fused", description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=("cpu", "gpu"), help="workload sizes (default: by device type)")
-    ap.add_argument("--json", help="output path (default bench/results/<device>-<date>-fused.json)")
+    ap.add_argument("--json", help="output path (default bench/results/<device>-fused.json)")
     args = ap.parse_args(argv)
     queue = clconv.default_queue()
     device = queue.device
@@ -84,7 +84,7 @@ def main(argv=None):
           f"a ReLU pass, {gm['separate']:.2f}x over bias and ReLU passes, {gm['pyopencl_relu']:.2f}x over a pyopencl "
           "elementwise ReLU")
     today = datetime.date.today().isoformat()
-    path = Path(args.json) if args.json else HERE / "results" / f"{device.name.strip().lower().replace(' ', '-')}-{today}-fused.json"
+    path = Path(args.json) if args.json else HERE / "results" / f"{device.name.strip().lower().replace(' ', '-')}-fused.json"
     path.write_text(json.dumps({"date": today, "device": device.name, "platform": device.platform.name, "sizes": size,
                                 "speed_up": gm, "workloads": rows}, indent=1))
     print(f"wrote {path}")

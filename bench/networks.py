@@ -25,7 +25,7 @@ the algorithm clconv chose and the error; the geometric mean of the ratio overal
 per kind of layer; per network the convolutions' time of one training step (forward and both
 gradients of every layer, weighted by its count) and the first-call time (a layer shared with
 an earlier network counted there); the worst layer-passes. A table goes to stdout, JSON to
-bench/results/<device>-networks-b<batch>-<date>.json. Exit status 1 if a result was wrong.
+bench/results/<device>-networks-b<batch>.json. Exit status 1 if a result was wrong.
 
 --graph also times each pass recorded once in a clconv.graph() and replayed (its launches alone,
 as a recorded network runs them; the result checked too), in the same alternating rounds, and
@@ -378,7 +378,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"alternating rounds per layer-pass (default {ROUNDS})")
     ap.add_argument("--layers", help="comma-separated glob patterns of layer ids (e.g. 'resnet50:layer1.*')")
     ap.add_argument("--limit", type=int, help="only the first N selected layers")
-    ap.add_argument("--json", help="output path (default bench/results/<device>-networks-b<batch>-<date>.json)")
+    ap.add_argument("--json", help="output path (default bench/results/<device>-networks-b<batch>.json)")
     ap.add_argument("--plot", help="also draw a PNG chart to this path (needs matplotlib)")
     ap.add_argument("--file", default=str(LAYERS), help="the layers file (default: networks.json beside this module)")
     ap.add_argument("--profile", action="store_true", help="also run each layer-pass once on a profiling queue: "
@@ -419,7 +419,7 @@ def main(argv=None):
               "budget_s": args.budget, "rounds": args.rounds, "tolerance": TOL, "networks": networks,
               "layers": results, "summary": summarise(results, networks, data["networks"])}
     return write(record, Path(args.json) if args.json else
-                 HERE / "results" / f"{slug(device.name)}-networks-b{batch}-{today}.json", args.plot)
+                 HERE / "results" / f"{slug(device.name)}-networks-b{batch}.json", args.plot)
 
 
 def write(record, path, plot_path=None):

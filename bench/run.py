@@ -11,7 +11,7 @@ reference. The headline time is the plan's with ``out=``; the functional API wit
 and plain (a new result per call, from the memory pool) are timed beside it, in the same
 rounds, as the call styles users write (``styles`` in the JSON). Peers (bench/peers.py) are timed the same way in the same run, PyTorch in rounds
 alternating with clconv's, pass by pass.
-A table goes to stdout; JSON to bench/results/<device>-<date>.json.
+A table goes to stdout; JSON to bench/results/<device>-workloads.json.
 """
 import argparse
 import datetime
@@ -244,7 +244,7 @@ def main(argv=None):
     ap.add_argument("--workload", action="append", help="run only these workloads (repeatable)")
     ap.add_argument("--size", choices=("cpu", "gpu"), help="workload sizes (default: by device type)")
     ap.add_argument("--repeat", type=int, default=10, help="timed runs per pass (default 10)")
-    ap.add_argument("--json", help="output path (default bench/results/<device>-<date>.json)")
+    ap.add_argument("--json", help="output path (default bench/results/<device>-workloads.json)")
     ap.add_argument("--no-peers", action="store_true", help="time clconv only")
     ap.add_argument("--torch-only", action="store_true", help="of the peers, time PyTorch only (the one the "
                     "targets are set against; a CLBlast loop takes seconds per call on CPUs)")
@@ -270,7 +270,7 @@ def main(argv=None):
     print(table(results))
     today = datetime.date.today().isoformat()
     path = Path(args.json) if args.json else \
-        HERE / "results" / f"{re.sub(r'[^A-Za-z0-9]+', '-', device.name).strip('-').lower()}-{today}.json"
+        HERE / "results" / f"{re.sub(r'[^A-Za-z0-9]+', '-', device.name).strip('-').lower()}-workloads.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"date": today, "algorithm": args.algorithm, "queues": args.queues, "device": device.name,
               "platform": device.platform.name, "driver": device.driver_version, "machine": platform.machine(),

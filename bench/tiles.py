@@ -82,7 +82,7 @@ def _check(host, stride, padding, block=64):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.tiles", description=__doc__.splitlines()[0])
-    ap.add_argument("--json", help="output path (default bench/results/<device>-<date>-tiles.json)")
+    ap.add_argument("--json", help="output path (default bench/results/<device>-tiles.json)")
     ap.add_argument("--no-check", action="store_true", help="skip the comparison with PyTorch")
     args = ap.parse_args(argv)
     queue = clconv.default_queue()
@@ -117,7 +117,7 @@ def main(argv=None):
         rows.append(row)
     today = datetime.date.today().isoformat()
     path = Path(args.json) if args.json else \
-        HERE / "results" / f"{device.name.strip().lower().replace(' ', '-')}-{today}-tiles.json"
+        HERE / "results" / f"{device.name.strip().lower().replace(' ', '-')}-tiles.json"
     path.write_text(json.dumps({"date": today, "device": device.name.strip(), "platform": device.platform.name,
                                 "cases": rows}, indent=1))
     print(f"wrote {path}")
