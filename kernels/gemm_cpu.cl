@@ -8,7 +8,7 @@
 // Made for CPU OpenCL runtimes (PoCL, Intel's), which run a work-group's work-items as a loop
 // and vectorise a work-item only as far as it is written with vectors. Each work-item owns a
 // register block of C and loops over k with multiply-adds (MADD): no local memory, no
-// barriers, work-groups of one work-item. It computes TM consecutive row blocks of one column
+// barriers, work-groups of one work-item. It computes `tm` consecutive row blocks of one column
 // block, K in slices of KC, each slice over all its row blocks, so that the slice of B stays
 // in the first-level cache while they use it; dimension 0 runs over the row blocks, so
 // consecutive work-groups, which a runtime hands to its threads in turn, share B's columns.
@@ -46,9 +46,6 @@
 #endif
 #ifndef NR             // INNER: columns of C per register block
 #define NR 3
-#endif
-#ifndef TM             // row blocks per work-item
-#define TM 1
 #endif
 #ifndef KC             // depth of the K slices, a multiple of VW
 #define KC 256
@@ -119,8 +116,10 @@ inline REALV load_edge(__global const REAL* p, const int rest)   // p[0 .. rest-
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void gemm_cpu(const struct gemm_sizes sizes, __global const REAL* restrict a, const struct gemm_operand a_at,
               __global const REAL* restrict b, const struct gemm_operand b_at,
-              __global REAL* restrict c, const struct gemm_result c_at, const int panels)
+              __global REAL* restrict c, const struct gemm_result c_at, const int panels, const int tm)
 {
+    // tm, the row blocks per work-item, is an argument, not a #define: a loop's trip count, it
+    // buys nothing compiled in and would make a program of its own for nearly every shape
     GEMM_NAMES;
     const int n0 = get_global_id(1) * COLS, z = get_global_id(2);
 #if !INNER
@@ -144,8 +143,8 @@ void gemm_cpu(const struct gemm_sizes sizes, __global const REAL* restrict a, co
     for (int k0 = 0; k0 < K; k0 += KC) {
         const int k1 = K - k0 < KC ? K : k0 + KC;
         const REAL keep = k0 == 0 ? beta : (REAL)1;   // what C's value counts for
-        for (int t = 0; t < TM; ++t) {
-            const int m0 = (get_global_id(0) * TM + t) * MR;
+        for (int t = 0; t < tm; ++t) {
+            const int m0 = (get_global_id(0) * tm + t) * MR;
             if (m0 >= M) break;
             // rows of op(A) past M read row M - 1
             IDX ra[MR];

@@ -175,7 +175,7 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     idx = index_type(panels and b_panels.off + size * (gi if b.per_group else 1) * (gj if b.per_image else 1),
                      *(x.at(gi - 1, gj - 1) + (kb.count - 1) * step + (rows - 1) * x.ld + cols
                        for x, step, (rows, cols) in zip(ops, (*steps, 0), shapes)))
-    defines = dict(IDX=idx, VW=t.vw, INNER=int(t.inner), MR=t.mr, NV=t.nv, NR=t.cols, TM=t.tm, KC=t.kc,
+    defines = dict(IDX=idx, VW=t.vw, INNER=int(t.inner), MR=t.mr, NV=t.nv, NR=t.cols, KC=t.kc,
                    A_TRANSP=int(a_transp), C_TRANSP=int(c_transp))
     if panels:
         b = _pack_b(queue, dtype, gi, gj, n, k, kb.count, b, steps[1], b_panels, size, t.cols, defines, b_transp,
@@ -187,7 +187,7 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     return launch(queue, kernel, (-(-blocks // t.tm), -(-n // t.cols), gi * gj), (1, 1, 1), m, n, k, alpha, beta, gj,
                   kb.count, *(v for x, step in zip(ops[:2], steps) for v in (x.buf, x.off, x.ld, x.per_group,
                                                                                x.per_image, step)),
-                  c.buf, c.off, c.ld, c.per_group, c.per_image, int(panels), what=what)
+                  c.buf, c.off, c.ld, c.per_group, c.per_image, int(panels), t.tm, what=what)
 
 
 def _pack(queue, dtype, gi, gj, m, k, a, packed, what):
