@@ -6,9 +6,9 @@ never made the default (:func:`clconv.device.pick_device` skips it with a warnin
 it raises :class:`~clconv.programs.ClconvError` with the compiler's words before any known-answer
 check could store a failure that is the device's, not an algorithm's.
 
-The answer is kept per process and in the tuning cache, keyed by platform, device and driver, so
-it is taken once per machine and again when the driver changes; ``python -m clconv check``
-takes it anew.
+The answer is kept per process and in the tuning cache, keyed by platform, device and driver: a
+device that builds is probed once per machine and driver; one that does not, once per process
+(one failed build), so that whatever mends it is seen. ``python -m clconv probe`` asks anew.
 """
 import threading
 import warnings
@@ -56,16 +56,17 @@ def _run(device):
 
 def check(device, fresh=False):
     """(ok, the compiler's first error line or why not): whether ``device`` builds and runs the
-    probe, from this process or the tuning cache unless ``fresh``, else taken now and kept."""
+    probe, from this process, or where it did the tuning cache, unless ``fresh``; else taken now
+    and kept."""
     k = key(device)
     if not fresh:
         with _lock:
             if k in _answers:
                 return _answers[k]
         entry = tuning.load().get(k)
-        if isinstance(entry, dict) and isinstance(entry.get("ok"), bool):
+        if isinstance(entry, dict) and entry.get("ok") is True:   # a failure is asked again once a process
             with _lock:
-                _answers[k] = entry["ok"], str(entry.get("line", ""))
+                _answers[k] = True, ""
                 return _answers[k]
     answer = _run(device)
     with _lock:
