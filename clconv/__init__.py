@@ -10,6 +10,7 @@ from .geometry import ConvGeometry, conv_geometry, normalize_padding, output_siz
 from .graph import Graph, graph
 from .plan import Plan
 from .planner import plan
+from .prepare import prepare
 from .programs import ClconvError
 from .transpose import conv_transpose2d, conv_transpose2d_input, conv_transpose2d_weight
 from .memory import free_memory, memory_stats
@@ -17,6 +18,6 @@ from .memory import free_memory, memory_stats
 __version__ = "0.1.0"
 
 __all__ = ["conv2d", "conv2d_input", "conv2d_weight", "conv2d_bias", "conv_transpose2d", "conv_transpose2d_input",
-           "conv_transpose2d_weight", "nn", "plan", "Plan", "reference",
+           "conv_transpose2d_weight", "nn", "plan", "Plan", "prepare", "reference",
            "default_context", "default_queue", "device_queues", "sub_device_queues", "ClconvError", "ConvGeometry", "conv_geometry",
            "normalize_padding", "output_size", "free_memory", "memory_stats", "graph", "Graph"]

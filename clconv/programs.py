@@ -10,6 +10,7 @@ import os
 import re
 import struct
 import threading
+import time
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -115,11 +116,14 @@ def _build(context, filename, dtype, defines):
     # emits for our div/mod index arithmetic: build unoptimised there.
     oclgrind = context.devices[0].platform.name == "Oclgrind"
     options = ["-cl-opt-disable"] if oclgrind else []
+    start = time.perf_counter()
     try:
         program = cl.Program(context, source).build(options=options)
     except cl.Error as exc:
         raise BuildError(f"clconv: building {path.name} failed: {compiler_lines(exc)} (dtype {dtype}, defines "
                          f"{dict(defines)}, options {options}, source {path})\n{exc}", compiler_lines(exc)) from exc
+    with _building_lock:
+        _built.append((filename, time.perf_counter() - start))
     signatures = kernel_signatures(source, dtype, dict(defines))
     kernels = {k.function_name: k for k in program.all_kernels()}
     for name, k in kernels.items():
@@ -263,9 +267,25 @@ def reduction_work_group(device, limit=256):
     return 1 << (min(limit, device.max_work_group_size).bit_length() - 1)
 
 
+_building = {}   # (context, program) -> the lock held while it is built: one build, whatever the threads
+_building_lock = threading.Lock()
+_built = []      # (file, seconds) of each program this process built (from pyopencl's binary cache or not)
+
+
+def builds():
+    """[(kernel file, seconds)] of the programs this process has built, in order: where a first
+    call's time goes (the networks benchmark reports them)."""
+    with _building_lock:
+        return list(_built)
+
+
 def get_kernel(context, filename, name, dtype, **defines):
     """The kernel ``name`` of ``kernels/filename`` built for ``dtype`` and ``defines``."""
-    return _build(context, filename, np.dtype(dtype), tuple(sorted(defines.items())))[name]
+    program = (filename, np.dtype(dtype), tuple(sorted(defines.items())))
+    with _building_lock:
+        lock = _building.setdefault((context.int_ptr, program), threading.Lock())
+    with lock:
+        return _build(context, *program)[name]
 
 
 # clSetKernelArg is not thread-safe, and each kernel object is shared: a cached kernel by

@@ -43,6 +43,7 @@ PASS_NAMES = ("forward", "grad-input", "grad-weight")
 
 _lock = threading.Lock()
 _verdicts = {}   # key -> (ok, message), this process's: each verdict is looked up or taken once
+_pending = {}    # key -> the lock held while that verdict is looked up or taken
 
 
 def enabled():
@@ -147,14 +148,19 @@ def verdict(make_plan, queue, algorithm, engine, dtype):
     with _lock:
         if k in _verdicts:
             return _verdicts[k]
+        pending = _pending.setdefault(k, threading.Lock())
+    with pending:   # threads planning at once (clconv.prepare) take one check of an algorithm, not one each
+        with _lock:
+            found = _verdicts.get(k)
+        if found is not None:
+            return found
         entry = tuning.load().get(k)
         if isinstance(entry, dict) and isinstance(entry.get("ok"), bool):
-            found = _verdicts[k] = (entry["ok"], str(entry.get("message", "")))
-        else:
-            found = None
-    if found is None:   # on a queue of its own: the caller's may wait on work (a user event) the check cannot see
-        own = cl.CommandQueue(queue.context, device)
-        found = store(device, algorithm, engine, dtype, run(make_plan, own, algorithm, engine, dtype))
+            with _lock:
+                found = _verdicts[k] = (entry["ok"], str(entry.get("message", "")))
+        else:   # on a queue of its own: the caller's may wait on work (a user event) the check cannot see
+            own = cl.CommandQueue(queue.context, device)
+            found = store(device, algorithm, engine, dtype, run(make_plan, own, algorithm, engine, dtype))
     if not found[0]:
         warnings.warn(f"clconv: {algorithm} (GEMMs on {engine}, {np.dtype(dtype).name}) failed its known-answer check "
                       f"on {device.name.strip()} ({device.platform.name.strip()}, driver {device.driver_version}): "
