@@ -100,7 +100,7 @@ def test_tuning_cache_round_trip_across_processes(tmp_path):
     entries = json.loads((tmp_path / "tuning.json").read_text())["entries"]
     entries = {k: v for k, v in entries.items() if not k.startswith("selfcheck|")}   # (known-answer verdicts)
     assert len(entries) == 3 and all(e["algorithm"] in ("direct", "im2col") for e in entries.values())
-    explain = run(["-c", "import clconv; from clconv.cli import _workload_geometries; q = clconv.default_queue(); "
+    explain = run(["-c", "import clconv; from clconv.apps.cli import _workload_geometries; q = clconv.default_queue(); "
                          "name, g = next(_workload_geometries(['depthwise_s2'], q.device)); "
                          "print(clconv.plan(g.input_shape, g.weight_shape, g.stride, g.pads, g.dilation, g.groups, "
                          "queue=q).explain())"], env=env)
