@@ -192,7 +192,8 @@ def main(argv=None):
     digits.add_argument("--batch", type=int, default=32, help="images per SGD step")
     digits.add_argument("--lr", type=float, default=0.05)
     digits.add_argument("--momentum", type=float, default=0.9)
-    digits.add_argument("--plot", default="digits-training.png", help="PNG of loss and accuracy per epoch ('' for none)")
+    digits.add_argument("--plot", default="digits-training.png",
+                        help="PNG of loss and accuracy per epoch ('' for none)")
     digits.add_argument("--json", help="write the loss and accuracy per epoch and the seconds to this file")
     digits.add_argument("--mpi", action="store_true", help="average the gradients over the MPI ranks (the default "
                                                            "when started by mpiexec with more than one process)")
