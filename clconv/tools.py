@@ -1,5 +1,5 @@
 """What ``python -m clconv`` runs, as functions that return data: a device's facts, whether it
-builds kernels, the known-answer checks, and tuning. The command line (:mod:`clconv.apps.cli`)
+builds kernels, the known-answer checks, and tuning. The command line (``clconv.apps.cli``)
 prints their results; a program of one's own may call them the same way.
 """
 import functools
@@ -52,8 +52,8 @@ def check(queue, dtype):
     and im2col also on CLBlast and on per-group queues; the engines' verdicts are stored as the
     first use of an algorithm would store them. Returns (engine, rows): the plans' GEMM engine and
     an iterator of (label, pass name, normalised error or None, ok, message), one per case and
-    pass, each computed as it is taken. Raises :class:`clconv.ClconvError` where the device does
-    not build kernels."""
+    pass, each computed as it is taken. Raises ``clconv.ClconvError`` where the device does not
+    build kernels."""
     builds, line, name = probe_device(queue.device)
     if not builds:
         raise ClconvError(f"clconv: {name} cannot build kernels: {line}")
@@ -80,7 +80,7 @@ def tune_steps(geometries):
 
 def tune(g, dtype, queue, progress=None):
     """Time every applicable algorithm (and per-group queues) for each pass of geometry ``g``
-    (:func:`clconv.conv_geometry`) on ``queue``'s device and store the winners in the tuning
+    (``clconv.conv_geometry``) on ``queue``'s device and store the winners in the tuning
     cache; ``progress()`` after each run. Returns {pass: {"algorithm", "queues", "ms", "timings"}}."""
     return tuner.tune(g, dtype, queue, progress=progress)
 
@@ -94,7 +94,7 @@ def tune_gemm(geometries, queue, batch=1, progress=None):
     """Search CLBlast's GEMM parameters on the GEMM passes of ``geometries`` (``batch``
     back-to-back calls per timing) and store those that pay; ``progress(name, result)`` after
     each set. Run it in a process of its own. Returns the stored entry ("default_ms", "score",
-    "overrides", ...); raises :data:`NothingToTune` where no pass runs a CLBlast GEMM or this
+    "overrides", ...); raises ``NothingToTune`` where no pass runs a CLBlast GEMM or this
     process already applied CLBlast parameters."""
     return tuner.tune_gemm(geometries, queue, batch=batch, progress=progress)
 
