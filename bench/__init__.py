@@ -1,1 +1,1 @@
-"""clconv benchmarks: ``python -m bench`` (see bench/run.py)."""
+"""clconv's benchmarks: ``python -m bench <name>`` (``python -m bench --help`` lists them; bench/__main__.py)."""

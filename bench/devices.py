@@ -1,7 +1,7 @@
 """Several devices against one: each pass of the large workloads on one device and spread over
 several (clconv.spread), both splits, side by side in one run.
 
-    python -m bench.devices [--workload NAME ...] [--devices gpus|sub-devices|pocl-roots|queues]
+    python -m bench devices [--workload NAME ...] [--devices gpus|sub-devices|pocl-roots|queues]
                             [--count K] [--size cpu|gpu] [--rounds R] [--json PATH]
 
 ``--devices``: the GPUs of the first platform with several ("gpus", the default where there
@@ -124,7 +124,7 @@ def run(w, size, queues, rounds, log, whole=None):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.devices", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench devices", description=__doc__.splitlines()[0])
     ap.add_argument("--workload", action="append", help=f"workload name (repeatable; default: {', '.join(LARGE)})")
     ap.add_argument("--devices", choices=["gpus", "sub-devices", "pocl-roots", "queues"])
     ap.add_argument("--count", type=int, default=2)

@@ -1,6 +1,6 @@
 """The fused bias + ReLU forward against bias and ReLU run separately, on the reference workloads.
 
-    python -m bench.fused [--size cpu|gpu] [--json PATH]
+    python -m bench fused [--size cpu|gpu] [--json PATH]
 
 Per workload, forward pass, interleaved in rounds: the plan's forward with ``relu=True`` (bias
 and ReLU as the output is written); the forward with bias, then a ReLU pass; the forward
@@ -32,7 +32,7 @@ ROUNDS = 3
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.fused", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench fused", description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=("cpu", "gpu"), help="workload sizes (default: by device type)")
     ap.add_argument("--json", help="output path (default bench/results/<device>-fused.json)")
     args = ap.parse_args(argv)

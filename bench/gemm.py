@@ -1,6 +1,6 @@
 """GEMM engines on the convolution workloads' GEMM shapes, against NumPy and the machine's peak.
 
-    python -m bench.gemm [--repeat R] [--json PATH] [--engine NAME ...]
+    python -m bench gemm [--repeat R] [--json PATH] [--engine NAME ...]
 
 Times each engine that runs on the device (clconv's CPU kernel, clconv's GPU kernel, CLBlast)
 on the products the fully-connected, pointwise and im2col passes of bench/workloads.json run
@@ -132,7 +132,7 @@ def engines(queue, names):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.gemm", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench gemm", description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5, help="rounds of interleaved runs (default 5)")
     ap.add_argument("--engine", action="append", help="only these engines (clconv-cpu, clconv-gpu, clblast)")
     ap.add_argument("--size", choices=("cpu", "gpu"), default="cpu")

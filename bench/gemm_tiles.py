@@ -1,6 +1,6 @@
 """The GPU GEMM kernel's tiles on the networks' GEMMs: what clconv.gemm.gemm_gpu.tile is fitted to.
 
-    python -m bench.gemm_tiles [--batch N | --workloads] [--budget S] [--layers PATTERNS] [--json PATH]
+    python -m bench gemm-tiles [--batch N | --workloads] [--budget S] [--layers PATTERNS] [--json PATH]
 
 For every layer of bench/networks.json but the depthwise ones (no GEMMs), and each pass, a plan
 is made and run once with clconv's GPU GEMM kernel forced to each candidate tile (gemm_gpu.TILES
@@ -108,7 +108,7 @@ def interleaved(layers):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.gemm_tiles", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench gemm-tiles", description=__doc__.splitlines()[0])
     which = ap.add_mutually_exclusive_group()
     which.add_argument("--batch", type=int, default=32)
     which.add_argument("--workloads", action="store_true", help="the reference workloads (GPU sizes), not the networks")

@@ -1,6 +1,6 @@
 """A call's host time: plain public calls of small layers against one empty kernel launch.
 
-    python -m bench.host [--rounds R] [--json PATH]
+    python -m bench host [--rounds R] [--json PATH]
 
 The floor is one launch of an empty kernel (one buffer argument, set once) through pyopencl on
 the same queue: what any OpenCL library pays per kernel. Against it, per layer and pass, the
@@ -85,7 +85,7 @@ def measure(styles, sync, rounds):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.host", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench host", description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--json", help="output path (default bench/results/<device>-host.json)")
     args = ap.parse_args(argv)

@@ -1,7 +1,7 @@
 """Data-parallel steps over MPI ranks with the gradient reductions overlapped with the backward
 pass and without, alternating in one run.
 
-    mpiexec -n 2 python -m bench.mpi [--width C] [--layers L] [--batch N] [--steps S] [--json PATH]
+    mpiexec -n 2 python -m bench mpi [--width C] [--layers L] [--batch N] [--steps S] [--json PATH]
 
 Every rank runs L 3x3 convolutions of C channels on its share of N images of 28x28 (forward,
 backward, the reduction of every layer's gradients by clconv.mpi.DataParallel); rank 0 prints
@@ -24,7 +24,7 @@ from clconv.spread import counts
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.mpi", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench mpi", description=__doc__.splitlines()[0])
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--batch", type=int, default=8)

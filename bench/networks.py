@@ -1,9 +1,9 @@
 """The networks benchmark: every convolution of six torchvision networks, clconv against PyTorch.
 
-    python -m bench.networks [--networks a,b] [--batch N] [--device SPEC] [--budget S] [--rounds R]
+    python -m bench networks [--networks a,b] [--batch N] [--device SPEC] [--budget S] [--rounds R]
                              [--layers PATTERNS] [--limit N] [--json PATH] [--plot PNG] [--profile] [--graph]
 
-The layers are bench/networks.json (made by bench/network_layers.py): each distinct Conv2d of
+The layers are bench/networks.json (made by tools/network_layers.py): each distinct Conv2d of
 resnet50, mobilenet_v2, efficientnet_b0, convnext_tiny, regnet_y_400mf and inception_v3 at a
 224x224 input, with how often each network runs it. For every layer and pass (forward,
 grad-input, grad-weight) it times clconv's plain public call (clconv.conv2d, conv2d_input,
@@ -368,7 +368,7 @@ def slug(name):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.networks", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench networks", description=__doc__.splitlines()[0])
     ap.add_argument("--networks", help="comma-separated subset (default: all in the layers file)")
     ap.add_argument("--batch", type=int, help="images per call (default 32 on a GPU, 8 on a CPU device)")
     ap.add_argument("--device", help="OpenCL device, as CLCONV_DEVICE takes it (e.g. pocl, nvidia, 0:1)")

@@ -1,6 +1,6 @@
 """Where each pass spends its device time: OpenCL profiling events per kernel.
 
-    python -m bench.profile [--workload NAME ...] [--size cpu|gpu] [--algorithm NAME]
+    python -m bench profile [--workload NAME ...] [--size cpu|gpu] [--algorithm NAME]
 
 Runs every pass once to warm up, then in a burst of back-to-back calls on a profiling queue
 (:func:`device_time`, which bench.networks and bench.host use too), and sums the device time of
@@ -79,7 +79,7 @@ def profile(w, size, queue, algorithm="auto"):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench profile", description=__doc__.splitlines()[0])
     ap.add_argument("--workload", action="append")
     ap.add_argument("--size", choices=("cpu", "gpu"))
     ap.add_argument("--algorithm", default="auto", help="force an algorithm (see clconv.plan)")

@@ -1,7 +1,7 @@
 """Benchmark clconv on the reference workloads, side by side with its peers.
 
-    python -m bench [--workload NAME ...] [--size cpu|gpu] [--repeat R] [--json PATH] [--no-peers | --torch-only]
-                    [--algorithm NAME] [--queues single|per-group] [--plot PNG]
+    python -m bench workloads [--workload NAME ...] [--size cpu|gpu] [--repeat R] [--json PATH]
+                              [--no-peers | --torch-only] [--algorithm NAME] [--queues single|per-group] [--plot PNG]
 
 For every workload in bench/workloads.json (the 'gpu' sizes on a GPU, else the
 'cpu' sizes) and every pass: warm-up runs (excluding kernel builds), then
@@ -240,7 +240,7 @@ def geomean(values):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench workloads", description=__doc__.splitlines()[0])
     ap.add_argument("--workload", action="append", help="run only these workloads (repeatable)")
     ap.add_argument("--size", choices=("cpu", "gpu"), help="workload sizes (default: by device type)")
     ap.add_argument("--repeat", type=int, default=10, help="timed runs per pass (default 10)")

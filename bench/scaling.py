@@ -1,9 +1,9 @@
 """Scaling with cores: the ten reference workloads and the GEMM benchmark on a CPU device with
 2, 4, 8, ... threads, the peers given the same number.
 
-    python -m bench.scaling [--threads 2,4,8,16] [--repeat R] [--json PATH]
+    python -m bench scaling [--threads 2,4,8,16] [--repeat R] [--json PATH]
 
-Each thread count runs `python -m bench --torch-only` and `python -m bench.gemm --engine
+Each thread count runs `python -m bench workloads --torch-only` and `python -m bench gemm --engine
 clconv-cpu` in child processes, since thread pools are sized when a runtime starts: PoCL's
 (POCL_MAX_PTHREAD_COUNT in PoCL 3.0, POCL_CPU_MAX_CU_COUNT in later releases; both are set),
 PyTorch's and NumPy's BLAS's (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS). Reported
@@ -52,8 +52,9 @@ def gemm_summary(record):
 def run(threads, repeat, scratch):
     env = dict(os.environ, **{v: str(threads) for v in THREAD_VARIABLES})
     ten, gemm = scratch / f"ten-{threads}.json", scratch / f"gemm-{threads}.json"
-    for args in (["bench", "--torch-only", "--repeat", str(repeat), "--json", str(ten)],
-                 ["bench.gemm", "--engine", "clconv-cpu", "--repeat", str(max(3, repeat // 2)), "--json", str(gemm)]):
+    for args in ([__package__, "workloads", "--torch-only", "--repeat", str(repeat), "--json", str(ten)],
+                 [__package__, "gemm", "--engine", "clconv-cpu", "--repeat", str(max(3, repeat // 2)), "--json",
+                  str(gemm)]):
         subprocess.run([sys.executable, "-m", *args], env=env, check=True, stdout=subprocess.DEVNULL)
     ten_record, gemm_record = json.loads(ten.read_text()), json.loads(gemm.read_text())
     return {"threads": threads, "device": ten_record["device"], "ten": ten_summary(ten_record),
@@ -61,7 +62,7 @@ def run(threads, repeat, scratch):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench scaling", description=__doc__.splitlines()[0])
     ap.add_argument("--threads", default="2,4,8,16", help="comma-separated thread counts (default 2,4,8,16)")
     ap.add_argument("--repeat", type=int, default=6, help="timed runs per pass (default 6)")
     ap.add_argument("--json", help="write the results here")

@@ -1,7 +1,7 @@
 """Large single images, whose workspace exceeds the budget, against the same layer over a batch
 of smaller images with the same pixels (about the same FLOPs).
 
-    python -m bench.tiles [--json PATH] [--no-check]
+    python -m bench tiles [--json PATH] [--no-check]
 
 The cases are the device type's: on CPU devices 1x64x2048x2048 (3x3, stride 2) and
 1x32x3000x3000 (3x3); on GPUs 1x64x5800x5800 (3x3, 8 filters). Each pass of the large image
@@ -81,7 +81,7 @@ def _check(host, stride, padding, block=64):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.tiles", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench tiles", description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="output path (default bench/results/<device>-tiles.json)")
     ap.add_argument("--no-check", action="store_true", help="skip the comparison with PyTorch")
     args = ap.parse_args(argv)

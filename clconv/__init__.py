@@ -4,7 +4,7 @@ Our own OpenCL kernels (im2col/col2im, Winograd transforms, direct grouped convo
 CLBlast GEMM, on pyopencl arrays.
 """
 from . import nn, reference
-from .device import default_context, default_queue, device_queues, sub_device_queues
+from .device import DeviceNotFound, default_context, default_queue, device_queues, pick_device, sub_device_queues
 from .functional import conv2d, conv2d_bias, conv2d_input, conv2d_weight
 from .geometry import ConvGeometry, conv_geometry, normalize_padding, output_size
 from .graph import Graph, graph
@@ -13,11 +13,12 @@ from .planner import plan
 from .prepare import prepare
 from .programs import ClconvError
 from .transpose import conv_transpose2d, conv_transpose2d_input, conv_transpose2d_weight
-from .memory import free_memory, memory_stats
+from .memory import free_memory, memory_pool, memory_stats
 
 __version__ = "0.1.0"
 
 __all__ = ["conv2d", "conv2d_input", "conv2d_weight", "conv2d_bias", "conv_transpose2d", "conv_transpose2d_input",
            "conv_transpose2d_weight", "nn", "plan", "Plan", "prepare", "reference",
-           "default_context", "default_queue", "device_queues", "sub_device_queues", "ClconvError", "ConvGeometry", "conv_geometry",
-           "normalize_padding", "output_size", "free_memory", "memory_stats", "graph", "Graph"]
+           "default_context", "default_queue", "device_queues", "sub_device_queues", "pick_device", "DeviceNotFound",
+           "ClconvError", "ConvGeometry", "conv_geometry", "normalize_padding", "output_size", "free_memory",
+           "memory_pool", "memory_stats", "graph", "Graph"]

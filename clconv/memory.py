@@ -49,6 +49,14 @@ def pool(queue):
     return entry[1]
 
 
+def memory_pool(queue):
+    """The pyopencl ``MemoryPool`` that clconv takes results and workspaces from for work on
+    ``queue`` (created on first use). Pass it as ``allocator=`` to arrays of your own on that
+    queue (``pyopencl.array.empty(queue, shape, dtype, allocator=clconv.memory_pool(queue))``) and
+    they share its blocks, as tensors share PyTorch's caching allocator."""
+    return pool(queue)
+
+
 def allocate(queue, nbytes, what="", allocator=None):
     """A buffer of ``nbytes`` for work on ``queue``, from ``allocator`` or the queue's pool;
     a driver failure re-raised with ``what`` it was for."""

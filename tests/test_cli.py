@@ -98,9 +98,10 @@ def test_tuning_cache_round_trip_across_processes(tmp_path):
     out = run(["-m", "clconv", "tune", "--workload", "depthwise_s2"], env=env)
     assert "depthwise_s2" in out and str(tmp_path) in out
     entries = json.loads((tmp_path / "tuning.json").read_text())["entries"]
-    entries = {k: v for k, v in entries.items() if not k.startswith("selfcheck|")}   # (known-answer verdicts)
+    # (known-answer verdicts and the build probe's are stored there too)
+    entries = {k: v for k, v in entries.items() if not k.startswith(("selfcheck|", "buildcheck|"))}
     assert len(entries) == 3 and all(e["algorithm"] in ("direct", "im2col") for e in entries.values())
-    explain = run(["-c", "import clconv; from clconv.cli import _workload_geometries; q = clconv.default_queue(); "
+    explain = run(["-c", "import clconv; from clconv.apps.cli import _workload_geometries; q = clconv.default_queue(); "
                          "name, g = next(_workload_geometries(['depthwise_s2'], q.device)); "
                          "print(clconv.plan(g.input_shape, g.weight_shape, g.stride, g.pads, g.dilation, g.groups, "
                          "queue=q).explain())"], env=env)
@@ -139,3 +140,45 @@ def test_autotune_times_on_first_use_and_stores(tmp_path, monkeypatch, queue):
     x = np.ones((2, 4, 9, 8), np.float32)
     w = np.ones((8, 2, 3, 3), np.float32)
     np.testing.assert_allclose(p.forward(x, w), clconv.reference.conv2d(x, w, padding=1, groups=2), rtol=1e-5)
+
+
+def test_bench_has_one_entry_point_naming_every_benchmark():
+    """python -m bench lists its benchmarks, each a module with main(argv); an unknown name is said
+    with exit status 2."""
+    from clconv.bench.__main__ import BENCHMARKS
+    out = run(["-m", "bench", "--help"])
+    assert all(f"  {name} " in out for name in BENCHMARKS)
+    for module, _ in BENCHMARKS.values():
+        assert (ROOT / "bench" / f"{module}.py").is_file() and "def main(argv=None)" in \
+            (ROOT / "bench" / f"{module}.py").read_text(), module
+    proc = subprocess.run([sys.executable, "-m", "bench", "no-such-benchmark"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 2 and "invalid choice: 'no-such-benchmark'" in proc.stderr
+
+
+# what the apps may import from clconv: the names of its __all__ and these documented modules
+PUBLIC_MODULES = {"clconv.nn", "clconv.reference", "clconv.mpi", "clconv.tools", "clconv.bench"}
+
+
+def test_apps_use_the_public_api_only():
+    """clconv/apps/ (the command line, the demo, the training example) imports from clconv only
+    what clconv.__all__ names and the public modules, and uses no other clconv.<name>."""
+    import ast
+    import re
+    for path in (ROOT / "clconv" / "apps").glob("*.py"):
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                assert node.level == 1 and all(a.name in ("cli", "demo", "digits") for a in node.names), \
+                    f"{path.name}: a relative import reaches outside clconv.apps"
+            elif isinstance(node, ast.ImportFrom) and node.module.split(".")[0] == "clconv":
+                for alias in node.names:
+                    public = alias.name in clconv.__all__ or f"clconv.{alias.name}" in PUBLIC_MODULES
+                    ok = (node.module == "clconv" and public) or \
+                        any(node.module == m or node.module.startswith(m + ".") for m in PUBLIC_MODULES)
+                    assert ok, f"{path.name}: from {node.module} import {alias.name}"
+            elif isinstance(node, ast.Import):
+                assert all(a.name == "clconv" or not a.name.startswith("clconv") for a in node.names), path.name
+        for name in re.findall(r"\bclconv\.(\w+)", source):
+            assert name in clconv.__all__ or f"clconv.{name}" in PUBLIC_MODULES or name in ("apps", "demo"), \
+                f"{path.name}: clconv.{name}"

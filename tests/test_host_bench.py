@@ -1,4 +1,4 @@
-"""The host-time benchmark (python -m bench.host): its results are checked, and the launches it
+"""The host-time benchmark (python -m bench host): its results are checked, and the launches it
 counts from profiling events are the ones the plan names."""
 import json
 

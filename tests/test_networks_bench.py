@@ -1,4 +1,4 @@
-"""The networks benchmark (python -m bench.networks): its layers file is consistent, its core
+"""The networks benchmark (python -m bench networks): its layers file is consistent, its core
 runs on a few tiny layers and writes the JSON it promises, and its correctness check catches
 a wrong result. Needs PyTorch (the benchmark's peer) except for the layers-file test."""
 import json
@@ -103,7 +103,7 @@ def test_a_wrong_result_fails_the_check(tiny, queue, monkeypatch):
 
 @pytest.mark.whole_program
 def test_gemm_tiles_times_a_layers_gemms_with_each_tile(data, tmp_path, monkeypatch):
-    """python -m bench.gemm_tiles on one small 1x1 layer with two tiles: every GEMM of its three
+    """python -m bench gemm-tiles on one small 1x1 layer with two tiles: every GEMM of its three
     passes is timed with both, and the rule's pick is one of them."""
     from clconv.bench import gemm_tiles
     from clconv.gemm.gemm_gpu import Tile

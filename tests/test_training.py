@@ -1,11 +1,11 @@
-"""A whole network through training (clconv/digits.py) against PyTorch step by step, and
+"""A whole network through training (clconv/apps/digits.py) against PyTorch step by step, and
 weights moved between PyTorch models and clconv.nn modules."""
 import numpy as np
 import pyopencl.array as cla
 import pytest
 
 import clconv
-from clconv import digits
+from clconv.apps import digits
 from helpers import assert_close
 
 torch = pytest.importorskip("torch", reason="PyTorch (the `bench` extra, which `make test` installs) is absent")

@@ -1,6 +1,6 @@
 """Soak test: many mixed calls, memory must stay flat.
 
-    python -m bench.soak [--calls 10000] [--check-every 50]
+    python tests/soak.py [--calls 10000] [--check-every 50]
 
 Draws configurations from a fixed pool of random valid ones (so caches stay
 bounded), runs a random pass on each call (forward, grad-input, grad-weight,
@@ -54,7 +54,7 @@ def pool(rng, size):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python tests/soak.py", description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=10000)
     ap.add_argument("--check-every", type=int, default=50)
     ap.add_argument("--pool", type=int, default=40)

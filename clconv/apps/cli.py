@@ -1,7 +1,10 @@
-"""python -m clconv {info, bench, tune, tune-gemm, train-digits, probe, check}: the command line."""
+"""python -m clconv {info, bench, tune, tune-gemm, train-digits, probe, check}: the command line.
+
+It uses clconv's public API only: what it prints about devices, checks and tuning comes from
+:mod:`clconv.tools`; ``bench`` runs the workloads benchmark (``clconv.bench``, shipped with the
+package), ``train-digits`` the training example (:mod:`clconv.apps.digits`).
+"""
 import argparse
-import functools
-import importlib
 import json
 import os
 import sys
@@ -11,13 +14,9 @@ import numpy as np
 import pyopencl as cl
 from tqdm import tqdm
 
-from . import digits, probe, reference, selfcheck, tuner, tuning
-from .device import DeviceNotFound, default_queue, has_fp16, has_fp64, pick_device, pocl_version
-from .functional import conv2d_bias
-from .gemm import choose as choose_gemm, clblast_params
-from .geometry import PASSES, conv_geometry
-from .plan import Plan
-from .programs import ClconvError
+from clconv import ClconvError, DeviceNotFound, conv2d_bias, conv_geometry, default_queue, pick_device, reference, tools
+
+from . import digits
 
 
 def cmd_info(args):
@@ -31,16 +30,16 @@ def cmd_info(args):
         for di, d in enumerate(devices):
             kind = cl.device_type.to_string(d.type)
             print(f"  device {pi}:{di}: {d.name.strip()} [{kind}], driver {d.driver_version}")
-            builds, line = probe.check(d)
-            if not builds:
-                print(f"    cannot build kernels: {line}")
+            facts = tools.device_facts(d)
+            if not facts["builds"]:
+                print(f"    cannot build kernels: {facts['build_error']}")
                 continue
             print(f"    compute units {d.max_compute_units}, global memory {d.global_mem_size / 2**30:.1f} GiB, "
                   f"max allocation {d.max_mem_alloc_size / 2**30:.2f} GiB, local memory {d.local_mem_size // 1024} KiB")
-            print(f"    fp64 (cl_khr_fp64): {'yes' if has_fp64(d) else 'no'}, "
-                  f"fp16 (cl_khr_fp16): {'yes' if has_fp16(d) else 'no'} "
+            print(f"    fp64 (cl_khr_fp64): {'yes' if facts['fp64'] else 'no'}, "
+                  f"fp16 (cl_khr_fp16): {'yes' if facts['fp16'] else 'no'} "
                   "(float16 arrays run either way: stored as half, computed in float32)")
-            verdicts = selfcheck.stored(d)
+            verdicts = facts["checks"]
             passed = sorted(f"{a} ({e}, {t})" for (t, a, e), (ok, _) in verdicts.items() if ok)
             failed = sorted(f"{a} ({e}, {t}): {m}" for (t, a, e), (ok, m) in verdicts.items() if not ok)
             print(f"    known-answer checks passed: {', '.join(passed) or 'none stored yet'}")
@@ -52,30 +51,23 @@ def cmd_info(args):
         print(f"no default device: {exc}", file=sys.stderr)
         return 2
     print(f"default device: {device.name.strip()} on {device.platform.name} ({why})")
-    pocls = [p for p in cl.get_platforms() if pocl_version(p)]
+    pocls = tools.pocl_versions()
     if len(pocls) > 1:
-        print(f"PoCL: {len(pocls)} installed ({', '.join('.'.join(map(str, pocl_version(p))) for p in pocls)}); "
+        print(f"PoCL: {len(pocls)} installed ({', '.join('.'.join(map(str, v)) for v in pocls)}); "
               "CLCONV_DEVICE=pocl and the default take the newest that builds kernels")
     print("known-answer checks run the first time an algorithm is used on a device (python -m clconv check "
-          "runs them all now); CLCONV_SELFCHECK=0 turns them off" if selfcheck.enabled() else
+          "runs them all now); CLCONV_SELFCHECK=0 turns them off" if tools.checks_enabled() else
           "known-answer checks are off (CLCONV_SELFCHECK=0)")
     return 0
 
 
-def bench_module(name):
-    """clconv.bench.<name> of an installed copy, else bench.<name> of the source tree."""
-    try:
-        return importlib.import_module(f"clconv.bench.{name}")
-    except ModuleNotFoundError:
-        return importlib.import_module(f"bench.{name}")
-
-
 def cmd_bench(args):
-    return bench_module("run").main(args.rest)   # its own options: python -m clconv bench --help
+    from clconv.bench import run   # imported when asked for: the benchmark's peers are heavy
+    return run.main(args.rest)   # its own options: python -m clconv bench --help
 
 
 def _workload_geometries(names, device):
-    load_workloads = bench_module("run").load_workloads
+    from clconv.bench.run import load_workloads   # the benchmark's workloads (bench/workloads.json)
     size = "gpu" if device.type & cl.device_type.GPU else "cpu"
     chosen = [w for w in load_workloads() if not names or w["name"] in names]
     if names and len(chosen) != len(set(names)):
@@ -89,22 +81,22 @@ def _workload_geometries(names, device):
 def cmd_tune(args):
     queue = default_queue()
     work = list(_workload_geometries(args.workload, queue.device))
-    steps = sum(len(tuner.candidates(g)) * len(PASSES) for _, g in work)
+    steps = tools.tune_steps([g for _, g in work])
     with tqdm(total=steps, desc="tuning", unit="run", file=sys.stderr) as bar:
         for name, g in work:
-            results = tuner.tune(g, np.float32, queue, progress=bar.update)
+            results = tools.tune(g, np.float32, queue, progress=bar.update)
             for pass_name, r in results.items():
                 timings = ", ".join(f"{k} {v:.3f}" for k, v in sorted(r["timings"].items(), key=lambda kv: kv[1]))
                 tqdm.write(f"{name:16s} {pass_name:16s} -> {r['algorithm']}/{r['queues']} ({timings} ms)",
                            file=sys.stdout)
-    print(f"stored in {tuning.cache_path()}")
+    print(f"stored in {tools.tuning_cache_path()}")
     return 0
 
 
 def cmd_tune_gemm(args):
     queue = default_queue()
     geometries = [g for _, g in _workload_geometries(args.workload, queue.device)]
-    steps = sum(len(clblast_params.CANDIDATES[k]) for k in clblast_params.PARAMETERS)
+    steps = tools.tune_gemm_steps()
     with tqdm(total=steps, desc="tuning CLBlast GEMM", unit="set", file=sys.stderr) as bar:
         def progress(name, result):
             bar.update()
@@ -113,14 +105,14 @@ def cmd_tune_gemm(args):
         # GPU passes take milliseconds: time batches of 10 back-to-back calls; CPU ones need no batching
         batch = 10 if queue.device.type & cl.device_type.GPU else 1
         try:
-            entry = tuner.tune_gemm(geometries, queue, batch=batch, progress=progress)
-        except clblast_params.NothingToTune as exc:   # nothing to tune here, or this process already applied parameters
+            entry = tools.tune_gemm(geometries, queue, batch=batch, progress=progress)
+        except tools.NothingToTune as exc:   # nothing to tune here, or this process already applied parameters
             print(f"tune-gemm: {exc}", file=sys.stderr)
             return 1
     print(f"{len(entry['default_ms'])} GEMM passes of {len(geometries)} workload(s): geometric mean time ratio "
           f"of the tuned parameters to CLBlast's own {entry['score']}")
-    kept = ", ".join(entry["overrides"]) or f"none (their score is not below {clblast_params.GEMM_GAIN})"
-    print(f"stored overrides: {kept}; in {tuning.cache_path()}")
+    kept = ", ".join(entry["overrides"]) or f"none (their score is not below {tools.GEMM_GAIN})"
+    print(f"stored overrides: {kept}; in {tools.tuning_cache_path()}")
     return 0
 
 
@@ -153,37 +145,26 @@ def cmd_train_digits(args):
 
 def cmd_probe(args):
     """Whether the device (CLCONV_DEVICE's, else the default) builds and runs kernels, asked anew
-    (:mod:`clconv.probe`): exit status 0, else 1 with the compiler's line."""
+    (:func:`clconv.tools.probe_device`): exit status 0, else 1 with the compiler's line."""
     device, why = pick_device()
-    builds, line = probe.check(device, fresh=True)
-    print(f"{probe.describe(device)} ({why}): " + ("builds kernels" if builds else f"cannot build kernels: {line}"))
+    builds, line, name = tools.probe_device(device)
+    print(f"{name} ({why}): " + ("builds kernels" if builds else f"cannot build kernels: {line}"))
     return 0 if builds else 1
 
 
 def cmd_check(args):
-    """Whether the device builds kernels (:mod:`clconv.probe`), then every algorithm's
-    known-answer cases (:data:`clconv.selfcheck.CASES`), both anew, on the plans' GEMM engine, and im2col also on CLBlast and on per-group queues; the engines' verdicts are
-    stored as the first use of an algorithm would store them."""
+    """Whether the device builds kernels, then every algorithm's known-answer cases, both anew
+    (:func:`clconv.tools.check`), and grad-bias against the NumPy reference."""
     queue = default_queue()
-    builds, line = probe.check(queue.device, fresh=True)   # anew, as the verdicts below
-    if not builds:
-        raise ClconvError(f"clconv: {probe.describe(queue.device)} cannot build kernels: {line}")
     dtype = np.dtype(args.dtype)
-    own, _ = choose_gemm(queue.device)
+    own, rows = tools.check(queue, dtype)
     print(f"checking every pass in {dtype} against the NumPy reference on {queue.device.name.strip()} "
           f"(GEMMs on {own})")
-    unchecked = functools.partial(Plan, selfcheck=False)
     failed = 0
-    runs = [(a, own, "single", "") for a in dict.fromkeys(case[0] for case in selfcheck.CASES)]
-    runs += [("im2col", "clblast", "single", " CLBlast-GEMM"), ("im2col", own, "per-group", " per-group")]
-    for algorithm, engine, queues, suffix in runs:
-        results = selfcheck.run(unchecked, queue, algorithm, engine, dtype, queues)
-        if queues == "single":
-            selfcheck.store(queue.device, algorithm, engine, dtype, results)
-        for label, pass_name, err, ok, message in results:
-            failed += not ok
-            shown = f"normalised max error {err:.1e}" if err is not None else message.splitlines()[0]
-            print(f"  {label + suffix:28s} {pass_name:12s} {shown}  {'ok' if ok else 'FAILED'}")
+    for label, pass_name, err, ok, message in rows:
+        failed += not ok
+        shown = f"normalised max error {err:.1e}" if err is not None else message.splitlines()[0]
+        print(f"  {label:28s} {pass_name:12s} {shown}  {'ok' if ok else 'FAILED'}")
     dy = np.random.default_rng(1).standard_normal((3, 5, 4, 7)).astype(dtype)
     err = float(reference.normalised_error(conv2d_bias(dy), reference.conv2d_bias(dy)))
     ok = err <= reference.TOLERANCE[dtype]
@@ -211,7 +192,8 @@ def main(argv=None):
     digits.add_argument("--batch", type=int, default=32, help="images per SGD step")
     digits.add_argument("--lr", type=float, default=0.05)
     digits.add_argument("--momentum", type=float, default=0.9)
-    digits.add_argument("--plot", default="digits-training.png", help="PNG of loss and accuracy per epoch ('' for none)")
+    digits.add_argument("--plot", default="digits-training.png",
+                        help="PNG of loss and accuracy per epoch ('' for none)")
     digits.add_argument("--json", help="write the loss and accuracy per epoch and the seconds to this file")
     digits.add_argument("--mpi", action="store_true", help="average the gradients over the MPI ranks (the default "
                                                            "when started by mpiexec with more than one process)")

@@ -13,7 +13,7 @@ network is made of :class:`clconv.nn.Conv2d` modules only, one of each kind user
 Every ReLU is fused into its convolution's forward (bias and ReLU as the output is written).
 Softmax cross-entropy, its gradient, the accuracy count, their sums and SGD with momentum run
 as OpenCL kernels through pyopencl's elementwise tools; the host reads back only the loss and
-accuracy it prints (one number each per epoch).
+accuracy it prints (one number each per epoch). Built on clconv's public API only.
 """
 import time
 
@@ -22,10 +22,9 @@ import pyopencl.array as cla
 from pyopencl.elementwise import ElementwiseKernel
 from pyopencl.tools import context_dependent_memoize
 
-from . import memory, nn
-from .device import default_queue
-from .spread import counts
-from .validate import queue_context
+import clconv
+from clconv import default_queue, nn
+from clconv.mpi import DataParallel
 
 CLASSES = 10
 SIDE = 8
@@ -170,8 +169,14 @@ def cross_entropy(logits, labels):
 
 
 def _empty(queue, shape, dtype):
-    """A new array from the queue's memory pool, as clconv's own results are (no buffer per step)."""
-    return memory.empty(queue, queue_context(queue), tuple(shape), np.dtype(dtype))
+    """A new array from clconv's memory pool of the queue, as clconv's own results are (no buffer per step)."""
+    return cla.empty(queue, tuple(shape), dtype, allocator=clconv.memory_pool(queue))
+
+
+def shares(total, ranks):
+    """``total`` images cut into ``ranks`` shares as even as can be, the first ranks taking one more."""
+    each, more = divmod(total, ranks)
+    return [each + (r < more) for r in range(ranks)]
 
 
 def _sum(x):
@@ -208,7 +213,6 @@ def train(epochs=30, batch_size=32, lr=0.05, momentum=0.9, seed=0, queue=None, p
     net = DigitsNet(queue, seed=seed)
     dp = None
     if comm is not None and comm.Get_size() > 1:
-        from .mpi import DataParallel
         dp = DataParallel(net.layers, comm, overlap)
         progress = progress and dp.rank == 0
     rng = np.random.default_rng(seed)
@@ -221,7 +225,7 @@ def train(epochs=30, batch_size=32, lr=0.05, momentum=0.9, seed=0, queue=None, p
         for b0 in tqdm(starts, desc=f"epoch {epoch + 1}/{epochs}", unit="batch", disable=not progress, leave=False):
             b1 = min(b0 + batch_size, len(ytr))
             if dp is not None:   # this rank's share of the batch, as even as the ranks allow
-                cut = np.cumsum([0] + counts(b1 - b0, [1] * dp.size))
+                cut = np.cumsum([0] + shares(b1 - b0, dp.size))
                 b0, b1 = b0 + int(cut[dp.rank]), b0 + int(cut[dp.rank + 1])
             x, y = batch(queue, images, labels, order[b0:b1])
             total += net.step(x, y, lr, momentum, dp)

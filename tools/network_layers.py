@@ -1,4 +1,4 @@
-"""Regenerate bench/networks.json, the layers of the networks benchmark (``python -m bench.networks``).
+"""Regenerate bench/networks.json, the layers of the networks benchmark (``python -m bench networks``).
 
 Every torch.nn.Conv2d that runs in a forward pass of six torchvision networks (resnet50,
 mobilenet_v2, efficientnet_b0, convnext_tiny, regnet_y_400mf, inception_v3; built with
@@ -9,8 +9,8 @@ torchvision is needed here and nowhere else. Run it in any environment where tor
 imports, from the repository root, e.g.:
 
     python3 -m venv /tmp/tvenv && /tmp/tvenv/bin/pip install torch torchvision
-    /tmp/tvenv/bin/python bench/network_layers.py            # writes bench/networks.json
-    /tmp/tvenv/bin/python bench/network_layers.py --out other.json
+    /tmp/tvenv/bin/python tools/network_layers.py            # writes bench/networks.json
+    /tmp/tvenv/bin/python tools/network_layers.py --out other.json
 
 (networks.json was made with torch 2.14.1 and torchvision 0.29.1.)
 
@@ -22,17 +22,11 @@ are of the convolutions an inference pass runs.
 """
 import argparse
 import json
-import sys
 from pathlib import Path
-
-# Run as a script, this folder is sys.path[0], where bench/profile.py would hide the standard
-# library's profile module that torch imports: take the folder off the path.
-if __name__ == "__main__" and sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    del sys.path[0]
 
 NETWORKS = ("resnet50", "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "regnet_y_400mf", "inception_v3")
 IMAGE = (1, 3, 224, 224)
-OUT = Path(__file__).resolve().parent / "networks.json"
+OUT = Path(__file__).resolve().parents[1] / "bench" / "networks.json"
 
 
 def build(name):
@@ -103,7 +97,7 @@ def collect(networks=NETWORKS):
                      "1x3x224x224 image (weights=None; inception_v3 without its AuxLogits branch, which eval mode "
                      "does not run). Per layer: input C, H, W per image, filters K, kernel kh x kw, stride, "
                      "padding and dilation as (h, w), groups, output OH x OW, and {network: occurrences}. "
-                     "Made by bench/network_layers.py; read by python -m bench.networks.",
+                     "Made by tools/network_layers.py; read by python -m bench networks.",
             "input": list(IMAGE), "torch": torch.__version__, "torchvision": torchvision.__version__,
             "networks": per_network, "layers": list(layers.values())}
 
