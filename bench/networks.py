@@ -30,6 +30,13 @@ bench/results/<device>-networks-b<batch>.json. Exit status 1 if a result was wro
 --graph also times each pass recorded once in a clconv.graph() and replayed (its launches alone,
 as a recorded network runs them; the result checked too), in the same alternating rounds, and
 reports its ratio against PyTorch's plain call beside the plain call's.
+
+--first-calls measures only clconv's first calls, as a network's first step pays them: each
+selected layer's three passes once, in order, in new processes: cold (empty caches: clconv's
+tuning cache with its known-answer verdicts, pyopencl's binary cache, PoCL's and NVIDIA's kernel
+caches), cold after clconv.prepare() over the layers, and warm (the first run's caches). It
+reports each run's total, the programs built and their build time, per kernel file, and writes
+bench/results/<device>-networks-b<batch>-first-calls.json.
 """
 import argparse
 import datetime
@@ -39,8 +46,11 @@ import os
 import platform
 import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +60,7 @@ from tqdm import tqdm
 
 import clconv
 from clconv.geometry import PASSES, conv_geometry
+from clconv.programs import builds
 from clconv.reference import TOLERANCE, normalised_error
 
 from . import peers
@@ -226,6 +237,65 @@ def run_layers(layers, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, progress=
     return results
 
 
+FIRST_CALL_RUNS = (("cold", False), ("cold, prepared", True), ("warm", False))   # (caches, clconv.prepare first)
+
+
+def cache_env(folder):
+    """Environment variables that put every kernel and tuning cache under ``folder``."""
+    return {"XDG_CACHE_HOME": str(folder), "CLCONV_CACHE_DIR": str(Path(folder) / "clconv"),
+            "POCL_CACHE_DIR": str(Path(folder) / "pocl"), "CUDA_CACHE_PATH": str(Path(folder) / "nv")}
+
+
+def layer_shapes(layer, batch):
+    g = geometry(layer, batch)
+    return g.input_shape, g.weight_shape, options(layer)
+
+
+def first_calls_run(layers, batch, queue, prepared):
+    """One process's first calls: {"prepare_s", "first_calls_s", "total_s", "builds", "build_s",
+    "by_file"} over ``layers`` (each layer's passes once, in order), with clconv.prepare() over
+    them first where ``prepared``."""
+    start = time.perf_counter()
+    if prepared:
+        clconv.prepare([layer_shapes(layer, batch) for layer in layers], queue=queue)
+    prepare_s = time.perf_counter() - start
+    first_s = 0.0
+    for layer in layers:
+        xs, ws, opts = layer_shapes(layer, batch)
+        x, w = cla.zeros(queue, xs, np.float32), cla.zeros(queue, ws, np.float32)
+        queue.finish()
+        calls = (lambda: clconv.conv2d(x, w, **opts), lambda: clconv.conv2d_input(xs, w, y, **opts),
+                 lambda: clconv.conv2d_weight(x, ws, y, **opts))
+        for call in calls:
+            ms, result = first_call(call, queue.finish)
+            first_s += ms / 1e3
+            y = result if call is calls[0] else y
+    built = builds()
+    by_file = Counter()
+    for name, _ in built:
+        by_file[name] += 1
+    return {"prepare_s": prepare_s, "first_calls_s": first_s, "total_s": time.perf_counter() - start,
+            "builds": len(built), "build_s": sum(t for _, t in built), "by_file": dict(sorted(by_file.items()))}
+
+
+def first_calls(argv, device_name, batch):
+    """Run FIRST_CALL_RUNS, each a new process (this module with --first-calls-child); their records."""
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="clconv-first-calls-") as folder:
+        for caches, prepared in FIRST_CALL_RUNS:
+            where = Path(folder) / ("prepared" if prepared else "plain")
+            out = Path(folder) / f"run-{len(runs)}.json"
+            child = [sys.executable, "-m", f"{__package__}.networks", *argv, "--first-calls-child", str(out), "--batch", str(batch)]
+            if prepared:
+                child.append("--prepare")
+            subprocess.run(child, check=True, env={**os.environ, **cache_env(where)})
+            runs.append({"caches": caches, "prepared": prepared, **json.loads(out.read_text())})
+            r = runs[-1]
+            print(f"{caches:15s} prepare {r['prepare_s']:7.1f} s  first calls {r['first_calls_s']:7.1f} s  "
+                  f"total {r['total_s']:7.1f} s  {r['builds']:4d} programs built in {r['build_s']:6.1f} s", flush=True)
+    return runs
+
+
 def summarise(results, networks, info):
     """Geometric means, per-network step and first-call times, the worst layer-passes, counts."""
     rows = [(r, p, d) for r in results for p, d in r["passes"].items()]
@@ -385,6 +455,10 @@ def main(argv=None):
                                                            "its device time by kernel and its launches")
     ap.add_argument("--graph", action="store_true", help="also time each pass recorded in a clconv.graph() and "
                                                          "replayed (a recorded network's launches alone)")
+    ap.add_argument("--first-calls", action="store_true", help="only clconv's first calls, cold, cold after "
+                    "clconv.prepare() and warm, each in a new process (see above)")
+    ap.add_argument("--first-calls-child", metavar="JSON", help=argparse.SUPPRESS)
+    ap.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="instead of measuring, combine runs of network subsets "
                     "on one device and batch (one device call each, say) into one record (--json, --plot)")
     args = ap.parse_args(argv)
@@ -392,10 +466,6 @@ def main(argv=None):
         return write(merge([json.loads(Path(f).read_text()) for f in args.merge], load_layers(args.file)),
                      Path(args.json or ap.error("--merge needs --json")), args.plot)
 
-    try:
-        import torch
-    except ImportError:
-        ap.error("PyTorch, the peer this benchmark compares with, is not installed (pip install clconv[bench])")
     data = load_layers(args.file)
     networks = args.networks.split(",") if args.networks else list(data["networks"])
     unknown = [n for n in networks if n not in data["networks"]]
@@ -409,6 +479,27 @@ def main(argv=None):
     queue = clconv.default_queue()
     device = queue.device
     batch = args.batch or (32 if device.type & cl.device_type.GPU else 8)
+    if args.first_calls_child:
+        record = first_calls_run(layers, batch, queue, args.prepare)
+        Path(args.first_calls_child).write_text(json.dumps(record))
+        return 0
+    if args.first_calls:
+        argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--first-calls"]
+        print(f"first calls: {device.platform.name} / {device.name}; batch {batch}; {len(layers)} layers x 3 passes",
+              flush=True)
+        record = {"date": datetime.date.today().isoformat(), "device": device.name, "platform": device.platform.name,
+                  "driver": device.driver_version, "batch": batch, "networks": networks,
+                  "layer_passes": 3 * len(layers), "host_cores": os.cpu_count(),
+                  "runs": first_calls(argv, device.name, batch)}
+        path = Path(args.json) if args.json else HERE / "results" / f"{slug(device.name)}-networks-b{batch}-first-calls.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1))
+        print(f"wrote {path}")
+        return 0
+    try:
+        import torch
+    except ImportError:
+        ap.error("PyTorch, the peer this benchmark compares with, is not installed (pip install clconv[bench])")
     print(f"device: {device.platform.name} / {device.name}; batch {batch}; {len(layers)} layers x 3 passes; "
           f"networks: {', '.join(networks)}", flush=True)
     results = run_layers(layers, batch, queue, args.budget, args.rounds, profile=args.profile, graph=args.graph)
