@@ -29,6 +29,11 @@ from .programs import BuildError, ClconvError, kernel_dir, outside_graph
 CASES = [
     ("im2col", "im2col", (2, 4, 9, 7), (6, 4, 3, 2), dict(stride=(2, 1), padding=((1, 0), (2, 1)))),
     ("im2col", "im2col grouped", (2, 4, 9, 7), (6, 2, 3, 3), dict(padding="same", groups=2, dilation=2)),
+    # across at stride 2: rows wide enough for whole vectors read two at a time and a last vector
+    # of three columns, and rows of fewer columns than one vector (forms that two PoCL releases
+    # compiled wrong, each its own)
+    ("im2col", "im2col strided across", (2, 3, 5, 37), (4, 3, 3, 2), dict(stride=(1, 2), padding=1)),
+    ("im2col", "im2col strided narrow", (2, 4, 6, 7), (6, 4, 3, 2), dict(stride=(1, 2), padding=1)),
     ("fc", "fc", (5, 6, 4, 3), (8, 3, 4, 3), dict(groups=2)),
     ("1x1", "1x1", (3, 6, 5, 7), (9, 2, 1, 1), dict(groups=3)),
     ("direct", "direct", (2, 6, 11, 9), (12, 1, 3, 3), dict(stride=2, padding=1, groups=6)),

@@ -163,10 +163,11 @@ __kernel void cnhw_to_nchw(__global const REAL* restrict src, const IDX src_off,
 #define VW 8
 #endif
 typedef union { REALV v; REAL s[VW]; } lanes;   // a vector and its values
-#if VW == 4             // twice VW, as a token (vload8, vload16)
-#define VW2 8
+// the even lanes of two vectors, lo's then hi's, named one by one
+#if VW == 4
+#define EVEN_LANES(lo, hi) ((REALV)((lo).s0, (lo).s2, (hi).s0, (hi).s2))
 #elif VW == 8
-#define VW2 16
+#define EVEN_LANES(lo, hi) ((REALV)((lo).s0, (lo).s2, (lo).s4, (lo).s6, (hi).s0, (hi).s2, (hi).s4, (hi).s6))
 #else
 #error "im2col_rows takes vectors of 4 or 8 values"
 #endif
@@ -205,7 +206,8 @@ void im2col_rows(__global const REAL* restrict x, const IDX x_off,
                     // device time of im2col's stride-2 forwards and grad-weights over the
                     // networks: 0.91x on PoCL, 0.89x on Intel's runtime count-weighted (RegNet's
                     // grouped 3x3 on 112x112 0.65x and 0.57x, the 3-channel stems 0.67-0.83x)
-                    v.v = CAT(vload, VW2)(0, xr + x0).even;
+                    const REALV lo = CAT(vload, VW)(0, xr + x0), hi = CAT(vload, VW)(0, xr + x0 + VW);
+                    v.v = EVEN_LANES(lo, hi);
                 } else if (x0 >= 0 && x0 + (VW - 1) * SW < W) {
                     for (int q = 0; q < VW; ++q) v.s[q] = xr[x0 + q * SW];
                 } else {
@@ -214,7 +216,8 @@ void im2col_rows(__global const REAL* restrict x, const IDX x_off,
                 if (ox0 + VW <= OW) {
                     for (int q = 0; q < VW; ++q) dst[ox0 + q] = v.s[q];
                 } else {
-                    for (int q = 0; q < OW - ox0; ++q) dst[ox0 + q] = v.s[q];
+                    for (int q = 0; q < VW; ++q)
+                        if (q < OW - ox0) dst[ox0 + q] = v.s[q];
                 }
             }
         }
