@@ -17,30 +17,31 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
-from .functional import conv2d, conv2d_input, conv2d_weight
+from .functional import conv2d, conv2d_bias, conv2d_input, conv2d_weight
 from .geometry import conv_geometry
+from .nn import Conv2d
 from .validate import pick_queue, queue_context
 
 OPTIONS = ("stride", "padding", "dilation", "groups")
 
 
 def _layer(item):
-    """(input shape, weight shape, options, dtype or None, queue or None) of one item of
-    :func:`prepare`'s ``layers``."""
+    """(input shape, weight shape, options, dtype or None, queue or None, module or None) of one
+    item of :func:`prepare`'s ``layers``."""
     first = item[0]
-    if hasattr(first, "weight") and hasattr(first, "stride"):   # (clconv.nn.Conv2d, input shape)
+    if isinstance(first, Conv2d):   # (clconv.nn.Conv2d, input shape)
         module, input_shape = item
-        if type(module).__name__ != "Conv2d":
-            raise TypeError(f"prepare takes clconv.nn.Conv2d modules, got {type(module).__name__}")
         options = {k: getattr(module, k) for k in OPTIONS}
-        return tuple(input_shape), tuple(module.weight.shape), options, module.dtype, module.queue
+        return tuple(input_shape), tuple(module.weight.shape), options, module.dtype, module.queue, module
+    if hasattr(first, "weight"):
+        raise TypeError(f"prepare takes clconv.nn.Conv2d modules, got {type(first).__name__}")
     input_shape, weight_shape, *rest = item
     options = dict(rest[0]) if rest else {}
     unknown = set(options) - set(OPTIONS)
     if unknown or len(rest) > 1:
         raise TypeError(f"a layer is (input shape, weight shape[, options]) with options among {OPTIONS}, "
                         f"got {item!r}")
-    return tuple(input_shape), tuple(weight_shape), options, None, None
+    return tuple(input_shape), tuple(weight_shape), options, None, None, None
 
 
 def prepare(layers, *, dtype=np.float32, queue=None, workers=None, progress=False):
@@ -50,31 +51,39 @@ def prepare(layers, *, dtype=np.float32, queue=None, workers=None, progress=Fals
     ``layers``: ``(input_shape, weight_shape)`` or ``(input_shape, weight_shape, options)``
     (``options``: stride, padding, dilation, groups as :func:`clconv.conv2d` takes them), or
     ``(module, input_shape)`` for a :class:`clconv.nn.Conv2d` (its own dtype and queue). Each
-    distinct layer's forward, grad-input and grad-weight run once on zeros, ``workers`` at a
+    distinct layer's forward (with a bias), grad-input, grad-weight and grad-bias run once on
+    zeros (a module's forward and backward, which add nothing to its gradients), ``workers`` at a
     time (default: the host's cores), on ``queue``'s context (default: the default queue's).
     Bad layers raise before anything runs. ``progress``: a progress bar on standard error.
     """
     work = {}
     for item in layers:
-        input_shape, weight_shape, options, own_dtype, own_queue = _layer(item)
+        input_shape, weight_shape, options, own_dtype, own_queue, module = _layer(item)
         conv_geometry(input_shape, weight_shape, *(options.get(k, d) for k, d in zip(OPTIONS, (1, 0, 1, 1))))
         layer_dtype, home = np.dtype(own_dtype or dtype), pick_queue(own_queue or queue)
-        key = (input_shape, weight_shape, repr(sorted(options.items())), layer_dtype, queue_context(home).int_ptr)
-        work.setdefault(key, (input_shape, weight_shape, options, layer_dtype, home))
+        key = (input_shape, weight_shape, repr(sorted(options.items())), layer_dtype, queue_context(home).int_ptr,
+               id(module))
+        work.setdefault(key, (input_shape, weight_shape, options, layer_dtype, home, module))
     if not work:
         return 0
     workers = max(1, min(len(work), workers or os.cpu_count() or 1))
     local = threading.local()
 
-    def run(input_shape, weight_shape, options, layer_dtype, home):
+    def run(input_shape, weight_shape, options, layer_dtype, home, module):
+        if module is not None:   # its own steps on zeros, which leave its gradients as they are
+            x = cla.zeros(module.queue, input_shape, layer_dtype)
+            module.backward(x, module.forward(x))
+            module.queue.finish()
+            return
         if getattr(local, "context", None) != queue_context(home):   # each worker its own queue (context kept)
             local.context = queue_context(home)
             local.queue = cl.CommandQueue(local.context, home.device)
         q = local.queue
-        x, w = (cla.zeros(q, s, layer_dtype) for s in (input_shape, weight_shape))
-        y = conv2d(x, w, queue=q, **options)
+        x, w, b = (cla.zeros(q, s, layer_dtype) for s in (input_shape, weight_shape, weight_shape[:1]))
+        y = conv2d(x, w, b, queue=q, **options)
         conv2d_input(input_shape, w, y, queue=q, **options)
         conv2d_weight(x, weight_shape, y, queue=q, **options)
+        conv2d_bias(y, queue=q)
         q.finish()
 
     bar = None

@@ -1,4 +1,4 @@
-"""python -m clconv {info, bench, tune, tune-gemm, train-digits, probe, check}: the command line.
+"""python -m clconv {info, bench, tune, tune-gemm, train-digits, warmup, probe, check}: the command line.
 
 It uses clconv's public API only: what it prints about devices, checks and tuning comes from
 :mod:`clconv.tools`; ``bench`` runs the workloads benchmark (``clconv.bench``, shipped with the
@@ -14,7 +14,8 @@ import numpy as np
 import pyopencl as cl
 from tqdm import tqdm
 
-from clconv import ClconvError, DeviceNotFound, conv2d_bias, conv_geometry, default_queue, pick_device, reference, tools
+from clconv import (ClconvError, DeviceNotFound, conv2d_bias, conv_geometry, default_queue, pick_device, prepare,
+                    reference, tools)
 
 from . import digits
 
@@ -143,6 +144,23 @@ def cmd_train_digits(args):
     return 0
 
 
+def cmd_warmup(args):
+    """clconv.prepare over the networks benchmark's layers (bench/networks.json, shipped with the
+    package): their plans, known-answer checks and kernels, built once on this machine's caches."""
+    from clconv.bench.networks import layer_shapes, load_layers, select   # the layers file and its reader
+    data = load_layers()
+    networks = args.networks.split(",") if args.networks else list(data["networks"])
+    unknown = [n for n in networks if n not in data["networks"]]
+    if unknown:
+        raise ValueError(f"unknown networks {unknown}; known: {list(data['networks'])}")
+    queue = default_queue()
+    batch = args.batch or (32 if queue.device.type & cl.device_type.GPU else 8)
+    layers = select(data, networks)
+    print(f"preparing {len(layers)} layers of {', '.join(networks)} at batch {batch} on {queue.device.name.strip()}")
+    prepare([layer_shapes(layer, batch) for layer in layers], queue=queue, progress=True)
+    return 0
+
+
 def cmd_probe(args):
     """Whether the device (CLCONV_DEVICE's, else the default) builds and runs kernels, asked anew
     (:func:`clconv.tools.probe_device`): exit status 0, else 1 with the compiler's line."""
@@ -199,6 +217,10 @@ def main(argv=None):
                                                            "when started by mpiexec with more than one process)")
     digits.add_argument("--no-overlap", action="store_true", help="with MPI: reduce every layer's gradients after "
                                                                   "the whole backward, not during it")
+    warmup = sub.add_parser("warmup", help="build the kernels of networks' layers ahead of their first calls "
+                                           "(clconv.prepare over bench/networks.json)")
+    warmup.add_argument("--networks", help="comma-separated subset (default: all six)")
+    warmup.add_argument("--batch", type=int, help="images per call (default 32 on a GPU, 8 on a CPU device)")
     sub.add_parser("probe", help="whether the device builds and runs kernels (exit status 1 if not)")
     check = sub.add_parser("check", help="quick self-test of every pass against the NumPy reference")
     check.add_argument("--dtype", choices=["float32", "float16", "float64"], default="float32")
@@ -209,7 +231,7 @@ def main(argv=None):
     if args.device:
         os.environ["CLCONV_DEVICE"] = args.device
     command = {"info": cmd_info, "bench": cmd_bench, "tune": cmd_tune, "tune-gemm": cmd_tune_gemm,
-               "train-digits": cmd_train_digits, "check": cmd_check,
+               "train-digits": cmd_train_digits, "warmup": cmd_warmup, "check": cmd_check,
                "probe": cmd_probe}[args.command]
     # what a user can mend (no such device, a dtype the device lacks, a bad option) is said in one
     # line, without a traceback; exit status 2, as argparse gives for a bad command line
