@@ -22,44 +22,23 @@ the workspace); with per-group queues, each group's GEMMs run on its own queue.
 An image whose workspace is above the budget runs in pieces: ranges of its tile rows, as
 many rows as the budget holds, through the same kernels (each told its first tile row);
 grad-weight adds the ranges' products in order, so its sum is fixed. On CPUs forward and
-grad-input cut an image so also where its workspace is above CPU_PIECE_BYTES (the caches).
+grad-input cut an image so also where its workspace is above rules.WINOGRAD_CPU_PIECE_BYTES (the caches).
 """
 
 import math
 
 import pyopencl as cl
 
+from .. import rules
 from ..bias import flags
 from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width, vectorizes_work_items
 from ..gemm import Operand as Op, gemm_cpu
 from ..programs import INT32_MAX, get_kernel, launch, reduction_work_group, work_group_limit
-from .partials import MAX_SLICES, MIN_SLICE, SPLIT_K_TARGET, largest_divisor_at_most, max_slices, sum_partials
+from .partials import largest_divisor_at_most, max_slices, sum_partials
 from .transform import Transform, aligned, little_gpu_work, pass_geometry
 
-MIN_CHANNELS = 16         # fewer channels or filters per group: the batched GEMMs are too thin to pay
-CPU_MIN_TILES = 32        # on CPUs over maps of 4 tiles, tiles per batch below which it is not chosen (see preferred)
-GPU_MIN_FLOP_PER_UNIT = 6.5e6   # on GPUs, work of a pass per compute unit below which it is not chosen (see preferred)
 LOCAL = 256               # transform kernels' work-group, at most (H200, AlexNet conv2: passes 2-4 % faster than 64)
-# Grad-weight split-K on GPUs: partial sums of about this many elements at most, an eighth of
-# partials.SPLIT_K_TARGET. H200, batch 32, the networks' ten Winograd grad-weights, each timed at
-# 1-64 slices (pipelined wall time, ms): at this cap's count each is the fastest or within 3 % of
-# it; at the larger cap's, inception_v3's 80x54x54 -> 192 took 0.516 at 16 slices (0.386 at this
-# cap's 4, 0.378 at 2), resnet50's 256x14x14 0.140 at 2 (0.117 unsplit), inception's 32x109x109
-# -> 64 0.353 at 64 (0.320 at 28), the rest within 5 %. Of the reference workloads (python -m
-# bench), AlexNet's conv4 took 0.533 -> 0.504 ms (4 slices -> unsplit) and the dilated 3x3, 144
-# work-groups of 128x128 over sums of 4096 tiles, 0.706 -> 0.777 (8 slices -> unsplit; 0.731 at 2,
-# 0.716 at 4): long sums over few work-groups still gain from a split this cap does not give.
-GPU_SPLIT_K_TARGET = 1 << 21
-# CPUs: forward and grad-input of an image whose workspace (beyond the filters' transform U,
-# which pieces share) is above this many bytes run in pieces of its tile rows of at most that,
-# whose transforms and GEMMs stay within the caches (as they do above the budget). 2-core
-# AVX-512 Xeon, 3x3 and 5x5 layers of 81-324 MB per image (32-128 channels, 128x128 to 512x512
-# images), against whole images: 0.54-0.89x the time on PoCL,
-# 0.72-0.82x on Intel's runtime; pieces of 16 MB 0.60-0.81x and 0.74-0.89x, of 64 MB 0.66-1.10x
-# (PoCL). Grad-weight keeps whole images (in pieces, whose split-K sums come per piece, 1.1-2.2x
-# the time). None of the networks' Winograd layers (at most 11 MB per image) is cut so.
-CPU_PIECE_BYTES = 32 << 20
 
 
 def _tiles(size, dilation, tile):
@@ -115,8 +94,8 @@ class Winograd(Transform):
     @staticmethod
     def preferred(g, pass_name, device):
         """Whether "auto" should pick this algorithm for ``pass_name`` on ``device`` (it applies either way)."""
-        if min(g.Cg, g.Kg) < MIN_CHANNELS:
-            return False, (f"fewer than {MIN_CHANNELS} channels or filters per group (Cg = {g.Cg}, Kg = {g.Kg}): "
+        if min(g.Cg, g.Kg) < rules.WINOGRAD_MIN_CHANNELS:
+            return False, (f"fewer than {rules.WINOGRAD_MIN_CHANNELS} channels or filters per group (Cg = {g.Cg}, Kg = {g.Kg}): "
                            "its batched GEMMs would be too thin")
         if device.type & cl.device_type.GPU:
             # Its four launches a pass and thin GEMMs cost more than they save where the work is
@@ -132,7 +111,7 @@ class Winograd(Transform):
             # 33-74 MFLOP (batch 1) 1.26 / 1.63 / 1.24, 0.5-0.8 GFLOP (batch 16) 0.85 / 1.20 / 1.10,
             # 1.1-1.6 GFLOP (batch 32) 0.67 / 0.92 / 0.80; at batch 32 (up to 2.4 GFLOP) their device
             # time 0.75x / 0.91x / 0.82x im2col's, inception_v3's step 21.74 -> 20.53 ms
-            small = little_gpu_work(g, device, GPU_MIN_FLOP_PER_UNIT)
+            small = little_gpu_work(g, device, rules.WINOGRAD_GPU_MIN_FLOP_PER_UNIT)
             if small:
                 return False, (f"{small}: too little work for its four launches and thin GEMMs (H100, 3x3 "
                                "layers at batch 1 and 4 up to 415 MFLOP: "
@@ -157,7 +136,7 @@ class Winograd(Transform):
         # in every pass; 7x7 maps (4 tiles) grad-weight 1.54 / 1.56x, forward and grad-input
         # 0.91-0.92 / 0.75-0.98x; 14x14 maps and up 0.44-1.00 / 0.34-1.22x (PoCL with the
         # row transforms' lanes across tile rows). Since clconv's CPU GEMM packs B in panels
-        # (gemm_cpu.PANEL_MIN_ROWS), im2col's GEMMs are faster: resnet50's 3x3 on 7x7 maps, 512
+        # (rules.PANEL_MIN_ROWS), im2col's GEMMs are faster: resnet50's 3x3 on 7x7 maps, 512
         # channels, forward and grad-input at batch 4 (16 tiles, Winograd's GEMMs 16 columns
         # wide) 1.6-1.7x im2col's time on PoCL, 1.15-1.34x on Intel's runtime; at batch 8 (32
         # tiles) 0.92-0.98x on PoCL.
@@ -167,8 +146,8 @@ class Winograd(Transform):
         if pass_name == "backward_weight" and tiles <= 4:
             return False, (f"on CPUs its grad-weight over {tiles} tiles per image costs more in transforms than "
                            "it saves (7x7 maps: 1.6-1.7x im2col's time on PoCL and Intel's runtime)")
-        if tiles <= 4 and t.N * tiles < CPU_MIN_TILES:
-            return False, (f"on CPUs, {t.N * tiles} tiles in the batch (fewer than {CPU_MIN_TILES}) make GEMMs too "
+        if tiles <= 4 and t.N * tiles < rules.WINOGRAD_CPU_MIN_TILES:
+            return False, (f"on CPUs, {t.N * tiles} tiles in the batch (fewer than {rules.WINOGRAD_CPU_MIN_TILES}) make GEMMs too "
                            "narrow for their transforms (7x7 maps at batch 4: 1.15-1.7x im2col's time)")
         if used < 0.5:
             return False, (f"on CPUs, tiles of which {used:.0%} of the outputs are used cost more in transforms "
@@ -192,7 +171,7 @@ class Winograd(Transform):
         # tiles (TH, TW) per image along the pass's output rows and columns
         self.grid = {p: _grid(t, self.tile) for p, t in self.geometry.items()}
         # grad-weight split-K over the tiles: slices of a chunk divide its tiles exactly
-        self.split_target = GPU_SPLIT_K_TARGET if device.type & cl.device_type.GPU else SPLIT_K_TARGET
+        self.split_target = rules.WINOGRAD_GPU_SPLIT_K_TARGET if device.type & cl.device_type.GPU else rules.PARTIALS_TARGET
         self.max_slices = max_slices(self.tt * g.K * g.Cg, g.N * self._tiles_per_image("backward_weight"),
                                      target=self.split_target)
         # grad-weight on clconv's CPU GEMM kernel: V^T in panels where its rule says so, for L tiles
@@ -208,7 +187,7 @@ class Winograd(Transform):
                          # U (or dU, and the partial sums)
                          fixed=lambda p, t: self.tt * t.K * t.Cg * (1 + self._partials(p)),
                          widest=lambda p, t: self.tt * max(t.C, t.K) * self._tiles_per_image(p),
-                         piece_bytes=lambda p: None if gpu or p == "backward_weight" else CPU_PIECE_BYTES)
+                         piece_bytes=lambda p: None if gpu or p == "backward_weight" else rules.WINOGRAD_CPU_PIECE_BYTES)
         at = self.layout["backward_weight"][-1]   # the panels are the layout's last region
         self.panels["backward_weight"] = (at, self.workspace["backward_weight"] - at)
 
@@ -239,7 +218,7 @@ class Winograd(Transform):
     def _cut(self, pass_name, limit, whole, cache=False):
         """Pieces of R tile rows of one image, R the most that fit ``limit`` elements (then evened
         out over the pieces), grad-weight's split-K partial sums within half of it; ValueError
-        when one tile row does not fit. ``cache``: the limit is CPU_PIECE_BYTES (beyond U), not the
+        when one tile row does not fit. ``cache``: the limit is rules.WINOGRAD_CPU_PIECE_BYTES (beyond U), not the
         budget."""
         t, (TH, TW) = self.geometry[pass_name], self.grid[pass_name]
         if pass_name == "backward_weight":   # split-K's partial sums take at most half the budget
@@ -253,7 +232,7 @@ class Winograd(Transform):
             super()._cut(pass_name, limit, whole)
         R = -(-TH // -(-TH // R))   # as many pieces, evenly sized
         self.ranges[pass_name] = R
-        above = (f"above {CPU_PIECE_BYTES} beyond the filters' transform: pieces whose workspace stays in a CPU's "
+        above = (f"above {rules.WINOGRAD_CPU_PIECE_BYTES} beyond the filters' transform: pieces whose workspace stays in a CPU's "
                  "caches" if cache else f"above the limit of {limit * self.dtype.itemsize}")
         self.cuts[pass_name] = (f"image by image in {-(-TH // R)} pieces of {R} of its {TH} tile rows (one image "
                                 f"needs {whole * self.dtype.itemsize} workspace bytes, {above})")
@@ -287,8 +266,8 @@ class Winograd(Transform):
         if S > 1:
             text += (f", split-K into {S} slices of the tiles summed in order (a divisor of them, at most "
                      f"{self.max_slices}: partial sums of about {self.split_target} values at most"
-                     f"{' on GPUs' if self.split_target < SPLIT_K_TARGET else ''}, slices of at least {MIN_SLICE} "
-                     f"tiles, {MAX_SLICES} slices at most, within the workspace)")
+                     f"{' on GPUs' if self.split_target < rules.PARTIALS_TARGET else ''}, slices of at least {rules.PARTIALS_MIN_SLICE} "
+                     f"tiles, {rules.PARTIALS_MAX_SLICES} slices at most, within the workspace)")
         if R is not None and pass_name == "backward_weight":
             text += ", pieces added in order"
         if self.rows:

@@ -19,6 +19,7 @@ from typing import NamedTuple
 import numpy as np
 import pyopencl as cl
 
+from .. import rules
 from ..programs import ClconvError, get_kernel, index_type, launch, work_group_limit
 
 class Tile(NamedTuple):
@@ -150,69 +151,40 @@ def launched(device, t, im2col=False, itemsize=4):
     return t
 
 
-# Deep products: a forward's grid whose products are at least DEEP_K deep, and which the model
-# gives a tile of 4x4 work-items (it counts few 8x8 work-groups for the device), runs EIGHT_BY_FOUR
-# instead, its grid cut along K into split-K slices until it has DEEP_WAVES work-groups per
-# compute unit (the caller's split, :func:`clconv.gemm.k_slices`): a 4x4 work-item does half the
-# multiply-adds per value read from local memory, which over a long K costs more than the partial
-# sums. H200, batch 32, every forward and grad-input of the networks and the reference workloads
-# this would change (device time, least of 7, interleaved with the rule off; before 1x1 layers
-# of 144 and 196 positions were folded, which leaves 25 of these forwards deep): the 26 forwards
-# of K >= 1024 (13 im2col, 13 1x1) 0.92x (geometric mean; 0.80x on inception_v3's 1x7 and 7x1 C192
-# on 12x12, 0.81x resnet50's layer4 3x3, at most 1.05x), inception_v3's step 0.34 ms shorter,
-# resnet50's 0.05; forwards of K 768-1023 1.02x (10, at most 1.14x); grad-inputs, whose A is
-# W^T, 1.08x (5, at most 1.16x), so only forwards take it. 2 or 6 work-groups per compute unit
-# measured no better than 4 (0.94x, 0.92x on those forwards). Only grids of at least one deep
-# work-group per DEEP_MIN_SHARE compute units before the split: at batch 1 the same forwards, of 3
-# to 32 such work-groups for 132 units, took 0.99-1.36x the time in it (27 forwards, 15 of them
-# 1.2x or more); at batch 32 the smallest grids it serves have 39 (0.89-0.98x).
-DEEP_K = 1024
-DEEP_WAVES = 4
-DEEP_MIN_SHARE = 4
 
 
 def deep_note():
     """What ``explain()`` says of a pass whose GEMM takes the deep tile."""
     t = EIGHT_BY_FOUR
     return (f"clconv's GPU GEMM kernel in its deep tile ({t.tm}x{t.tn} of {t.rm}x{t.rn} work-items, for products at "
-            f"least {DEEP_K} deep, split to {DEEP_WAVES} work-groups per compute unit)")
+            f"least {rules.DEEP_K} deep, split to {rules.DEEP_WAVES} work-groups per compute unit)")
 
 
 def deep_grid(device, m, n, count, itemsize=4):
     """Whether ``count`` M x N products may run EIGHT_BY_FOUR: it fits the device, and their grid in
-    it has at least one work-group per DEEP_MIN_SHARE compute units before any split."""
-    return (work_groups(device, m, n, count, itemsize, EIGHT_BY_FOUR) * DEEP_MIN_SHARE >= _facts(device)[1]
+    it has at least one work-group per rules.DEEP_MIN_SHARE compute units before any split."""
+    return (work_groups(device, m, n, count, itemsize, EIGHT_BY_FOUR) * rules.DEEP_MIN_SHARE >= _facts(device)[1]
             and fits(device, EIGHT_BY_FOUR, itemsize))
 
 
 def deep(device, m, n, k, count, itemsize=4):
     """Whether a forward's ``count`` M x N products K deep run EIGHT_BY_FOUR by the rule above."""
     t = tile(device, m, n, count, itemsize)
-    return t is not None and t.rm * t.rn == 16 and k >= DEEP_K and deep_grid(device, m, n, count, itemsize)
+    return t is not None and t.rm * t.rn == 16 and k >= rules.DEEP_K and deep_grid(device, m, n, count, itemsize)
 
 
-# In-work-group split-K: where a launch's grid has fewer work-items than SATURATION per compute
-# unit, its work-groups take KS planes of work-items, each multiplying a part of every slice
-# (staged KS times as deep), so that a product runs fewer slices one after another
-# (kernels/gemm_gpu.cl). H200, device time of the networks' layer-passes where it applies, against
-# the same passes with one plane (interleaved, least of 5): at batch 32, 46 passes, geometric mean
-# 0.88 (SE blocks' fully-connected passes 0.70-0.95, 1x1 grad-weights over 5x5 maps 0.72-0.86);
-# at batch 1, 292 passes, 0.90. Requiring more slices per product, or fewer work-items than
-# SATURATION, measured no better on either.
-MAX_PLANES = 4
-MIN_PLANE_SLICES = 2     # slices a product keeps at KS planes, at least
 
 
 def sliced(device, t, groups, k, blocks=1, itemsize=4):
-    """``t`` with KS planes: the most, doubling up to MAX_PLANES, while the grid of ``groups``
+    """``t`` with KS planes: the most, doubling up to rules.MAX_PLANES, while the grid of ``groups``
     work-groups is short of SATURATION work-items per compute unit, the tile fits the device, and
     products of ``blocks`` K blocks ``k`` deep (each block its own slices) take fewer slices, at
-    least MIN_PLANE_SLICES."""
+    least rules.MIN_PLANE_SLICES."""
     want = _facts(device)[1] * SATURATION
-    while t.ks < MAX_PLANES and groups * t.work_items < want:
+    while t.ks < rules.MAX_PLANES and groups * t.work_items < want:
         deeper = t._replace(tk=t.tk * 2, ks=t.ks * 2)
         slices = -(-k // deeper.tk) * blocks
-        if slices < MIN_PLANE_SLICES or slices == -(-k // t.tk) * blocks or not fits(device, deeper, itemsize):
+        if slices < rules.MIN_PLANE_SLICES or slices == -(-k // t.tk) * blocks or not fits(device, deeper, itemsize):
             break
         t = deeper
     return t
