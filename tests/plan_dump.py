@@ -27,7 +27,7 @@ from clconv.plan import Plan  # noqa: E402
 from bench.networks import load_layers  # noqa: E402
 
 # wording kept on algorithm objects, not choices (explain()'s notes)
-WORDS = {"unsplit", "tiling", "in_place", "short_chunk"}
+WORDS = {"unsplit", "tiling", "in_place", "short_chunk", "cut_rule", "band_rule"}
 
 
 def canonical(value, depth=0):

@@ -15,6 +15,7 @@ from .. import rules
 from ..bias import flags
 from ..buffers import idx_for
 from ..device import cpu_vector_width
+from ..explanation import Reason
 from ..programs import get_kernel, launch, reduction_work_group
 from .base import Algorithm, pow2_at_least
 
@@ -138,29 +139,21 @@ class Direct(Algorithm):
 
     @staticmethod
     def preferred(g, pass_name, device):
-        """Whether "auto" should pick this algorithm for ``pass_name`` on ``device`` (it applies either way)."""
+        """Whether "auto" should pick this algorithm for ``pass_name`` on ``device`` (it applies
+        either way): rule-direct-stems, rule-direct-taps, rule-direct-strided-grad-input."""
         gpu = bool(device.type & cl.device_type.GPU)
         if g.groups == 1 and (pass_name != "forward" or not gpu):
-            return False, ("a few-channel dense convolution's grad passes and CPU forward: im2col measured "
-                           "faster (7x7 stem: H200 grad-input 1.6x, grad-weight 4x; PoCL forward 2.5x)")
+            return False, Reason("direct-stems", "a dense stem's gradients and CPU forward run faster through im2col")
         taps = g.Cg * g.kh * g.kw
         if g.groups > 1 and taps > rules.DIRECT_MAX_TAPS:
             if gpu:
-                return False, f"{taps} taps per group, above {rules.DIRECT_MAX_TAPS}: im2col's GEMMs pay again on GPUs"
+                return False, Reason("direct-taps", f"{taps} taps per group, above {rules.DIRECT_MAX_TAPS} on GPUs")
             if pass_name == "backward_weight" and (g.stride != (1, 1) or taps > rules.DIRECT_CPU_MAX_WEIGHT_TAPS):
-                # 2-core AMD EPYC, batch 4, RegNet's groups of 8 channels (3x3), against the direct
-                # grad-weight rows with their band: stride 2 im2col 0.59-0.95x direct's time; stride 1
-                # direct 0.58-0.80x im2col's on PoCL and Intel's runtime (groups of 16: 0.72x, 1.01x)
-                return False, (f"grad-weight of {taps} taps per group "
-                               f"{'at stride 2' if g.stride != (1, 1) else f'above {rules.DIRECT_CPU_MAX_WEIGHT_TAPS}'}: "
-                               "im2col's GEMMs measured faster on CPUs")
-            # strided grad-input too: RegNet's groups of 8-24 channels, 3x3, on PoCL and Intel's runtime at
-            # batch 4: forward 1.2-4.5x, grad-input 1.8-9x faster than im2col; groups of 16-24 channels at
-            # stride 1 as fast as Winograd or faster (Intel 1.0-1.5x, PoCL 1.2-2.9x)
-            return True, ""
+                return False, Reason("direct-taps", f"grad-weight of {taps} taps per group " + (
+                    "at stride 2" if g.stride != (1, 1) else f"above {rules.DIRECT_CPU_MAX_WEIGHT_TAPS}") + " on CPUs")
+            return True, ""   # (forward and grad-input, strided too, up to DIRECT_CPU_MAX_TAPS on CPUs)
         if pass_name == "backward_input" and g.Cg > 1 and g.stride != (1, 1):
-            return False, ("strided grad-input of groups of several channels: im2col measured about 2x "
-                           "faster (ResNeXt-like groups on an H200 and on PoCL)")
+            return False, Reason("direct-strided-grad-input", "strided grad-input of groups of several channels")
         return True, ""
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm=None):
@@ -254,6 +247,25 @@ class Direct(Algorithm):
                 staged += f", {planes} planes per work-group in turn"
         return (f"direct kernel{flipped}, {taps} taps per output, {tx}x{ty} tiles{staged}, "
                 "no GEMM, no workspace")
+
+    def facts(self, pass_name):
+        if pass_name == "backward_weight":
+            band = None if self.staged else self._weight_band()
+            return dict(splits=self.slices, rules=("direct-kernels",),
+                        notes=("two-stage sum",) + ((f"input band of {band[0]} rows",) if band else ()))
+        if self.staged:
+            notes = []
+            if pass_name == "forward" or self.transposed:
+                in_place, planes = self.form[pass_name]
+                notes.append("input in place" if in_place else "staged patch")
+                if planes > 1:
+                    notes.append(f"{planes} planes a work-group")
+        else:
+            kb, rb = self.rows[pass_name]
+            notes = [f"rows of {rb} x {kb} {'filters' if pass_name == 'forward' or self.transposed else 'planes'}"]
+        if pass_name == "backward_input" and self.transposed:
+            notes.insert(0, "forward kernel on grad_output")
+        return dict(rules=("direct-kernels",), notes=tuple(notes))
 
     def _short_rows(self, g, kb):
         """Vectors per output row where direct_rows over geometry ``g`` with ``kb`` filters takes

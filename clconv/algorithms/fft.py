@@ -25,6 +25,7 @@ import pyopencl as cl
 from .. import rules
 from ..bias import flags
 from ..buffers import Ref, idx_for
+from ..explanation import Reason
 from ..gemm import Operand as Op
 from ..programs import ClconvError, get_kernel, launch, work_group_limit
 from .base import pow2_at_least
@@ -99,24 +100,21 @@ class FFT(Transform):
         multiplications of the next choice (Winograd's for 3x3 and 5x5 filters, else im2col's),
         which pays for its transforms."""
         if not device.type & cl.device_type.GPU:
-            return False, ("on CPUs its image transforms cost more than its GEMMs save, now that clconv's CPU "
-                           "GEMM runs at 100-150 GFLOP/s (AlexNet conv2 at batch 8, grad-weight: 84 ms on PoCL "
-                           "against im2col's 50, 68 ms on Intel's runtime against Winograd's 29)")
+            return False, Reason("fft", "on CPUs its image transforms cost more than its GEMMs save")
         if min(g.Cg, g.Kg) < rules.FFT_MIN_CHANNELS:
-            return False, (f"fewer than {rules.FFT_MIN_CHANNELS} channels or filters per group (Cg = {g.Cg}, Kg = {g.Kg}): "
-                           "its per-frequency GEMMs would be too thin")
+            return False, Reason("fft", f"fewer than {rules.FFT_MIN_CHANNELS} channels or filters per group "
+                                        f"(Cg = {g.Cg}, Kg = {g.Kg})")
         small = little_gpu_work(g, device, rules.FFT_GPU_MIN_FLOP_PER_UNIT)
         if small:
-            return False, (f"{small}: too little work for its four launches (H100, a 5x5 layer at batch 1: im2col "
-                           "0.58-0.66x its time)")
+            return False, Reason("fft", small)
         fft = multiplications_per_output(g, pass_name)
         if (g.kh, g.kw) in ((3, 3), (5, 5)):
             other, name = 36 / (7 - g.kh) ** 2, "Winograd"
         else:
             other, name = g.kh * g.kw, "im2col"
         if fft > other / 2:
-            return False, (f"{fft:.1f} multiplications per output, more than half of {name}'s {other:.1f}: "
-                           "not worth its transforms")
+            return False, Reason("fft", f"{fft:.1f} multiplications per output, more than half of {name}'s "
+                                        f"{other:.1f}")
         return True, ""
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
@@ -157,6 +155,12 @@ class FFT(Transform):
         return (f"FFT{flipped}: {self.fh}x{self.fw} frames, {multiplications_per_output(self.g, pass_name):.1f} "
                 f"multiplications per output; transforms + {self.F} x {t.groups} batched GEMMs per chunk, "
                 f"{chunks} chunk(s) of {B} image(s), per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2]}")
+
+    def facts(self, pass_name):
+        t, B = self.geometry[pass_name], self.chunk[pass_name]
+        mnk = (t.Kg, 2 * t.Cg, 2 * B) if pass_name == "backward_weight" else (t.Kg, 2 * B, 2 * t.Cg)
+        return dict(gemm=mnk, batch=self.F * t.groups, chunks=(-(-t.N // B) if t.N else 0, B), rules=("fft",),
+                    notes=(f"{self.fh}x{self.fw} frames",))
 
     def _kernel(self, queue, name, idx, shape):
         """``name`` built alone (ONLY) for this plan and ``shape``, the #defines of the shapes it

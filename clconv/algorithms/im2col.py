@@ -41,7 +41,7 @@ from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width
 from ..gemm import Im2colB, Operand as Op, deep, gemm_cpu, gemm_gpu, k_slices, unsplit_note
 from ..programs import INT32_MAX, get_kernel, launch
-from .base import Algorithm
+from .base import Algorithm, split_rules
 from .partials import fit_slices, largest_divisor_at_most, max_slices, partials_size as _partials, sum_partials
 
 TILE = (64, 4)             # work-group shape of the 2-D layout kernels
@@ -223,6 +223,7 @@ class Im2col(Algorithm):
             shape = (f"{g.OH * per_row} tiles of {self.cols} output columns of one row per image ({per_row} per "
                      f"row: one row's col is above the budget too)")
         self.chunk, self.forward_chunk, self.slices, self.last_slices = 1, 1, 1, 1
+        self.band_rule = "im2col-cpu-col-bytes" if cache_bound else "workspace"   # (explain()'s)
         self.split, self.deep = {"forward": 1, "backward_input": 1}, False
         self.tiling = (f"{shape} (one image's col is {self.rows * g.P * itemsize} bytes, above {rules.IM2COL_CPU_COL_BYTES}: tiles "
                        "whose col stays in a CPU's caches)" if cache_bound else
@@ -291,6 +292,48 @@ class Im2col(Algorithm):
         if pass_name == "forward" and self.deep:
             text += ", " + gemm_gpu.deep_note()
         return text
+
+    def facts(self, pass_name):
+        g, gpu = self.g, self.gemm == "gpu"
+        if self.band:
+            tile = self.band * self.cols
+            mnk = {"forward": (g.Kg, tile, g.Kd), "backward_input": (g.Kd, tile, g.Kg),
+                   "backward_weight": (g.Kg, g.Kd, tile)}[pass_name]
+            per_row = -(-g.OW // self.cols)
+            what = f"of {self.band} rows" if self.cols == g.OW else f"of {self.cols} columns"
+            return dict(gemm=mnk, batch=g.groups, pieces=(-(-g.OH // self.band) * per_row, what),
+                        splits=1 if self._short(tile) else largest_divisor_at_most(tile, self.max_slices),
+                        rules=(self.band_rule,))
+        if pass_name == "forward" and self._implicit("forward"):
+            S = self.split["forward"]
+            return dict(gemm=(g.Kg, g.N * g.P, g.Kd), batch=S if S > 1 else g.groups, chunks=(1, g.N), splits=S,
+                        rules=("im2col-implicit",) + split_rules(S, self.unsplit["forward"]),
+                        notes=("implicit im2col", "output in place"))
+        B = self.forward_chunk if pass_name == "forward" else self.chunk
+        mnk = {"forward": (g.Kg, B * g.P, g.Kd), "backward_input": (g.Kd, B * g.P, g.Kg),
+               "backward_weight": (g.Kg, g.Kd, B * g.P)}[pass_name]
+        rules_, notes = [], []
+        if self.chunk < g.N:
+            rules_.append("workspace")
+        if pass_name == "forward" and B < self.chunk:
+            rules_.append("im2col-cpu-image-chunks")
+        if pass_name == "backward_weight" and self._implicit(pass_name):
+            rules_.append("im2col-implicit")
+            notes.append("implicit im2col")
+        if (pass_name == "forward" and self._folds_output() or pass_name == "backward_input"
+                and self._folds_grad_output() or pass_name == "backward_weight" and self._folds_grad_output_weight()):
+            notes.append("output in place" if pass_name == "forward" else "grad_output in place")
+        if pass_name == "backward_weight":
+            S = self.slices
+            if S > 1 or self.short_chunk:
+                rules_.append("im2col-gpu-split-positions" if gpu else "im2col-cpu-split")
+        else:
+            S = self.split[pass_name]
+            rules_ += split_rules(S, self.unsplit.get(pass_name))
+        if pass_name == "forward" and self.deep:
+            rules_.append("gemm-deep-tile")
+            notes.append("deep tile")
+        return dict(gemm=mnk, batch=S * g.groups, chunks=(-(-g.N // B) if g.N else 0, B), splits=S, rules=tuple(rules_), notes=tuple(notes))
 
     def _folds_output(self):
         """Whether the forward's GEMM writes Y as it is (clconv's GPU GEMM kernel), its images'

@@ -39,7 +39,7 @@ from ..buffers import Ref, idx_for
 from ..gemm import (KBlocks, Operand as Op, best_slices, deep, gemm_cpu, gemm_gpu, k_slices,
                     unsplit_note)
 from ..programs import INT32_MAX
-from .base import Algorithm
+from .base import Algorithm, split_rules
 from .im2col import Im2col
 from .partials import fit_slices, max_slices, partials_size as _partials, sum_partials
 
@@ -171,6 +171,34 @@ class Pointwise(Algorithm):
         return (f"1x1 GEMM on the input, {g.groups} group(s) x {g.N} image(s) in "
                 f"{1 if g.groups == 1 else g.N} batched launch(es), M={m} N={g.P} K={k}, no im2col"
                 + split.format(k // S))
+
+    def facts(self, pass_name):
+        g, S = self.g, self.split[pass_name]
+        if pass_name == "backward_weight":
+            if self._weight is not None:   # the im2col layout
+                facts = self._weight.facts(pass_name)
+                return dict(facts, notes=("im2col layout", *facts.get("notes", ())))
+            if self.blocked:
+                S = self.slices
+                rules_ = ("1x1-weight-blocks",) + (("gemm-deep-tile",) if self.deep_weight else ())
+                notes = ("deep tile" if self.deep_weight else "continuous K" if self.continuous else "K blocks",
+                         "slices of images" if self.by_images else "slices of positions")
+                return dict(gemm=(g.Kg, g.Cg, g.N * g.P), batch=g.groups * S, chunks=(1, g.N), splits=S,
+                            rules=rules_, notes=notes[:1] if S == 1 else notes)
+            return dict(gemm=(g.Kg, g.Cg, g.P), batch=g.groups * self.images, chunks=(-(-g.N // self.images),
+                        self.images), rules=("1x1-weight-blocks",), notes=("per-image partial sums",))
+        m, k = (g.Kg, g.Cg) if pass_name == "forward" else (g.Cg, g.Kg)
+        rules_, notes = split_rules(S, self.unsplit.get(pass_name)), []
+        if pass_name == "backward_input" and self.transposed:
+            return dict(gemm=(g.P, g.Cg, g.Kg), batch=g.groups * g.N, chunks=(1, g.N),
+                        rules=("1x1-cpu-transposed",), notes=("transposed",))
+        if pass_name == "forward" and self.deep:
+            rules_, notes = rules_ + ("gemm-deep-tile",), ["deep tile"]
+        if self.fold:
+            return dict(gemm=(m, g.N * g.P, k), batch=S if S > 1 else g.groups, chunks=(1, g.N), splits=S,
+                        rules=("1x1-fold",) + rules_, notes=tuple(notes))
+        return dict(gemm=(m, g.P, k), batch=S * g.N if S > 1 else g.groups * g.N, chunks=(1, g.N), splits=S,
+                    rules=rules_, notes=tuple(notes))
 
     def _columns(self):
         """(columns, images, GEMM options) of forward and grad-input, whose B is the input or

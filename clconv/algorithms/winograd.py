@@ -33,6 +33,7 @@ from .. import rules
 from ..bias import flags
 from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width, vectorizes_work_items
+from ..explanation import Reason
 from ..gemm import Operand as Op, gemm_cpu
 from ..programs import INT32_MAX, get_kernel, launch, reduction_work_group, work_group_limit
 from .partials import largest_divisor_at_most, max_slices, sum_partials
@@ -93,65 +94,31 @@ class Winograd(Transform):
 
     @staticmethod
     def preferred(g, pass_name, device):
-        """Whether "auto" should pick this algorithm for ``pass_name`` on ``device`` (it applies either way)."""
+        """Whether "auto" should pick this algorithm for ``pass_name`` on ``device`` (it applies
+        either way): rule-winograd-channels, rule-winograd-gpu-work, rule-winograd-cpu-rows,
+        rule-winograd-cpu-tiles."""
         if min(g.Cg, g.Kg) < rules.WINOGRAD_MIN_CHANNELS:
-            return False, (f"fewer than {rules.WINOGRAD_MIN_CHANNELS} channels or filters per group (Cg = {g.Cg}, Kg = {g.Kg}): "
-                           "its batched GEMMs would be too thin")
+            return False, Reason("winograd-channels", f"fewer than {rules.WINOGRAD_MIN_CHANNELS} channels or filters "
+                                                      f"per group (Cg = {g.Cg}, Kg = {g.Kg})")
         if device.type & cl.device_type.GPU:
-            # Its four launches a pass and thin GEMMs cost more than they save where the work is
-            # small. The networks benchmark's plain calls (wall time) with it and through im2col,
-            # H100s (132 compute units; each set of layers on one host), its time over im2col's,
-            # forward / grad-input / grad-weight, by the work of the pass (2 x multiply-adds, as
-            # im2col's GEMM counts them):
-            # six 3x3 layers (resnet50's four at stride 1, inception_v3's 96x25x25 and 448x5x5):
-            # 77-231 MFLOP (batch 1) 0.82-1.72 / 1.32-1.93 / 1.17-2.08, 310-415 MFLOP (batch 4)
-            # 0.96-1.23 / 1.06-1.50 / 0.90-1.47, 925 MFLOP (batch 4) 0.75-1.03 / 0.87-1.30 / 0.59-1.01,
-            # 1.2 GFLOP and up (batch 16 and 32) 0.43-0.97 / 0.44-1.03 / 0.40-0.89: mixed between 415
-            # and 925 MFLOP, where the threshold lies; inception_v3's 1x7 / 7x1 layers (geometric means):
-            # 33-74 MFLOP (batch 1) 1.26 / 1.63 / 1.24, 0.5-0.8 GFLOP (batch 16) 0.85 / 1.20 / 1.10,
-            # 1.1-1.6 GFLOP (batch 32) 0.67 / 0.92 / 0.80; at batch 32 (up to 2.4 GFLOP) their device
-            # time 0.75x / 0.91x / 0.82x im2col's, inception_v3's step 21.74 -> 20.53 ms
             small = little_gpu_work(g, device, rules.WINOGRAD_GPU_MIN_FLOP_PER_UNIT)
             if small:
-                return False, (f"{small}: too little work for its four launches and thin GEMMs (H100, 3x3 "
-                               "layers at batch 1 and 4 up to 415 MFLOP: "
-                               "0.82-2.08x im2col's time, most passes slower; 1x7 / 7x1 layers up to 0.8 GFLOP: "
-                               "0.85-1.65x, geometric means per pass and batch)")
+                return False, Reason("winograd-gpu-work", small)
             return True, ""
-        if g.kh != g.kw:
-            # filters of one row or column on CPUs. 2-core Xeon, batch 4, inception_v3's layers against
-            # im2col, device time, least of 3 interleaved: its five 7x1 layers (transforms in rows) PoCL
-            # forward 0.76-0.83x, grad-input 0.74-0.88x, grad-weight 0.84-0.94x, Intel's runtime
-            # 0.79-0.87x, 0.88-0.99x, 0.95-1.10x; its five 1x7 layers (2-output tiles, 6 to a tile row
-            # of its 12-wide maps, too few for a vector of 8) 0.97-1.26x. But the networks benchmark's
-            # plain calls (wall time, PyTorch interleaved), the five 7x1 layers with and without this
-            # form, two rounds each: PoCL 50.6-51.2 against 48.9-49.5 ms per step, Intel's runtime
-            # 57.7-58.3 against 56.1-58.4: its four launches a pass cost in wall time what their device
-            # time saves
-            return False, ("on CPUs its transforms' launches for a 1x7 or 7x1 filter cost what its GEMMs save "
-                           "(plain calls on PoCL and Intel's runtime 0.99-1.04x im2col's time)")
-        # CPUs on small maps, where the transforms outweigh the GEMMs they shrink. 2-core Xeon,
-        # batch 4, the networks' Winograd layers against im2col (PoCL / Intel's runtime):
-        # 5x5 maps (4 tiles, 39% of their outputs used) 1.64-2.05 / 1.33-2.23x im2col's time
-        # in every pass; 7x7 maps (4 tiles) grad-weight 1.54 / 1.56x, forward and grad-input
-        # 0.91-0.92 / 0.75-0.98x; 14x14 maps and up 0.44-1.00 / 0.34-1.22x (PoCL with the
-        # row transforms' lanes across tile rows). Since clconv's CPU GEMM packs B in panels
-        # (rules.PANEL_MIN_ROWS), im2col's GEMMs are faster: resnet50's 3x3 on 7x7 maps, 512
-        # channels, forward and grad-input at batch 4 (16 tiles, Winograd's GEMMs 16 columns
-        # wide) 1.6-1.7x im2col's time on PoCL, 1.15-1.34x on Intel's runtime; at batch 8 (32
-        # tiles) 0.92-0.98x on PoCL.
+        if g.kh != g.kw:   # (a 1x7 or 7x1 on CPUs: its launches cost in wall time what they save)
+            return False, Reason("winograd-cpu-rows", "on CPUs a 1x7 or 7x1 filter's transforms cost what its "
+                                                      "GEMMs save")
+        # CPUs on small maps, where the transforms outweigh the GEMMs they shrink
         (mh, mw), t = _side(g), pass_geometry(g, pass_name)
         th, tw = _grid(t, (mh, mw))
         tiles, used = th * tw, t.OH * t.OW / (th * tw * mh * mw)
         if pass_name == "backward_weight" and tiles <= 4:
-            return False, (f"on CPUs its grad-weight over {tiles} tiles per image costs more in transforms than "
-                           "it saves (7x7 maps: 1.6-1.7x im2col's time on PoCL and Intel's runtime)")
+            return False, Reason("winograd-cpu-tiles", f"on CPUs, a grad-weight over {tiles} tiles per image")
         if tiles <= 4 and t.N * tiles < rules.WINOGRAD_CPU_MIN_TILES:
-            return False, (f"on CPUs, {t.N * tiles} tiles in the batch (fewer than {rules.WINOGRAD_CPU_MIN_TILES}) make GEMMs too "
-                           "narrow for their transforms (7x7 maps at batch 4: 1.15-1.7x im2col's time)")
+            return False, Reason("winograd-cpu-tiles", f"on CPUs, {t.N * tiles} tiles in the batch, fewer than "
+                                                       f"{rules.WINOGRAD_CPU_MIN_TILES}")
         if used < 0.5:
-            return False, (f"on CPUs, tiles of which {used:.0%} of the outputs are used cost more in transforms "
-                           "than they save (5x5 maps: 1.3-2.4x im2col's time on PoCL and Intel's runtime)")
+            return False, Reason("winograd-cpu-tiles", f"on CPUs, tiles of which {used:.0%} of the outputs are used")
         return True, ""
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
@@ -180,7 +147,7 @@ class Winograd(Transform):
                                                                    b_transp=True)) if self.packs else
                            (lambda L, count: 0))
         # tile rows per piece, and why, for the passes whose one image is above the budget
-        self.ranges, self.cuts = {}, {}
+        self.ranges, self.cuts, self.cut_rule = {}, {}, {}   # (cut_rule: explain()'s rule of the pieces)
         gpu = device.type & cl.device_type.GPU
         self._fit_chunks(workspace_limit,
                          per_image=lambda p, t: self.tt * self._tiles_per_image(p) * (t.C + t.K),   # V, and M (or Z)
@@ -232,6 +199,7 @@ class Winograd(Transform):
             super()._cut(pass_name, limit, whole)
         R = -(-TH // -(-TH // R))   # as many pieces, evenly sized
         self.ranges[pass_name] = R
+        self.cut_rule[pass_name] = "winograd-cpu-pieces" if cache else "workspace"
         above = (f"above {rules.WINOGRAD_CPU_PIECE_BYTES} beyond the filters' transform: pieces whose workspace stays in a CPU's "
                  "caches" if cache else f"above the limit of {limit * self.dtype.itemsize}")
         self.cuts[pass_name] = (f"image by image in {-(-TH // R)} pieces of {R} of its {TH} tile rows (one image "
@@ -275,6 +243,20 @@ class Winograd(Transform):
                    else "this CPU compiler keeps per-tile kernels scalar")
             text += f"; transforms in rows, {self.rows} tiles per vector ({why})"
         return text
+
+    def facts(self, pass_name):
+        t, B, R = self.geometry[pass_name], self.chunk[pass_name], self.ranges.get(pass_name)
+        n = B * self._tiles_per_image(pass_name) if R is None else R * self.grid[pass_name][1]
+        S = self._slices(n) if pass_name == "backward_weight" else 1
+        rules_ = ("winograd-weight-split",) if S > 1 else ()
+        if R is None:
+            place = dict(chunks=(-(-t.N // B) if t.N else 0, B))
+        else:
+            place = dict(pieces=(-(-self.grid[pass_name][0] // R), f"of {R} tile rows"))
+            rules_ += (self.cut_rule[pass_name],)
+        mnk = (t.Kg, t.Cg, n) if pass_name == "backward_weight" else (t.Kg, n, t.Cg)
+        notes = (_form(self.g),) + (("row transforms",) if self.rows else ())
+        return dict(gemm=mnk, batch=S * self.tt * t.groups, splits=S, rules=rules_, notes=notes, **place)
 
     def _slices(self, tiles):
         """Split-K slices of a grad-weight chunk of ``tiles`` tiles."""

@@ -62,9 +62,7 @@ def choose(device, requested="auto"):
             raise ValueError(f"no tile of clconv's GPU GEMM kernel fits {device.name.strip()} (work-group and "
                              f"local-memory limits); use gemm='clblast' ({source})")
         return "clblast", "no tile of clconv's GPU GEMM kernel fits this device's work-group and local memory"
-    why = ("clconv's GPU kernel measured faster than CLBlast's on every measured shape (H200)" if gpu else
-           "clconv's CPU kernel measured 3-14x faster than CLBlast's on this project's GEMM shapes (PoCL and "
-           "Intel's CPU runtime, bench/gemm.py)")
+    why = f"clconv's {own.upper()} kernel, faster than CLBlast's where compared (docs: GEMM engines)"
     return own, why if requested == "auto" else f"{source} asks for clconv's kernel for this device: {why}"
 
 
