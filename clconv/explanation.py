@@ -34,7 +34,8 @@ class PassRecord:
     ``gemm``: (M, N, K) of each of the pass's GEMMs (K the whole product's depth, before any
     split), () where it runs none; ``batch``: GEMMs in one grid (groups, images, transform points);
     ``chunks``: (chunks, images each), () where images run one by one in ``pieces``; ``pieces``:
-    (pieces per image, what a piece is), () for whole images; ``splits``: split-K slices whose
+    (pieces per image, size, unit: "output rows", "output columns" or "tile rows"), () for whole
+    images (printed as 5x3r: 5 pieces of 3 output rows; "c" columns, "t" tile rows); ``splits``: split-K slices whose
     partial results are summed in order (1: none); ``math``: the dtype the pass computes in (and
     the stored one, where they differ); ``workspace``: bytes; ``launches``: the kernels the latest
     full run enqueued, None before the first; ``rules``: names of the rules that chose and shaped
@@ -63,7 +64,7 @@ class PassRecord:
         (and what they passed over, and the notes), and once the pass has run its launches."""
         gemm = "x".join(map(str, self.gemm)) if self.gemm else "-"
         chunks = (f"{self.chunks[0]}x{self.chunks[1]}" if self.chunks else
-                  f"{self.pieces[0]} {self.pieces[1]}" if self.pieces else "-")
+                  f"{self.pieces[0]}x{self.pieces[1]}{_UNIT[self.pieces[2]]}" if self.pieces else "-")
         launched = "-" if self.launches is None else len(self.launches)
         row = (f"{_PASS[self.pass_name]:<6} {self.algorithm:<8} {self.engine or '-':<7} {gemm:<17} {self.batch:>5} "
                f"{chunks:>7} {self.splits:>5} {_bytes(self.workspace):>9} {launched:>8}")
@@ -96,6 +97,7 @@ class Explanation(str):
         return {"header": dict(self.header), "passes": [asdict(r) for r in self.records]}
 
 
+_UNIT = {"output rows": "r", "output columns": "c", "tile rows": "t"}
 _PASS = {"forward": "fwd", "backward_input": "dgrad", "backward_weight": "wgrad"}
 COLUMNS = (f"{'pass':<6} {'algo':<8} {'engine':<7} {'GEMM MxNxK':<17} {'batch':>5} {'chunks':>7} {'split':>5} "
            f"{'workspace':>9} {'launches':>8}")

@@ -61,7 +61,7 @@ class Algorithm:
     def facts(self, pass_name):
         """What ``Plan.explain()`` records of ``pass_name`` (:class:`clconv.explanation.PassRecord`):
         a dict of ``gemm`` (M, N, K) of each GEMM, ``batch`` (GEMMs per grid), ``chunks``
-        (chunks, images each) or ``pieces`` (pieces per image, what a piece is), ``splits``
+        (chunks, images each) or ``pieces`` (pieces per image, size, unit), ``splits``
         (split-K slices), ``rules`` (names of the rules that shaped the pass) and ``notes``."""
         return {}
 

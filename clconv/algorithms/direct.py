@@ -262,7 +262,18 @@ class Direct(Algorithm):
                     notes.append(f"{planes} planes a work-group")
         else:
             kb, rb = self.rows[pass_name]
-            notes = [f"rows of {rb} x {kb} {'filters' if pass_name == 'forward' or self.transposed else 'planes'}"]
+            if pass_name == "forward" or self.transposed:
+                geometry = self.transposed if pass_name == "backward_input" else self.g
+                vectors = self._short_rows(geometry, kb)
+                rr = min(rb, self._row_block(geometry, kb * max(1, vectors)))
+                notes = [f"rows of {rb} x {kb} filters"] + (["short rows"] if vectors else [])
+                if self._band_values(geometry, kb, rb):
+                    notes.append("input band")
+            else:
+                rr = min(rb, self._row_block(self.g, kb))
+                notes = [f"rows of {rb} x {kb} planes"]
+            if rr > 1:
+                notes.append(f"{rr} rows at once")
         if pass_name == "backward_input" and self.transposed:
             notes.insert(0, "forward kernel on grad_output")
         return dict(rules=("direct-kernels",), notes=tuple(notes))

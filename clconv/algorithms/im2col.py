@@ -299,9 +299,10 @@ class Im2col(Algorithm):
             tile = self.band * self.cols
             mnk = {"forward": (g.Kg, tile, g.Kd), "backward_input": (g.Kd, tile, g.Kg),
                    "backward_weight": (g.Kg, g.Kd, tile)}[pass_name]
-            per_row = -(-g.OW // self.cols)
-            what = f"of {self.band} rows" if self.cols == g.OW else f"of {self.cols} columns"
-            return dict(gemm=mnk, batch=g.groups, pieces=(-(-g.OH // self.band) * per_row, what),
+            rows = self.cols == g.OW
+            pieces = ((-(-g.OH // self.band), self.band, "output rows") if rows else
+                      (g.OH * -(-g.OW // self.cols), self.cols, "output columns"))
+            return dict(gemm=mnk, batch=g.groups, pieces=pieces,
                         splits=1 if self._short(tile) else largest_divisor_at_most(tile, self.max_slices),
                         rules=(self.band_rule,))
         if pass_name == "forward" and self._implicit("forward"):

@@ -252,7 +252,7 @@ class Winograd(Transform):
         if R is None:
             place = dict(chunks=(-(-t.N // B) if t.N else 0, B))
         else:
-            place = dict(pieces=(-(-self.grid[pass_name][0] // R), f"of {R} tile rows"))
+            place = dict(pieces=(-(-self.grid[pass_name][0] // R), R, "tile rows"))
             rules_ += (self.cut_rule[pass_name],)
         mnk = (t.Kg, t.Cg, n) if pass_name == "backward_weight" else (t.Kg, n, t.Cg)
         notes = (_form(self.g),) + (("row transforms",) if self.rows else ())
