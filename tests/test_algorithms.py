@@ -1138,7 +1138,7 @@ def test_split_k_only_from_the_least_depth(case, pass_name, units, split, note, 
     text = algo.describe(pass_name)
     assert (algo.split[pass_name] > 1) == split and ("split-K into" in text) == split
     depth = case.weight_shape[1] if pass_name == "forward" else case.weight_shape[0]
-    assert (f"not split-K (K={depth}, below {clconv.gemm.MIN_SPLIT_DEPTH}" in text) == note
+    assert (f"not split-K (K={depth}, below {rules.MIN_SPLIT_DEPTH}" in text) == note
     if pass_name == "forward":
         assert_close(p.forward(x, w, queue=queue), reference.conv2d(x, w, **case.options), np.float32, "forward")
     else:
@@ -1259,3 +1259,28 @@ def test_auto_direct_for_wider_groups_on_cpus_only(case, cpu_weight, why, gpu, q
                  "grad-input")
     assert_close(p.backward_weight(x, dy, queue=queue), reference.conv2d_weight(x, w.shape, dy, **opts), np.float32,
                  "grad-weight")
+
+
+def test_explain_is_records_printed_as_a_narrow_table(queue):
+    """explain(): a PassRecord per pass whose fields a program reads, its rules named as the docs'
+    algorithms page names its sections; printed, at most 100 columns a line (the demo's layer)."""
+    import pathlib
+    from clconv.explanation import PassRecord
+    p = clconv.plan((4, 96, 27, 27), (256, 48, 5, 5), padding=2, groups=2, queue=queue)
+    e = p.explain()
+    assert [r.pass_name for r in e.records] == list(ALL_PASSES) and all(isinstance(r, PassRecord) for r in e.records)
+    assert [r.algorithm for r in e.records] == [p.algorithms[name] for name in ALL_PASSES]
+    assert all(r.workspace == p._workspace_elements(r.pass_name) * 4 and len(r.reason) <= 120 for r in e.records)
+    assert e.header["groups"] == 2 and e.header["gemm"] == p.gemm and max(map(len, str(e).splitlines())) <= 100
+    docs = (pathlib.Path(__file__).parent.parent / "docs" / "guide" / "algorithms.md").read_text()
+    named = {rule for r in e.records for rule in r.rules} | {rule for r in e.records for _, rule in r.passed_over}
+    assert all(f"(rule-{rule})=" in docs for rule in named), named
+    p.forward(*case_data(p))
+    assert e.record("forward").launches is None and p.explain().record("forward").launches == tuple(
+        p.launches("forward"))
+
+
+def case_data(p):
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal(p.geometry.input_shape).astype(np.float32),
+            rng.standard_normal(p.geometry.weight_shape).astype(np.float32))

@@ -17,21 +17,10 @@ gradients' GEMMs read dY in place. On clconv's GPU GEMM kernel they can for chun
 its images folded into the GEMM's columns or depth (where: _folds_output, _folds_grad_output and
 _folds_grad_output_weight).
 
-Inputs of few channels per group (stems) write no col for forward and grad-weight where clconv's own
-GEMM kernel runs the products (GPUs): the kernel reads the input through im2col's index arithmetic
-itself (gemm.Im2colB), and the forward is one GEMM per group over every image's positions, stored
-straight into Y. On an H200 that took the 7x7 stem's grad-weight from 0.048-0.054 to 0.042-0.046 ms
-of device time; with more channels the gathers cost more than writing col (forward and grad-weight
-1.06-1.4x slower on AlexNet conv4, ResNet 3x3 and ResNeXt shapes; again on the networks' 28 im2col
-layers of more channels whose taps overlap, H200, batch 32, device time, least of 7 interleaved:
-forwards 0.94-1.57x, geometric mean 1.17, inception_v3's 1x7 and 7x1 on 12x12 1.15-1.57x;
-grad-weights 0.99-1.32x, 1.15; of the forwards only RegNet's grouped 3x3 of 13-55 groups and
-inception_v3's 5x5, which FFT runs, gained, 0.94-0.98x). Kernels no wider than their stride (1x1
-stride 2, patchify layers) read in place too, whatever their channels: there col is a copy of the
-input or of part of it. H200, the networks' 11 such layers, against col: forward 0.59-0.85x at batch
-32 where the GEMM is small (RegNet, ResNet's first two downsamplings), 1.0-1.2x on the largest;
-grad-weight 0.71-1.16x. On GPUs, passes of little work read it in place too, whatever their channels
-(rules.IM2COL_GPU_IMPLICIT_FLOP_PER_UNIT): at batch 1 the im2col launch costs more than the GEMM's gathers.
+On clconv's GPU GEMM kernel, forward and grad-weight of few channels per group (stems), of kernels
+no wider than their stride (where col would be a copy of the input) and of little work read the
+input through im2col's index arithmetic in place (gemm.Im2colB), writing no col
+(docs: rule-im2col-implicit; thresholds in clconv.rules).
 """
 import pyopencl as cl
 
@@ -67,8 +56,7 @@ class Im2col(Algorithm):
         self.rows = g.C * g.kh * g.kw
         per_image = (self.rows + g.K) * g.P
         # grad-weight split-K (a chunk's slices divide its positions exactly, so can be shorter);
-        # GPUs take up to 4x more, 4x shorter slices: more work-groups for few outputs (H200,
-        # 7x7 stem: its GEMM 0.034 ms of device time in 196 slices, 0.055 in 49); CPUs only below
+        # GPUs take up to 4x more, 4x shorter slices: more work-groups for few outputs; CPUs only below
         # rules.IM2COL_CPU_SPLIT_BELOW values
         gpu = bool(device.type & cl.device_type.GPU)
         self.units = device.max_compute_units if gpu else 0   # (_in_place_reason: the work rule is for GPUs only)
@@ -193,10 +181,7 @@ class Im2col(Algorithm):
         one row. Output, grad_output and grad-weight are read and written in place. Grad-weight
         adds the tiles into grad_weight in order: on GPUs each tile's positions cut into split-K
         slices (its ``partials`` after col) and summed; on CPUs each tile's GEMM adds its product
-        itself (unsplit: 2-core AVX-512 Xeon, PoCL, a 3x3 over 64 channels of 256x256 and of
-        300x300 at stride 2 in tiles of 8 MB took 3.0x and 2.2x the time in split-K slices;
-        resnet50's 7x7 stem at batch 4 in tiles of 2 MB 11.7 ms in 64 slices a tile, 8.5
-        unsplit)."""
+        itself (unsplit: split-K slices per tile measured slower on CPUs)."""
         g, itemsize = self.g, self.dtype.itemsize
         column = self.rows * itemsize       # col of one output position
         if self.vw:
@@ -339,9 +324,7 @@ class Im2col(Algorithm):
     def _folds_output(self):
         """Whether the forward's GEMM writes Y as it is (clconv's GPU GEMM kernel), its images'
         positions folded into the columns, not T and the layout kernel (split-K: with one group,
-        whose slices are a grid of whole outputs). H200, batch 32, the networks' 26 such forwards
-        against T and the layout kernel, device time: 0.89-1.02x (geometric mean 0.95; inception_v3's
-        1x7 and 7x1 on 12x12 0.94-0.95x, RegNet's grouped 3x3 0.89-0.94x)."""
+        whose slices are a grid of whole outputs), which measured faster than the layout copy."""
         return self.gemm == "gpu" and not self.band and (self.split["forward"] == 1 or self.g.groups == 1)
 
     def _folds_grad_output(self):
@@ -354,12 +337,7 @@ class Im2col(Algorithm):
         its images' positions folded into the depth, not through the layout copy T: where it reads
         dY four-wide as it would T (positions and every chunk's split-K slices whole vectors, which
         _slice_count prefers), or value by value where the GEMM's N (taps per group) is at most
-        rules.IM2COL_SCALAR_FOLD_MAX_TAPS, so that each work-group row reads dY once or twice. H200, batch 32,
-        device time against the copy: the networks' 26 grad-weights of whole vectors 8.3 -> 7.1 ms
-        (weighted by the layers' counts; their GEMMs' 5.37 -> 5.38), 1.17 -> 1.01x cuDNN's time;
-        RegNet's 28x28 and 56x56 maps in slices of whole vectors 0.58-0.69x; value by value (the
-        two interleaved on one machine), inception_v3's stem (111x111 outputs, N 27) 0.150 against
-        0.189 ms, 0.79x, but resnet50's and convnext_tiny's 7x7 outputs of N 1024-4608 taps 1.10-1.15x."""
+        rules.IM2COL_SCALAR_FOLD_MAX_TAPS, so that each work-group row reads dY once or twice."""
         g = self.g
         slices = (self.chunk * g.P // self.slices, (g.N % self.chunk or self.chunk) * g.P // self.last_slices)
         vectors = g.P % 4 == 0 and all(L % 4 == 0 for L in slices)

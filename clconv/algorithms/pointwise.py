@@ -13,15 +13,12 @@ kernel they are cut into slices of images (or, for few images, of every image's 
 fill the device, whose partial sums are summed in order; over small maps (rules.POINTWISE_CONTINUOUS_BELOW) the blocks
 are read as one continuous depth and the slices of images chosen by the GEMM's tile model
 (:func:`clconv.gemm.best_slices`), or for products at least rules.POINTWISE_DEEP_WEIGHT_K deep run in the
-GPU kernel's deep tile. H200, networks benchmark at batch 32: C1024 14x14 -> K256
-0.15 ms against 0.27 through the im2col layout, the 1x1 grad-weights of the six networks 6.9 ms
-against 8.4 (sum of device times, each layer once). The CPU kernel runs every image's K block in
+GPU kernel's deep tile. The CPU kernel runs every image's K block in
 one launch, into grad_weight, over maps of fewer than rules.POINTWISE_CPU_BLOCKS_BELOW positions. The other
 engines, and the CPU kernel over larger maps, take
   part[b, g] = dY[b, g] @ X[b, g]^T,  dW = sum over b of part[b], in order
 in chunks of up to as many images as split-K allows slices, when an image has at least
-rules.PARTIALS_MIN_SLICE positions (H200 before K blocks, pointwise workload: 0.50 ms against 0.75 through
-the im2col layout), and otherwise the im2col algorithm, whose im2col for a 1x1 kernel is the
+rules.PARTIALS_MIN_SLICE positions, and otherwise the im2col algorithm, whose im2col for a 1x1 kernel is the
 (C, N*H*W) layout that makes it one GEMM per group.
 
 On clconv's GPU kernel, forward and grad-input over small maps (rules.POINTWISE_FOLD_BELOW) are one GEMM

@@ -3,15 +3,8 @@
 CLBlast's tiled GEMM first copies operands whose sizes are not multiples of its tiles into
 padded buffers, one launch each, and its batched call covers one batch stride. Ours reads the
 operands in place, edges guarded, four values per read where they are aligned, and runs a
-whole (groups x images) grid of GEMMs in one launch. Time per call on an H200 (float32, the
-two engines interleaved in one run):
-  batched pointwise shapes (M, N, K = 512, 784, 256 x 64)   0.42 ms, CLBlast 0.86
-  Winograd 5x5 forward (128, 3136, 48 x 72)                  0.16 ms, CLBlast 0.40
-  Winograd 3x3 grad-weight (192, 192, 1024 x 576)            1.21 ms, CLBlast 2.59
-  one 4096^3 product                                         3.26 ms, CLBlast 4.52
-  fully-connected forward (1600, 4096, 9216)                 3.58 ms, CLBlast 4.39
-  7x7 stem grad-weight at batch 64 (64, 147, 12544 x 64)     1.18 ms, CLBlast 1.20
-so GPUs use ours wherever one of its tiles fits the device (:func:`clconv.gemm.choose`).
+whole (groups x images) grid of GEMMs in one launch; it measured faster than CLBlast's on the
+shapes the GEMM pages compare (docs/performance), so GPUs use ours wherever one of its tiles fits the device (:func:`clconv.gemm.choose`).
 """
 import functools
 from typing import NamedTuple
@@ -37,25 +30,9 @@ class Tile(NamedTuple):
         return self.tm * self.tn // (self.rm * self.rn) * self.ks
 
 
-# The tiles, each with its relative speed where the device is saturated. On an H200 the 8x8
-# work-items ran a 4096^3 SGEMM at 42.7 (128x128) and 40.2 (128x64) TFLOP/s; a work-group of
-# 4x4 ones has four times the work-items per value of C, for grids of few work-groups, which
-# otherwise leave the device idle waiting on memory. The speeds and SATURATION are fitted to
-# the GEMMs of the networks benchmark's passes (bench/networks.json) on the H200, each timed
-# with each of nine tiles (python -m bench.gemm_tiles): on 715 shapes at batch 32 and 1 the
-# rule's tile is 3% over the best of these four, 5% over the best of all nine (geometric
-# means). Later runs (bench/results/nvidia-h200-gemm-tiles-b1.json: 409 shapes at batch 1;
-# -b32.json: 302 at batch 32, clconv of 2026-12-03) give 9% over the best of nine and 8% over the
-# best of eight, where the 8x8 tiles alone are 64-121% over it; on the reference workloads' GEMMs
-# (-workloads.json, 16 shapes) this rule is 11% over, 64x64 tiles of 8x4 work-items 2%, 128x128
-# 27% (all before the launch tile below, :func:`launched`). A rule refitted to
-# those timings (six tiles, a saturation each, K rounded to each tile's slices: 3.6% over the
-# best at batch 32 in the fit, 3-5% on shapes left out of it) measured no better on whole passes
-# (H200, batch 32, 450 layer-passes against this rule: geometric mean 0.998, total time 0.98x),
-# and up to 2.3x slower where the split-K rules, which ask this model for work-groups, then split
-# 1x1 grad-weights less; it would need tiles and splits timed and fitted together. Where a grid
-# is large but ragged, the rule can still take a 4x4 tile 7-15% slower than 128x64 (pointwise
-# workload forward, 512 x 784 products).
+# The tiles, each with its relative speed where the device is saturated, and SATURATION: fitted to
+# the networks benchmark's GEMMs, each timed with every tile (python -m bench.gemm_tiles; the
+# timings are in bench/results/). 4x4 work-items give grids of few work-groups more work-items.
 TILES = ((Tile(128, 128), 1.0), (Tile(128, 64), 0.97), (Tile(32, 64, 4, 4, 16), 0.95),
          (Tile(64, 32, 4, 4, 16), 0.95))
 SATURATION = 256         # work-items per compute unit a grid needs to run at its tile's speed
@@ -113,15 +90,8 @@ def best_slices(device, m, n, k, count, options, itemsize=4):
     """Of ``options`` (split-K slice counts dividing ``k``), the one of least time in the model
     for ``count`` M x N products K deep cut into S slices: the rule's tile over count x S
     products K/S deep (the fewest slices where several tie). Where a grid is short of
-    work-items, a larger tile over more slices can beat a smaller one over fewer (H200, the
-    networks' 1x1 grad-weights on 5x5 and 7x7 maps at batch 32: 128x128 over 4 slices of the
-    images, 0.144 ms, against 32x64 unsplit, 0.21 ms). The partial results' traffic is left out
-    of the model: the same 20 grad-weights, each timed at 1-32 slices (pipelined wall time,
-    H200, batch 32), took 1.09x the time of each one's fastest count at this rule's (geometric
-    mean; 1.00 on 10, at most 1.37: mobilenet_v2's 960x7x7 -> 320 at 2 slices, 4 fastest) and
-    1.12x with a cost of 5 multiply-adds per partial value, the rule before, which kept three
-    of them at fewer slices (320x7x7 -> 1280 0.097 ms at 2 against 0.075 at 8; 672 -> 192
-    0.042 against 0.033; 1280x5x5 -> 384 0.058 against 0.052) and changed none of the others."""
+    work-items, a larger tile over more slices can beat a smaller one over fewer. The partial
+    results' traffic is left out of the model (docs: rule-1x1-weight-blocks)."""
     def cost(S):
         t = tile(device, m, n, count * S, itemsize)
         return _cost(device, (t, dict(TILES)[t]), m, n, count * S, k // S)
@@ -130,16 +100,8 @@ def best_slices(device, m, n, k, count, options, itemsize=4):
 
 # What a launch runs where the model picks a tile of 8x8 work-items: 64x64 tiles of 8x4 work-items,
 # 16 deep (half the work-items of a 128x128 tile, so twice the work-groups per area, and half the
-# slices). In bench.gemm_tiles' timings on the H200, over the shapes where every tile ran at the
-# same split-K counts (the model's), that tile against the model's 8x8 one: at batch 32 (33 of
-# 302 GEMMs) a geometric mean of 0.974 and 0.954 of the total over all, at most 1.02x slower on
-# one, 0.67-0.83x on grids of 500-1600 work-groups (most of them products over 56x56 maps); on the
-# reference workloads' GEMMs a geometric mean of 0.950 and 0.946 of the total, at most 1.03x slower
-# (fully-connected forward 0.89x); at batch 1 0.999. Not over an
-# im2col B, whose reads cost the most per value and which the larger tile reads half as often per
-# product (1.12-1.24x slower there). The model above, and the split-K rules fitted with it, still
-# count a grid in the 8x8 tiles: with this tile in the model instead they split differently, and
-# measured slower (see TILES).
+# slices), which measured faster (bench.gemm_tiles), except over an im2col B, whose reads cost the
+# most per value. The model and the split-K rules still count a grid in the 8x8 tiles.
 EIGHT_BY_FOUR = Tile(64, 64, 8, 4, 16)
 
 
