@@ -6,6 +6,7 @@ engine, the workspace sizes and the argument checks, and runs the passes. Plans 
 by :mod:`clconv.planner` (``clconv.plan()``, the functional API's cache, the tuning cache).
 """
 import functools
+from typing import NamedTuple
 
 import numpy as np
 
@@ -13,7 +14,8 @@ from . import memory, probe, selfcheck, storage
 from .algorithms import ALGORITHMS
 from .buffers import ref
 from .device import check_dtype_supported
-from .gemm import choose as choose_gemm, gemm_cpu
+from .explanation import Explanation, PassRecord, short
+from .gemm import choose as choose_gemm
 from .geometry import PASSES
 from .programs import ClconvError, relaunch
 from .replay import Replays
@@ -98,17 +100,18 @@ class Plan:
             others = ", ".join(f"{k} {v} ms" for k, v in sorted(tuned.get("timings", {}).items()))
             try:
                 return (self._build(ALGORITHMS[tuned["algorithm"]], tuned.get("queues") == "per-group"),
-                        f"fastest on this device in the tuning cache ({others or str(tuned.get('ms')) + ' ms'})")
+                        _Why(f"fastest on this device in the tuning cache ({others or str(tuned.get('ms')) + ' ms'})",
+                             ("tuned",)))
             except ValueError:   # e.g. this plan's workspace limit: choose as if nothing were tuned
                 pass
         candidates = ALGORITHMS if algorithm == "auto" else {algorithm: ALGORITHMS[algorithm]}
-        reasons, passed_over, untrusted, unpreferred = [], "", [], []
+        reasons, passed_over, untrusted, unpreferred = [], [], [], []   # passed_over: (name, rule)
         for name, cls in candidates.items():
             ok, why = cls.applies(g)
             if ok and algorithm == "auto":
                 preferred, why_not = cls.preferred(g, pass_name, self.queue.device)
                 if not preferred:
-                    passed_over += f" (not {name}: {why_not})"
+                    passed_over.append((name, why_not.rule))
                     unpreferred.append((name, why))
                     continue
             if ok:
@@ -119,23 +122,24 @@ class Plan:
                                       f"known-answer check on {d.name.strip()} ({d.platform.name.strip()}, driver "
                                       f"{d.driver_version}): {why_not}")
                 if not trusted:
-                    passed_over += f" (not {name}: it failed its known-answer check on this device: {why_not})"
+                    passed_over.append((name, "known-answer"))
                     untrusted.append(f"{name}: {why_not}")
                     continue
                 try:
-                    return self._build(cls, self.queues == "per-group"), why + passed_over
+                    return self._build(cls, self.queues == "per-group"), _Why(why, (), passed_over)
                 except ValueError as exc:   # e.g. the workspace limit: "auto" tries the next one
                     if algorithm != "auto":
                         raise
                     why = str(exc)
-                    passed_over += f" (not {name}: {why})"
+                    passed_over.append((name, "workspace"))
             reasons.append(f"{name}: {why}")
         if untrusted:   # what the rules passed over still runs where what they preferred failed its check
             for name, why in unpreferred:
                 if self._trusted(name)[0]:
                     try:
                         return (self._build(ALGORITHMS[name], self.queues == "per-group"),
-                                f"{why}, and those preferred failed their known-answer check{passed_over}")
+                                _Why(f"{why}, and those preferred failed their known-answer check",
+                                     ("known-answer",), passed_over))
                     except ValueError:
                         pass
         shapes = f"input {list(g.input_shape)} with weight {list(g.weight_shape)}"
@@ -168,26 +172,35 @@ class Plan:
         return max(self._workspace_elements(p) for p in PASSES) * self.compute_dtype.itemsize
 
     def explain(self):
-        """A short account of the algorithm chosen for each pass and why."""
+        """The plan as data: an :class:`clconv.explanation.Explanation`, a
+        :class:`~clconv.explanation.PassRecord` per pass (algorithm, GEMM shape and engine, chunks,
+        splits, workspace, launches, the rules that decided and a short reason) under a header
+        (shapes, options, dtype, queues, the GEMM engine and why). As a string, a compact table;
+        each rule's story is in the docs' algorithms page under ``rule-<name>``."""
         g = self.geometry
-        half = (" (stored as float16, computed in float32 on float32 copies in the workspace)"
-                if self._converts else "")
-        lines = [f"conv2d input {list(g.input_shape)} weight {list(g.weight_shape)} -> output "
-                 f"{list(g.output_shape)}, stride {g.stride}, padding {g.pads}, dilation {g.dilation}, "
-                 f"groups {g.groups}, {self.dtype}{half}, queues: {self.queues}; GEMMs on {self.gemm} "
-                 f"({self._gemm_reason})"]
+        math = str(self.compute_dtype) if not self._converts else f"{self.compute_dtype} (stored {self.dtype})"
+        header = dict(input=tuple(g.input_shape), weight=tuple(g.weight_shape), output=tuple(g.output_shape),
+                      stride=tuple(g.stride), padding=tuple(g.pads), dilation=tuple(g.dilation), groups=g.groups,
+                      dtype=str(self.dtype), math=math, queues=self.queues, gemm=self.gemm,
+                      gemm_reason=self._gemm_reason)
+        records = []
         for p, (algo, why) in self._choice.items():
-            queues = ", per-group queues" if algo.per_group and g.groups > 1 else ""
-            if algo.panels.get(p, (0, 0))[1] and p == "backward_weight":
-                queues += (f", B^T packed in panels first (clconv's CPU GEMM: outer products, not dot products, "
-                           f"over a K below {gemm_cpu.BT_PANEL_MAX_DEPTH})")
-            elif algo.panels.get(p, (0, 0))[1]:
-                queues += (f", B packed in panels first (clconv's CPU GEMM: op(A) of {gemm_cpu.PANEL_MIN_ROWS}+ rows "
-                           f"over a K of {gemm_cpu.PANEL_MIN_DEPTH}+)")
-            lines.append(f"{p} [{algo.name}]: {algo.describe(p)}{queues}; chosen because {why}; "
-                         f"workspace {self._workspace_elements(p) * self.compute_dtype.itemsize} bytes; "
-                         f"{_launches(self.launches(p))}")
-        return "\n".join(lines)
+            facts = algo.facts(p)
+            notes, rules = list(facts.get("notes", ())), [*why.rules, *facts.get("rules", ())]
+            if algo.per_group and g.groups > 1:
+                notes.append("per-group queues")
+            if algo.panels.get(p, (0, 0))[1]:
+                notes.append("B^T packed in panels" if p == "backward_weight" else "B packed in panels")
+                rules.append("cpu-gemm-panels")
+            launches = self.launches(p)
+            records.append(PassRecord(
+                pass_name=p, algorithm=algo.name, engine=self.gemm if facts.get("gemm") else "",
+                gemm=tuple(facts.get("gemm", ())), batch=facts.get("batch", 0), chunks=tuple(facts.get("chunks", ())),
+                pieces=tuple(facts.get("pieces", ())), splits=facts.get("splits", 1), math=math,
+                workspace=self._workspace_elements(p) * self.compute_dtype.itemsize,
+                launches=None if launches is None else tuple(launches), rules=tuple(dict.fromkeys(rules)),
+                passed_over=tuple(why.passed_over), reason=short(why.reason), notes=tuple(notes)))
+        return Explanation(header, records)
 
     def enqueue(self, pass_name, queue, *refs, allocator=None, relu=False):
         """Enqueue ``pass_name`` of the chosen algorithm on ``queue`` with its workspace, on
@@ -276,19 +289,16 @@ class Plan:
         return finish(queue, dev, out, numpy_mode)
 
 
-def _launches(names):
-    """explain()'s account of what a pass launches: "launches 3 per call (im2col_rows, gemm_cpu,
-    cnhw_to_nchw_rows)", repeats as "clblast_gemm x13"."""
-    if names is None:
-        return "launches counted when the pass first runs"
-    runs = []
-    for name in names:
-        if runs and runs[-1][0] == name:
-            runs[-1][1] += 1
-        else:
-            runs.append([name, 1])
-    listed = ", ".join(name if n == 1 else f"{name} x{n}" for name, n in runs)
-    return f"launches {len(names)} per call ({listed})"
+class _Why(NamedTuple):
+    """Why a pass's algorithm was chosen: the reason's text, the rules that decided it (beyond the
+    algorithm's own, :meth:`clconv.algorithms.base.Algorithm.facts`), and the algorithms taken
+    before it and passed over, each with the rule that passed it over."""
+    reason: str
+    rules: tuple = ()
+    passed_over: tuple = ()
+
+    def __str__(self):
+        return self.reason
 
 
 def _check_allocations(g, dtype, device):

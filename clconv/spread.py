@@ -175,8 +175,8 @@ class SpreadPlan:
                      if split == "images" and p == "backward_weight" else "")
             lines.append(f"{p} split by {split} ({share}; shares {list(shares)}); chosen {why}{extra}")
             for part in parts:
-                sub = next(line for line in part.plan.explain().splitlines() if line.startswith(p + " ["))
-                lines.append(f"  device {self.queues.index(part.queue)}: {sub}")
+                sub = part.plan.explain().record(p).lines()
+                lines += [f"  device {self.queues.index(part.queue)}: {sub[0]}", *("  " + line for line in sub[1:])]
         return "\n".join(lines)
 
     # -- the passes ---------------------------------------------------------------

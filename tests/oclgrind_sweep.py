@@ -26,15 +26,16 @@ import pyopencl.array as cla
 from numpy.lib.stride_tricks import as_strided
 
 import clconv
+from clconv import rules
 from clconv import reference
 from clconv.algorithms import direct, fc, im2col, pointwise
 from clconv.gemm import clblast as blas, gemm_cpu, k_slices
 from helpers import QueueAs
 
-PANEL_RULES = {rule: getattr(gemm_cpu, rule) for rule in ("PANEL_MIN_ROWS", "PANEL_MIN_DEPTH", "PANEL_MIN_ROW_BYTES",
+PANEL_RULES = {rule: getattr(rules, rule) for rule in ("PANEL_MIN_ROWS", "PANEL_MIN_DEPTH", "PANEL_MIN_ROW_BYTES",
                                                          "BT_PANEL_MIN_ROWS")}
-BAND_BYTES = direct.BAND_BYTES
-GROUPS_PER_UNIT = direct.GROUPS_PER_UNIT
+BAND_BYTES = rules.DIRECT_BAND_BYTES
+GROUPS_PER_UNIT = rules.DIRECT_GROUPS_PER_UNIT
 
 # (name, input shape, weight shape, options, algorithm, queues, workspace limit in bytes or None)
 SWEEP = [
@@ -257,7 +258,7 @@ def main():
     # im2col's GPU work rule set aside: on Oclgrind's device (a GPU, among its types, of one compute
     # unit) every entry is little work and would read im2col in place, which the entries above
     # reach through their channels and taps (few, or apart) instead; the others write col
-    im2col.GPU_IMPLICIT_FLOP_PER_UNIT = {"forward": 0, "backward_weight": 0}
+    rules.IM2COL_GPU_IMPLICIT_FLOP_PER_UNIT = {"forward": 0, "backward_weight": 0}
     only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""   # a part of the names to run
     for name, xs, ws, opts, algorithm, queues, limit in SWEEP:
         if only not in name:
@@ -269,10 +270,10 @@ def main():
         as_cpu = opts.pop("cpu", False)
         slices = opts.pop("slices", None)   # split-K slices the GEMM rule gives, forced (None: the rule's)
         lowered = 1 if opts.pop("panels", False) else None   # the packing rules' thresholds, lowered
-        direct.BAND_BYTES = opts.pop("band_bytes", BAND_BYTES)   # direct_rows' input band, made smaller
-        direct.GROUPS_PER_UNIT = opts.pop("groups_per_unit", GROUPS_PER_UNIT)   # 0: the forward's forms' rules
+        rules.DIRECT_BAND_BYTES = opts.pop("band_bytes", BAND_BYTES)   # direct_rows' input band, made smaller
+        rules.DIRECT_GROUPS_PER_UNIT = opts.pop("groups_per_unit", GROUPS_PER_UNIT)   # 0: the forward's forms' rules
         for rule, value in PANEL_RULES.items():
-            setattr(gemm_cpu, rule, lowered or value)
+            setattr(rules, rule, lowered or value)
         for module in (fc, im2col, pointwise):
             # (im2col on the GPU engine: grad-weight's slices limited to this many too)
             module.k_slices = (lambda *args, n=slices, **kw: n) if slices else k_slices

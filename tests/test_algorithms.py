@@ -1,5 +1,4 @@
 """Each algorithm against the reference on every case it applies to; the planner's choices."""
-import re
 
 import numpy as np
 import pyopencl as cl
@@ -7,6 +6,7 @@ import pyopencl.array as cla
 import pytest
 
 import clconv
+from clconv import rules
 from clconv import reference
 from clconv.algorithms import direct, fft, im2col, winograd
 from clconv.algorithms.direct import Direct
@@ -95,7 +95,7 @@ def test_algorithm_matches_reference(case, algorithm, engine, queue, monkeypatch
     x, w, b, dy = case.data()
     opts = case.options
     p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm=algorithm)
-    assert p.explain().count(f"[{algorithm}]") == 3
+    assert [r.algorithm for r in p.explain().records] == [algorithm] * 3
     assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float32, "forward")
     assert_close(p.forward(x, w), reference.conv2d(x, w, **opts), np.float32, "forward no bias")
     relu = lambda a: np.maximum(a, 0)   # noqa: E731  (the fused option: bias and ReLU as the output is written)
@@ -119,7 +119,7 @@ def test_forced_algorithm_that_does_not_apply_is_refused(case, algorithm, queue)
     ("dense_c6_s2", "im2col"), ("winograd_wide_d1x2", "winograd")])
 def test_auto_choice(case, expected, queue, monkeypatch):
     # (on GPUs, without the Winograd work rule, which these small cases are below: its own test)
-    monkeypatch.setattr(winograd, "GPU_MIN_FLOP_PER_UNIT", 0)
+    monkeypatch.setattr(rules, "WINOGRAD_GPU_MIN_FLOP_PER_UNIT", 0)
     case = next(c for c in CASES + EXTRA if c.name == case)
     p = clconv.plan(case.input_shape, case.weight_shape, **case.options, queue=queue)
     assert set(p.algorithms.values()) == {expected}
@@ -140,7 +140,8 @@ def test_auto_choice_of_winograd_on_small_maps(size, batch, on_cpu, queue):
     p = clconv.plan((batch, 16, size, size), (16, 16, 3, 3), padding=1, queue=queue)
     assert p.algorithms == on_cpu
     if "im2col" in on_cpu.values():
-        assert "(not winograd: on CPUs" in p.explain()
+        assert all(("winograd", "winograd-cpu-tiles") in r.passed_over for r in p.explain().records
+                   if r.algorithm == "im2col")
 
 
 @pytest.mark.parametrize("kernel,padding", [((1, 7), (0, 3)), ((7, 1), (3, 0))], ids=["1x7", "7x1"])
@@ -150,9 +151,10 @@ def test_auto_choice_for_one_row_or_column_of_taps(kernel, padding, queue):
     if not queue.device.type & cl.device_type.GPU:
         p = clconv.plan((3, 16, 12, 12), (16, 16) + kernel, padding=padding, queue=queue)
         assert set(p.algorithms.values()) == {"im2col"}
-        assert "(not winograd: on CPUs its transforms' launches for a 1x7 or 7x1 filter" in p.explain()
+        assert all(("winograd", "winograd-cpu-rows") in r.passed_over for r in p.explain().records)
     thin = clconv.plan((3, 8, 12, 12), (16, 8) + kernel, padding=padding, queue=queue)
-    assert set(thin.algorithms.values()) == {"im2col"} and "(not winograd: fewer than 16 channels" in thin.explain()
+    assert set(thin.algorithms.values()) == {"im2col"}
+    assert all(("winograd", "winograd-channels") in r.passed_over for r in thin.explain().records)
 
 
 @pytest.mark.parametrize("kernel,padding,size,batches,mflop", [
@@ -172,25 +174,28 @@ def test_auto_choice_of_winograd_on_gpus_by_work(kernel, padding, size, batches,
         if algorithm == "winograd":
             outputs = (4, 4) if kernel == (3, 3) else tuple(1 if k == 1 else 2 for k in kernel)
             form = "{}x{},{}x{}".format(*outputs, *kernel)
-            assert f"Winograd F({form})" in p.explain()
+            assert all(f"F({form})" in r.notes for r in p.explain().records)
         else:
-            assert (f"(not winograd: on GPUs, {work} MFLOP a pass (below 104, 6.5 per compute unit)"
-                    in p.explain())
+            assert all(("winograd", "winograd-gpu-work") in r.passed_over for r in p.explain().records)
+            ok, why = ALGORITHMS["winograd"].preferred(p.geometry, "forward", gpu.device)
+            assert not ok and why.rule == "winograd-gpu-work"
+            assert f"on GPUs, {work} MFLOP a pass (below 104, 6.5 per compute unit)" in why
 
 
 def test_auto_choice_of_fft(queue, monkeypatch):
     """5x5 on 27x27 images: the FFT's GEMMs need 3 multiplications per output against Winograd's 9;
     on GPUs that pays for its transforms (the work rule, below, set aside: this layer is small),
     on CPUs it does not."""
-    monkeypatch.setattr(fft, "GPU_MIN_FLOP_PER_UNIT", 0)
+    monkeypatch.setattr(rules, "FFT_GPU_MIN_FLOP_PER_UNIT", 0)
     case = next(c for c in EXTRA if c.name == "fft_g2_5x5_27")
     p = clconv.plan(case.input_shape, case.weight_shape, **case.options, queue=queue)
     gpu = bool(queue.device.type & cl.device_type.GPU)
     assert set(p.algorithms.values()) == {"fft" if gpu else "winograd"}
     if gpu:
-        assert "32x32 frames, 3.0 multiplications per output" in p.explain()
+        assert all("32x32 frames" in r.notes for r in p.explain().records)
+        assert "32x32 frames: 3.0 multiplications per output" in p.explain().record("forward").reason
     else:
-        assert "(not fft: on CPUs its image transforms cost more than its GEMMs save" in p.explain()
+        assert all(("fft", "fft") in r.passed_over for r in p.explain().records)
 
 
 def test_auto_choice_of_fft_on_gpus_by_work(queue):
@@ -202,7 +207,9 @@ def test_auto_choice_of_fft_on_gpus_by_work(queue):
         p = clconv.Plan(clconv.conv_geometry((batch, 32, 27, 27), (32, 32, 5, 5), padding=2), np.float32, gpu,
                         selfcheck=False)
         assert set(p.algorithms.values()) == {algorithm}, batch
-    assert "(not fft: on GPUs, 37 MFLOP a pass (below 40, 2.5 per compute unit)" in p.explain()
+    assert all(("fft", "fft") in r.passed_over for r in p.explain().records)
+    ok, why = ALGORITHMS["fft"].preferred(p.geometry, "forward", gpu.device)
+    assert not ok and "on GPUs, 37 MFLOP a pass (below 40, 2.5 per compute unit)" in why
 
 
 @pytest.mark.parametrize("case", ["g1_k3x3_s1_p1", "k1x1_s2", "fc_mode_padded", "stem_7x7_s2"])
@@ -213,21 +220,21 @@ def test_auto_choice_for_few_channels(case, queue):
     gpu = bool(queue.device.type & cl.device_type.GPU)
     assert p.algorithms == {"forward": "direct" if gpu else "im2col", "backward_input": "im2col",
                             "backward_weight": "im2col"}
-    assert "(not direct: a few-channel dense convolution's grad passes" in p.explain()
+    assert all(("direct", "direct-stems") in r.passed_over for r in p.explain().records if r.algorithm == "im2col")
 
 
 def test_explain_fc_mode_names_the_gemm(queue):
     p = clconv.plan((16, 8, 6, 6), (32, 8, 6, 6), queue=queue)
-    text = p.explain()
-    assert "forward [fc]: fully-connected GEMM" in text and "M=16 N=32 K=288" in text
-    assert "covers the whole input 6x6" in text and p.workspace_bytes == 0
+    forward = p.explain().record("forward")
+    assert forward.algorithm == "fc" and forward.gemm == (16, 32, 288) and forward.splits == 1
+    assert "covers the whole input 6x6" in forward.reason and p.workspace_bytes == 0
 
 
 @pytest.fixture
 def im2col_col_path(monkeypatch):
     """im2col's GPU work rule set aside (GPU_IMPLICIT_FLOP_PER_UNIT 0), for the tests of its col
     path's own rules: on a real GPU their small layers would read im2col in place instead."""
-    monkeypatch.setattr(im2col, "GPU_IMPLICIT_FLOP_PER_UNIT", {"forward": 0, "backward_weight": 0})
+    monkeypatch.setattr(rules, "IM2COL_GPU_IMPLICIT_FLOP_PER_UNIT", {"forward": 0, "backward_weight": 0})
 
 
 def _grouped_runs():
@@ -312,7 +319,7 @@ def test_split_k_grad_weight_with_chunks(images_per_chunk, queue):
     on = QueueAs(queue, max_compute_units=64) if gpu else queue
     full = clconv.Plan(g, np.float32, on, algorithm="im2col", selfcheck=False)
     algo = full._choice["backward_weight"][0]
-    assert algo.slices == (19 if gpu else 4) and f"split-K into {algo.slices} slices" in full.explain()
+    assert algo.slices == (19 if gpu else 4) and full.explain().record("backward_weight").splits == algo.slices
     limit = ((algo.rows + g.K) * g.P * images_per_chunk + algo.max_slices * g.K * g.Kd) * 4
     p = clconv.Plan(g, np.float32, on, algorithm="im2col", selfcheck=False, workspace_limit=limit)
     assert p._choice["backward_weight"][0].chunk == images_per_chunk
@@ -359,7 +366,7 @@ def test_im2col_grad_weight_splits_no_short_product(case, split, queue):
     assert algo.gemm == "gpu" and algo.chunk == case.input_shape[0]
     assert (algo.slices > 1) == split
     positions = algo.chunk * (case.input_shape[2] - 2) * (case.input_shape[3] - 2)
-    unsplit = f"unsplit ({positions} positions a chunk, below {im2col.GPU_MIN_SPLIT_POSITIONS}"
+    unsplit = f"unsplit ({positions} positions a chunk, below {rules.IM2COL_GPU_MIN_SPLIT_POSITIONS}"
     assert (unsplit in algo.describe("backward_weight")) == (not split)
     assert_close(p.backward_weight(x, dy, queue=queue), reference.conv2d_weight(x, w.shape, dy, **case.options),
                  np.float32, "grad-weight")
@@ -401,12 +408,13 @@ def test_1x1_grad_weight_per_image_partials_in_chunks(images, queue):
     p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="1x1", gemm="clblast",
                     workspace_limit=images * g.K * g.Cg * 4)
     assert p._choice["backward_weight"][0].images == images
-    assert f"partial sums of {images} image(s) per launch" in p.explain()
+    weight = p.explain().record("backward_weight")
+    assert weight.chunks[1] == images and "per-image partial sums" in weight.notes
     want = reference.conv2d_weight(x, w.shape, dy, **case.options)
     assert_close(p.backward_weight(x, dy), want, np.float32, "grad-weight")
     small = next(c for c in EXTRA if c.name == "k1x1_g3_batch5")   # 3 x 7 positions per image
-    assert "1x1: im2col" in clconv.plan(small.input_shape, small.weight_shape, **small.options, queue=queue,
-                                        gemm="clblast").explain()
+    assert "im2col layout" in clconv.plan(small.input_shape, small.weight_shape, **small.options, queue=queue,
+                                          gemm="clblast").explain().record("backward_weight").notes
 
 
 def test_1x1_grad_weight_on_the_cpu_kernel(queue):
@@ -417,9 +425,9 @@ def test_1x1_grad_weight_on_the_cpu_kernel(queue):
         case = next(c for c in EXTRA if c.name == name)
         x, w, b, dy = case.data()
         p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="1x1", gemm="cpu")
-        assert (x.shape[2] * x.shape[3] < pointwise.CPU_BLOCKS_BELOW) == blocked
-        line = next(line for line in p.explain().splitlines() if line.startswith("backward_weight"))
-        assert ("one K block per image" in line) == blocked and ("partial sums of" in line) != blocked
+        assert (x.shape[2] * x.shape[3] < rules.POINTWISE_CPU_BLOCKS_BELOW) == blocked
+        notes = p.explain().record("backward_weight").notes
+        assert ("K blocks" in notes) == blocked and ("per-image partial sums" in notes) != blocked
         assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **case.options), np.float32,
                      "grad-weight")
 
@@ -439,18 +447,19 @@ def test_cpu_gemm_packs_b_in_panels(case, algorithm, packing, queues, queue, mon
     rules lowered to every product here); on per-group queues, whose GEMMs pack nothing,
     not; explain() says which."""
     from clconv.gemm import gemm_cpu
-    monkeypatch.setattr(gemm_cpu, "PANEL_MIN_ROWS", 1)
-    monkeypatch.setattr(gemm_cpu, "PANEL_MIN_DEPTH", 1)
-    monkeypatch.setattr(gemm_cpu, "PANEL_MIN_ROW_BYTES", 1)
-    monkeypatch.setattr(gemm_cpu, "BT_PANEL_MIN_ROWS", 1)
+    monkeypatch.setattr(rules, "PANEL_MIN_ROWS", 1)
+    monkeypatch.setattr(rules, "PANEL_MIN_DEPTH", 1)
+    monkeypatch.setattr(rules, "PANEL_MIN_ROW_BYTES", 1)
+    monkeypatch.setattr(rules, "BT_PANEL_MIN_ROWS", 1)
     x, w, b, dy = case.data()
     opts = case.options
     p = clconv.Plan(conv_geometry(x.shape, w.shape, **opts), np.float32, queue, algorithm=algorithm, gemm="cpu",
                     queues=queues)
-    lines = {line.split(" ")[0]: line for line in p.explain().splitlines()[1:]}
     for name in ALL_PASSES:
+        record = p.explain().record(name)
         said = "B^T packed in panels" if name == "backward_weight" else "B packed in panels"
-        assert (said in lines[name]) == (queues == "single" and name in packing), lines[name]
+        assert (said in record.notes) == (queues == "single" and name in packing), record
+        assert ("cpu-gemm-panels" in record.rules) == (said in record.notes)
     assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float32, "forward")
     assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "grad-input")
     assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **opts), np.float32, "grad-weight")
@@ -504,7 +513,7 @@ def test_1x1_grad_weight_of_long_products_runs_the_deep_tile(case, small_grid_bo
     from clconv.gemm import gemm_gpu
     if not gemm_gpu.fits(queue.device, gemm_gpu.EIGHT_BY_FOUR):
         pytest.skip("the deep tile does not fit this device")
-    monkeypatch.setattr(gemm_gpu, "DEEP_MIN_SHARE", 0 if small_grid_bound else queue.device.max_compute_units)
+    monkeypatch.setattr(rules, "DEEP_MIN_SHARE", 0 if small_grid_bound else queue.device.max_compute_units)
     launched = []
     run = gemm_gpu.grid_gemm
 
@@ -516,9 +525,9 @@ def test_1x1_grad_weight_of_long_products_runs_the_deep_tile(case, small_grid_bo
     p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="1x1", gemm="gpu")
     algo, g = p._choice["backward_weight"][0], p.geometry
     assert algo.continuous and algo.deep_weight == deep
-    assert (g.N * g.P >= pointwise.DEEP_WEIGHT_K) == (deep or small_grid_bound)
+    assert (g.N * g.P >= rules.POINTWISE_DEEP_WEIGHT_K) == (deep or small_grid_bound)
     assert g.N % algo.slices == 0 and (algo.slices == 1 or not deep
-                                       or g.N // algo.slices * g.P >= pointwise.DEEP_WEIGHT_SLICE)
+                                       or g.N // algo.slices * g.P >= rules.POINTWISE_DEEP_WEIGHT_SLICE)
     assert ("deep tile" in algo.describe("backward_weight")) == deep
     launched.clear()   # (planning may run the device's known-answer check first)
     assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **case.options), np.float32,
@@ -553,13 +562,13 @@ def test_1x1_folds_small_maps_into_one_gemm(case, fold_below, folded, slices, qu
     still cuts their K, one group only."""
     from clconv.algorithms import pointwise
     if fold_below is not None:   # (None: the library's bound)
-        monkeypatch.setattr(pointwise, "FOLD_BELOW", fold_below)
+        monkeypatch.setattr(rules, "POINTWISE_FOLD_BELOW", fold_below)
     monkeypatch.setattr(pointwise, "k_slices", lambda device, engine, m, n, k, count, itemsize=4, *a, **kw: slices)
     x, w, b, dy = case.data()
     p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="1x1", gemm="gpu")
     algo, g = p._choice["forward"][0], p.geometry
     assert algo.fold == folded
-    assert p._choice["backward_weight"][0].continuous == (g.P < pointwise.CONTINUOUS_BELOW)   # (its own bound)
+    assert p._choice["backward_weight"][0].continuous == (g.P < rules.POINTWISE_CONTINUOUS_BELOW)   # (its own bound)
     for pass_name, k in (("forward", g.C), ("backward_input", g.K)):
         want = max(d for d in range(1, slices + 1) if k % d == 0) if g.groups == 1 else 1
         assert algo.split[pass_name] == want
@@ -569,11 +578,11 @@ def test_1x1_folds_small_maps_into_one_gemm(case, fold_below, folded, slices, qu
 
 @pytest.mark.gpu_form
 @pytest.mark.parametrize("case_name,by_images,by_positions,want", [
-    ("k1x1_per_image_g2", 1, 1, "no layout copies"),                                  # one GEMM per group
-    ("k1x1_per_image_g2", 5, 1, "5 slices of 1 image(s)"),
-    ("split_k_1x1_g1", 3, 1, "3 slices of 2 image(s)"),
-    ("split_k_1x1_g1", 1, 11, "11 slices of 13 positions of every image"),            # few images
-    ("k1x1_per_image_g2", 1, 2, "2 slices of 136 positions of every image"),
+    ("k1x1_per_image_g2", 1, 1, (1, None)),                                   # one GEMM per group
+    ("k1x1_per_image_g2", 5, 1, (5, "slices of images")),
+    ("split_k_1x1_g1", 3, 1, (3, "slices of images")),
+    ("split_k_1x1_g1", 1, 11, (11, "slices of positions")),                   # few images
+    ("k1x1_per_image_g2", 1, 2, (2, "slices of positions")),
 ], ids=["whole", "slices_of_images", "slices_of_2_images", "slices_of_positions", "grouped_positions"])
 def test_1x1_grad_weight_sums_images_in_k_blocks(case_name, by_images, by_positions, want, queue, monkeypatch):
     """On clconv's GPU kernel the sum over the images is the GEMM's own (one K block per image),
@@ -586,8 +595,9 @@ def test_1x1_grad_weight_sums_images_in_k_blocks(case_name, by_images, by_positi
         by_images if k == x.shape[0] else by_positions if k == x.shape[2] * x.shape[3] else rule(
             device, engine, m, n, k, *args, **kw)))
     p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="1x1", gemm="gpu")
-    line = next(line for line in p.explain().splitlines() if line.startswith("backward_weight"))
-    assert "the sum over the images in the GEMM (one K block per image)" in line and want in line
+    weight, (slices, how) = p.explain().record("backward_weight"), want
+    assert "K blocks" in weight.notes and "1x1-weight-blocks" in weight.rules and weight.splits == slices
+    assert (how in weight.notes) if how else not any(n.startswith("slices of") for n in weight.notes)
     want = reference.conv2d_weight(x, w.shape, dy, **case.options)
     assert_close(p.backward_weight(x, dy), want, np.float32, "grad-weight")
 
@@ -602,7 +612,7 @@ def test_winograd_chunks_and_workspace_fallback(queue):
     one = clconv.plan((1,) + x.shape[1:], w.shape, **opts, queue=queue, algorithm="winograd")
     limit = one.workspace_bytes   # one image per chunk
     p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="winograd", workspace_limit=limit)
-    assert p.explain().count("3 chunk(s) of 1 image(s)") == 3
+    assert [r.chunks for r in p.explain().records] == [(3, 1)] * 3
     assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), np.float32, "forward")
     assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), np.float32, "grad-input")
     assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **opts), np.float32,
@@ -623,7 +633,7 @@ def test_fft_chunks_float64_and_workspace_limit(queue):
         x, w, b, dy = case.data(dtype)
         p = clconv.plan(x.shape, w.shape, **opts, dtype=dtype, queue=queue, algorithm="fft",
                         workspace_limit=limit * np.dtype(dtype).itemsize // 4)
-        assert p.explain().count("2 chunk(s) of 1 image(s)") == 3
+        assert [r.chunks for r in p.explain().records] == [(2, 1)] * 3
         assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, **opts), dtype, "forward")
         assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, **opts), dtype, "grad-input")
         assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, **opts), dtype, "grad-weight")
@@ -648,8 +658,8 @@ def test_winograd_split_k_grad_weight_with_chunks(case, queue):
         p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm="winograd", workspace_limit=two,
                         queues=queues)
         assert p._choice["backward_weight"][0].chunk["backward_weight"] == 2
-        text = p.explain()
-        assert "3 chunk(s) of 2 image(s)" in text and int(re.search(r"split-K into (\d+) slices", text)[1]) > 1
+        weight = p.explain().record("backward_weight")
+        assert weight.chunks == (3, 2) and weight.splits > 1 and "winograd-weight-split" in weight.rules
         results.append(p.backward_weight(x, dy))
         assert_close(results[-1], want, np.float32, f"grad-weight, {queues}")
     np.testing.assert_array_equal(*results)
@@ -671,8 +681,7 @@ def test_winograd_grad_weight_split_cap(kind, cap, slices, queue):
     p = clconv.Plan(g, np.float32, QueueAs(queue, type=kind), algorithm="winograd", selfcheck=False)
     algo = p._choice["backward_weight"][0]
     assert algo.max_slices == cap and algo._slices(4096) == slices
-    text = p.explain()
-    assert f"split-K into {slices} slices of the tiles summed in order (a divisor of them, at most {cap}:" in text
+    assert p.explain().record("backward_weight").splits == slices
 
 
 GROUPED_KG4 = Case("grouped_kg4_s1", 2, 8, 13, 11, 8, 3, 3, padding=1, groups=2)
@@ -773,7 +782,7 @@ def test_direct_forward_forms(case, form, dtype, queue, monkeypatch):
     grad-input (the stride-1 grad-input runs the same kernel over flipped weights)."""
     if dtype == np.float64 and not has_fp64(queue.device):
         pytest.skip("the device has no float64")
-    monkeypatch.setattr(direct, "GROUPS_PER_UNIT", 0)
+    monkeypatch.setattr(rules, "DIRECT_GROUPS_PER_UNIT", 0)
     algo = _direct_staged(case, dtype, 1, queue)
     assert set(algo.form.values()) == {form}
     line = algo.describe("forward")
@@ -808,9 +817,9 @@ def test_direct_rows_load_short_rows_once(case, short, queue):
     x, w, b, dy = case.data()
     p = clconv.Plan(conv_geometry(x.shape, w.shape, **case.options), np.float32,
                     QueueAs(queue, type=cl.device_type.CPU), algorithm="direct", selfcheck=False)
-    line, rows = p.explain().splitlines()[1], p._choice["forward"][0].rows["forward"][1]
-    assert ("each input row loaded once, zero-padded" in line) == short
-    assert ("output rows summed at once" in line) == (rows > 1)   # (rows per work-item: the device's cores)
+    notes, rows = p.explain().record("forward").notes, p._choice["forward"][0].rows["forward"][1]
+    assert ("short rows" in notes) == short
+    assert any(n.endswith("rows at once") for n in notes) == (rows > 1)   # (rows per work-item: the device's cores)
     assert_close(p.forward(x, w, b, queue=queue), reference.conv2d(x, w, b, **case.options), np.float32, "forward")
     assert_close(p.backward_input(w, dy, queue=queue), reference.conv2d_input(x.shape, w, dy, **case.options),
                  np.float32, "grad-input")
@@ -828,14 +837,14 @@ def test_direct_rows_load_short_rows_once(case, short, queue):
 ], ids=repr)
 def test_direct_rows_zero_padded_band(case, band, rows, band_bytes, queue, monkeypatch):
     """On CPUs, direct_rows over rows longer than a vector copies its input rows, zero-padded, into
-    local memory where that pays (direct.BAND_MIN_USES, BAND_MIN_EDGES), in bands of fewer rows than
+    local memory where that pays (rules.DIRECT_BAND_MIN_USES, BAND_MIN_EDGES), in bands of fewer rows than
     a plane where a plane's do not fit BAND_BYTES. Forward and grad-input against the reference."""
     if band_bytes:
-        monkeypatch.setattr(direct, "BAND_BYTES", band_bytes)
+        monkeypatch.setattr(rules, "DIRECT_BAND_BYTES", band_bytes)
     x, w, b, dy = case.data()
     p = clconv.Plan(conv_geometry(x.shape, w.shape, **case.options), np.float32,
                     QueueAs(queue, type=cl.device_type.CPU, max_compute_units=1), algorithm="direct", selfcheck=False)
-    assert ("copied zero-padded into local memory" in p.explain().splitlines()[1]) == band
+    assert ("input band" in p.explain().record("forward").notes) == band
     if rows:
         assert p._choice["forward"][0].rows["forward"][1] == rows
     assert_close(p.forward(x, w, b, queue=queue), reference.conv2d(x, w, b, **case.options), np.float32, "forward")
@@ -855,13 +864,13 @@ def test_direct_weight_rows_zero_padded_band(case, band_rows, band_bytes, queue,
     zero-padded, into local memory where that pays (as direct_rows), BR as many of an image's rows as
     fit BAND_BYTES; a work-item's slice of rows may end inside an image. Against the reference."""
     if band_bytes:
-        monkeypatch.setattr(direct, "BAND_BYTES", band_bytes)
+        monkeypatch.setattr(rules, "DIRECT_BAND_BYTES", band_bytes)
     x, w, b, dy = case.data()
     p = clconv.Plan(conv_geometry(x.shape, w.shape, **case.options), np.float32,
                     QueueAs(queue, type=cl.device_type.CPU, max_compute_units=1), algorithm="direct", selfcheck=False)
     algo = p._choice["backward_weight"][0]
     assert (algo._weight_band() or (None,))[0] == band_rows
-    assert (f"under up to {band_rows} output row(s)" in p.explain()) == bool(band_rows)
+    assert (f"input band of {band_rows} rows" in p.explain().record("backward_weight").notes) == bool(band_rows)
     assert_close(p.backward_weight(x, dy, queue=queue), reference.conv2d_weight(x, w.shape, dy, **case.options),
                  np.float32, "grad-weight")
 
@@ -877,13 +886,13 @@ def test_direct_staged_float64(case, queue):
 def test_auto_passes_over_winograd_above_the_workspace_limit(queue, monkeypatch):
     # many filters, few pixels: Winograd's 36 x 64 x 16 transformed filters need more than im2col
     # (on GPUs, without the Winograd work rule, which 1.5 MFLOP is below: its own test)
-    monkeypatch.setattr(winograd, "GPU_MIN_FLOP_PER_UNIT", 0)
+    monkeypatch.setattr(rules, "WINOGRAD_GPU_MIN_FLOP_PER_UNIT", 0)
     x = np.random.default_rng(0).standard_normal((1, 16, 9, 9)).astype(np.float32)
     w = np.random.default_rng(1).standard_normal((64, 16, 3, 3)).astype(np.float32)
     assert clconv.plan(x.shape, w.shape, padding=1, queue=queue).algorithms["forward"] == "winograd"
     p = clconv.plan(x.shape, w.shape, padding=1, queue=queue, workspace_limit=80000)
     assert set(p.algorithms.values()) == {"im2col"}
-    assert "(not winograd: one image of input [1, 16, 9, 9]" in p.explain()
+    assert all(("winograd", "workspace") in r.passed_over for r in p.explain().records)
     assert_close(p.forward(x, w), reference.conv2d(x, w, padding=1), np.float32, "forward")
     # below one output position's column (16 x 3 x 3 values) nothing fits, not even im2col's tiles
     with pytest.raises(ValueError, match=r"winograd: one image .* im2col: one output position .* \(one image needs"):
@@ -919,9 +928,9 @@ def test_tuned_winner_above_the_workspace_limit_is_passed_over(queue, monkeypatc
     g = clconv.plan(xs, ws, padding=1, queue=queue).geometry
     tuning.store({tuning.entry_key(queue.device, np.float32, g, p): {"algorithm": "winograd", "queues": "single",
                                                                      "ms": 1.0} for p in ("forward",)})
-    assert clconv.plan(xs, ws, padding=1, queue=queue).explain().count("tuning cache") == 1
+    assert sum("tuned" in r.rules for r in clconv.plan(xs, ws, padding=1, queue=queue).explain().records) == 1
     p = clconv.plan(xs, ws, padding=1, queue=queue, workspace_limit=80000)   # Winograd needs more
-    assert p.algorithms["forward"] == "im2col" and "tuning cache" not in p.explain()
+    assert p.algorithms["forward"] == "im2col" and not any("tuned" in r.rules for r in p.explain().records)
 
 
 def test_direct_grad_weight_partials_fit_the_workspace_limit(queue):
@@ -960,7 +969,7 @@ def test_winograd_transforms_per_cpu_runtime(platform, name, queue):
     g = conv_geometry(x.shape, w.shape, **opts)
     p = clconv.Plan(g, np.float32, QueueAs(queue, type=cl.device_type.CPU, platform=_Platform(platform)),
                     algorithm="winograd", selfcheck=False)
-    assert ("transforms in rows" in p.explain()) is rows
+    assert all(("row transforms" in r.notes) is rows for r in p.explain().records)
     assert_close(p.forward(x, w, b, queue=queue), reference.conv2d(x, w, b, **opts), np.float32, "forward")
     assert_close(p.backward_input(w, dy, queue=queue), reference.conv2d_input(x.shape, w, dy, **opts), np.float32,
                  "grad-input")
@@ -1087,8 +1096,8 @@ def test_deep_tile(case, algorithm, slices, queue, monkeypatch, im2col_col_path)
     from clconv.algorithms import pointwise
     from clconv.gemm import gemm_gpu
     module = im2col if algorithm == "im2col" else pointwise
-    monkeypatch.setattr(gemm_gpu, "DEEP_K", 9)
-    monkeypatch.setattr(gemm_gpu, "DEEP_MIN_SHARE", 1 << 20)   # (a grid of one work-group large enough)
+    monkeypatch.setattr(rules, "DEEP_K", 9)
+    monkeypatch.setattr(rules, "DEEP_MIN_SHARE", 1 << 20)   # (a grid of one work-group large enough)
     monkeypatch.setattr(gemm_gpu, "tile", lambda *args, **kwargs: gemm_gpu.TILES[2][0])
     monkeypatch.setattr(module, "k_slices", lambda *args, **kwargs: slices)
     tiles, run, planes = {}, gemm_gpu.grid_gemm, gemm_gpu.sliced   # {pass: tiles its GEMMs launched}
@@ -1118,7 +1127,7 @@ def test_deep_tile(case, algorithm, slices, queue, monkeypatch, im2col_col_path)
 ], ids=repr)
 def test_split_k_only_from_the_least_depth(case, pass_name, units, split, note, queue):
     """On clconv's GPU kernel a forward's or grad-input's product is split only from
-    gemm.MIN_SPLIT_DEPTH deep, however idle its grid leaves the device (a 1x1 over a 5x7 map on a
+    rules.MIN_SPLIT_DEPTH deep, however idle its grid leaves the device (a 1x1 over a 5x7 map on a
     stand-in of 132 compute units); explain() says so where the rule alone keeps it whole (not
     where the grid fills the device anyway). Against the reference."""
     x, w, b, dy = case.data()
@@ -1129,7 +1138,7 @@ def test_split_k_only_from_the_least_depth(case, pass_name, units, split, note, 
     text = algo.describe(pass_name)
     assert (algo.split[pass_name] > 1) == split and ("split-K into" in text) == split
     depth = case.weight_shape[1] if pass_name == "forward" else case.weight_shape[0]
-    assert (f"not split-K (K={depth}, below {clconv.gemm.MIN_SPLIT_DEPTH}" in text) == note
+    assert (f"not split-K (K={depth}, below {rules.MIN_SPLIT_DEPTH}" in text) == note
     if pass_name == "forward":
         assert_close(p.forward(x, w, queue=queue), reference.conv2d(x, w, **case.options), np.float32, "forward")
     else:
@@ -1238,7 +1247,11 @@ def test_auto_direct_for_wider_groups_on_cpus_only(case, cpu_weight, why, gpu, q
     want = "im2col" if gpu else "direct"
     assert p.algorithms == {"forward": want, "backward_input": want, "backward_weight": "im2col" if gpu else cpu_weight}
     taps = case.weight_shape[1] * 9
-    assert (f"{taps} taps per group, above 64" if gpu else why or "backward_weight [direct]") in p.explain()
+    refused = [r.pass_name for r in p.explain().records if ("direct", "direct-taps") in r.passed_over]
+    assert refused == (list(ALL_PASSES) if gpu else ["backward_weight"] if why else [])
+    if gpu or why:
+        said = ALGORITHMS["direct"].preferred(p.geometry, "backward_weight", on.device)[1]
+        assert (f"{taps} taps per group, above 64" if gpu else why) in said
     x, w, b, dy = case.data()
     opts = case.options
     assert_close(p.forward(x, w, b, queue=queue), reference.conv2d(x, w, b, **opts), np.float32, "forward")
@@ -1246,3 +1259,28 @@ def test_auto_direct_for_wider_groups_on_cpus_only(case, cpu_weight, why, gpu, q
                  "grad-input")
     assert_close(p.backward_weight(x, dy, queue=queue), reference.conv2d_weight(x, w.shape, dy, **opts), np.float32,
                  "grad-weight")
+
+
+def test_explain_is_records_printed_as_a_narrow_table(queue):
+    """explain(): a PassRecord per pass whose fields a program reads, its rules named as the docs'
+    algorithms page names its sections; printed, at most 100 columns a line (the demo's layer)."""
+    import pathlib
+    from clconv.explanation import PassRecord
+    p = clconv.plan((4, 96, 27, 27), (256, 48, 5, 5), padding=2, groups=2, queue=queue)
+    e = p.explain()
+    assert [r.pass_name for r in e.records] == list(ALL_PASSES) and all(isinstance(r, PassRecord) for r in e.records)
+    assert [r.algorithm for r in e.records] == [p.algorithms[name] for name in ALL_PASSES]
+    assert all(r.workspace == p._workspace_elements(r.pass_name) * 4 and len(r.reason) <= 120 for r in e.records)
+    assert e.header["groups"] == 2 and e.header["gemm"] == p.gemm and max(map(len, str(e).splitlines())) <= 100
+    docs = (pathlib.Path(__file__).parent.parent / "docs" / "guide" / "algorithms.md").read_text()
+    named = {rule for r in e.records for rule in r.rules} | {rule for r in e.records for _, rule in r.passed_over}
+    assert all(f"(rule-{rule})=" in docs for rule in named), named
+    p.forward(*case_data(p))
+    assert e.record("forward").launches is None and p.explain().record("forward").launches == tuple(
+        p.launches("forward"))
+
+
+def case_data(p):
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal(p.geometry.input_shape).astype(np.float32),
+            rng.standard_normal(p.geometry.weight_shape).astype(np.float32))

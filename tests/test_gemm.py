@@ -6,7 +6,7 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from clconv import gemm
+from clconv import gemm, rules
 from clconv.gemm import Operand, gemm_cpu, gemm_gpu
 from helpers import QueueAs, assert_close
 
@@ -461,7 +461,9 @@ def test_plan_fixes_its_engine_and_explains_it(queue, monkeypatch):
     monkeypatch.setenv("CLCONV_GEMM", "clblast")
     p = clconv.plan((2, 8, 9, 9), (8, 8, 3, 3), padding=1, queue=queue, algorithm="im2col")
     monkeypatch.setenv("CLCONV_GEMM", "clconv")   # later changes do not reach a built plan
-    assert p.gemm == "clblast" and "GEMMs on clblast (CLCONV_GEMM=clblast asks for it)" in p.explain()
+    header = p.explain().header
+    assert p.gemm == header["gemm"] == "clblast" and header["gemm_reason"] == "CLCONV_GEMM=clblast asks for it"
+    assert all(r.engine == "clblast" for r in p.explain().records if r.gemm)
 
 
 @pytest.mark.parametrize("m,n,count,want", [
@@ -576,15 +578,15 @@ def test_cpu_kernel_packs_b_in_panels(variant, dtype, a_transp, b_transp, queue,
     part one read as zeros past its edge; the workspace around the panels stays untouched."""
     if variant == "vw4":
         monkeypatch.setattr(gemm_cpu, "vector_width", lambda device, itemsize: 4)
-    monkeypatch.setattr(gemm_cpu, "PANEL_MIN_ROWS", 67)
-    monkeypatch.setattr(gemm_cpu, "PANEL_MIN_DEPTH", 29)
-    monkeypatch.setattr(gemm_cpu, "BT_PANEL_MIN_ROWS", 67)
-    monkeypatch.setattr(gemm_cpu, "BT_PANEL_MAX_DEPTH", 59)
+    monkeypatch.setattr(rules, "PANEL_MIN_ROWS", 67)
+    monkeypatch.setattr(rules, "PANEL_MIN_DEPTH", 29)
+    monkeypatch.setattr(rules, "BT_PANEL_MIN_ROWS", 67)
+    monkeypatch.setattr(rules, "BT_PANEL_MAX_DEPTH", 59)
     itemsize = np.dtype(dtype).itemsize
     size = lambda m, n, k: gemm_cpu.panels_size(queue.device, m, n, k, GI * GJ, itemsize,   # noqa: E731
                                                 b_transp=b_transp)
     cols = gemm_cpu.tile(queue.device, 67, 130, 29, GI * GJ, itemsize, False).cols
-    monkeypatch.setattr(gemm_cpu, "PANEL_MIN_ROW_BYTES", 130 * itemsize)
+    monkeypatch.setattr(rules, "PANEL_MIN_ROW_BYTES", 130 * itemsize)
     if b_transp:   # below the rule: too few rows (twice as many from half its depth on), too deep
         assert size(66, 130, 29) == size(133, 130, 30) == size(200, 130, 59) == 0 < size(134, 130, 30)
     else:          # too few rows, too shallow, rows too short
@@ -683,7 +685,7 @@ def test_split_k_partials_summed_in_order(n, stride, offsets, accumulate, forced
 
 def test_split_k_sums_on_gpus_four_wide_where_they_fill_the_device(queue, monkeypatch):
     """On a GPU (a stand-in of two compute units) the sum runs in work-groups of
-    partials.GPU_LOCAL (or the kernel's limit), four values per work-item where n / 4 work-items
+    rules.PARTIALS_GPU_LOCAL (or the kernel's limit), four values per work-item where n / 4 work-items
     make a work-group per compute unit, else one; those launches (made on this queue) give the
     same bits as NumPy."""
     from clconv.algorithms import partials
@@ -691,7 +693,7 @@ def test_split_k_sums_on_gpus_four_wide_where_they_fill_the_device(queue, monkey
     from clconv.programs import recording, work_group_limit
     gpu = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=2).device
     local = partials._local_size(gpu)
-    assert local == min(partials.GPU_LOCAL, 1 << (queue.device.max_work_group_size.bit_length() - 1))
+    assert local == min(rules.PARTIALS_GPU_LOCAL, 1 << (queue.device.max_work_group_size.bit_length() - 1))
     rule, launch, locals_ = partials._four_wide, partials.launch, []
     # (the GPU's rule asked of the stand-in; the launches, on this queue, record their work-groups)
     monkeypatch.setattr(partials, "_local_size", lambda device: local)

@@ -1,6 +1,5 @@
 """Images whose workspace exceeds the budget run in tiles of output rows (im2col) or in ranges
 of tile rows (Winograd), every pass, against the float64 reference, the same bits on every run."""
-import re
 
 import numpy as np
 import pyopencl as cl
@@ -8,6 +7,7 @@ import pyopencl.array as cla
 import pytest
 
 import clconv
+from clconv import rules
 from clconv import reference
 from clconv.algorithms import im2col, winograd
 from helpers import Case, QueueAs, assert_close
@@ -50,11 +50,11 @@ def test_one_image_in_tiles(case, algorithm, budget, queue):
     limit = 3 * row if budget == "rows" else max(row // 3, 2 * row // full.geometry.OW)
     p = clconv.plan(x.shape, w.shape, **opts, queue=queue, algorithm=algorithm, workspace_limit=limit)
     if algorithm == "im2col" and budget == "rows":   # at most 3 rows (GPUs: split-K's partials take their share)
-        bands = re.findall(r" tiles of (\d+) output rows per image", p.explain())
-        assert len(bands) == 3 and all(1 <= int(rows) <= 3 for rows in bands), p.explain()
+        pieces = [r.pieces for r in p.explain().records]
+        assert all(unit == "output rows" and 1 <= rows <= 3 for _, rows, unit in pieces), p.explain()
     elif algorithm == "im2col":
-        cols = re.findall(r" tiles of (\d+) output columns of one row per image", p.explain())
-        assert len(cols) == 3 and all(1 <= int(c) < full.geometry.OW for c in cols), p.explain()
+        pieces = [r.pieces for r in p.explain().records]
+        assert all(unit == "output columns" and 1 <= c < full.geometry.OW for _, c, unit in pieces), p.explain()
     assert p.workspace_bytes <= limit
     _check_passes(p, case, queue)
 
@@ -66,24 +66,24 @@ CACHE_TILED = [Case("cache_k3_p1", 1, 3, 37, 29, 4, 3, 3, padding=1),
 
 @pytest.mark.parametrize("case", CACHE_TILED, ids=repr)
 def test_cpu_col_above_the_cache_budget_in_tiles(case, queue, monkeypatch):
-    """On CPUs an image whose col is above im2col.CPU_COL_BYTES (here three rows' col) runs in
+    """On CPUs an image whose col is above rules.IM2COL_CPU_COL_BYTES (here three rows' col) runs in
     tiles of at most that much col whatever the workspace limit, grad-weight's tiles each added
     by their own GEMM (no partial sums); a GPU's plan of the same layer keeps whole images."""
     if queue.device.type & cl.device_type.GPU:
         pytest.skip("a CPU rule")
     x, w = case.data()[:2]
     row = _row_bytes(clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="im2col"))
-    monkeypatch.setattr(im2col, "CPU_COL_BYTES", 3 * row)
+    monkeypatch.setattr(rules, "IM2COL_CPU_COL_BYTES", 3 * row)
     p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="im2col")
-    bands = re.findall(rf" tiles of (\d+) output rows per image \(one image's col is \d+ bytes, above {3 * row}: ",
-                       p.explain())
-    assert len(bands) == 3 and all(1 <= int(rows) <= 3 for rows in bands), p.explain()
+    records = p.explain().records
+    assert all(r.pieces[2] == "output rows" and 1 <= r.pieces[1] <= 3 and "im2col-cpu-col-bytes" in r.rules
+               for r in records), p.explain()
     assert p.workspace_bytes <= 3 * row
     _check_passes(p, case, queue)
     assert "sum_partials" not in " ".join(p.launches("backward_weight")), p.launches("backward_weight")
     gpu = clconv.Plan(p.geometry, np.float32, QueueAs(queue, type=cl.device_type.GPU), algorithm="im2col",
                       selfcheck=False)
-    assert " tiles of " not in gpu.explain(), gpu.explain()
+    assert not any(r.pieces for r in gpu.explain().records), gpu.explain()
 
 
 @pytest.mark.parametrize("case", WINOGRAD_TILED, ids=repr)
@@ -92,10 +92,10 @@ def test_winograd_in_ranges_of_tile_rows(case, queue):
     image in pieces of its tile rows."""
     x, w = case.data()[:2]
     one = clconv.plan((1,) + x.shape[1:], w.shape, **case.options, queue=queue, algorithm="winograd")
-    limit = min(int(b) for b in re.findall(r"workspace (\d+) bytes", one.explain())) // 2
+    limit = min(r.workspace for r in one.explain().records) // 2
     p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="winograd", workspace_limit=limit)
-    pieces = re.findall(r" pieces of (\d+) of its (\d+) tile rows", p.explain())
-    assert len(pieces) == 3 and all(int(rows) < int(of) for rows, of in pieces), p.explain()
+    records = p.explain().records   # (more than one piece: fewer tile rows than the image's)
+    assert all(r.pieces[2] == "tile rows" and r.pieces[0] > 1 and "workspace" in r.rules for r in records), p.explain()
     assert p.workspace_bytes <= limit
     _check_passes(p, case, queue)
 
@@ -103,32 +103,30 @@ def test_winograd_in_ranges_of_tile_rows(case, queue):
 @pytest.mark.parametrize("case", WINOGRAD_TILED[:2], ids=repr)
 def test_cpu_winograd_above_the_cache_budget_in_pieces(case, queue, monkeypatch):
     """On CPUs forward and grad-input of an image whose Winograd workspace is above
-    winograd.CPU_PIECE_BYTES (here half the smallest pass's) run in pieces of its tile rows
+    rules.WINOGRAD_CPU_PIECE_BYTES (here half the smallest pass's) run in pieces of its tile rows
     whatever the workspace limit, grad-weight on whole images; a budget below one tile row leaves
     whole images (no error); a GPU's plan keeps whole images."""
     if queue.device.type & cl.device_type.GPU:
         pytest.skip("a CPU rule")
     x, w = case.data()[:2]
     one = clconv.plan((1,) + x.shape[1:], w.shape, **case.options, queue=queue, algorithm="winograd")
-    cap = min(int(b) for b in re.findall(r"workspace (\d+) bytes", one.explain())) // 2
-    monkeypatch.setattr(winograd, "CPU_PIECE_BYTES", cap)
+    cap = min(r.workspace for r in one.explain().records) // 2
+    monkeypatch.setattr(rules, "WINOGRAD_CPU_PIECE_BYTES", cap)
     p = clconv.plan(x.shape, w.shape, **case.options, queue=queue, algorithm="winograd")
-    text = p.explain().split("\n")
-    for line in text[1:3]:
-        assert re.search(rf" pieces of \d+ of its \d+ tile rows \(one image needs \d+ workspace bytes, above "
-                         rf"{cap} beyond the filters' transform: pieces whose workspace stays in a CPU's caches\)",
-                         line), line
+    forward, grad_input, grad_weight = p.explain().records
+    for record in (forward, grad_input):
+        assert record.pieces[2] == "tile rows" and "winograd-cpu-pieces" in record.rules, record
         u = 36 * w.shape[0] * w.shape[1] * 4   # the filters' transform, which the pieces share
-        assert int(re.search(r"workspace (\d+) bytes", line)[1]) <= cap + u, line
-    assert " pieces of " not in text[3], text[3]
+        assert record.workspace <= cap + u, record
+    assert not grad_weight.pieces, grad_weight
     _check_passes(p, case, queue)
-    monkeypatch.setattr(winograd, "CPU_PIECE_BYTES", 1)
-    assert " pieces of " not in clconv.plan(x.shape, w.shape, **case.options, queue=queue,
-                                             algorithm="winograd").explain()
-    monkeypatch.setattr(winograd, "CPU_PIECE_BYTES", cap)
+    monkeypatch.setattr(rules, "WINOGRAD_CPU_PIECE_BYTES", 1)
+    assert not any(r.pieces for r in clconv.plan(x.shape, w.shape, **case.options, queue=queue,
+                                                 algorithm="winograd").explain().records)
+    monkeypatch.setattr(rules, "WINOGRAD_CPU_PIECE_BYTES", cap)
     gpu = clconv.Plan(p.geometry, np.float32, QueueAs(queue, type=cl.device_type.GPU), algorithm="winograd",
                       selfcheck=False)
-    assert " pieces of " not in gpu.explain(), gpu.explain()
+    assert not any(r.pieces for r in gpu.explain().records), gpu.explain()
 
 
 def _check_passes(p, case, queue):
@@ -173,8 +171,9 @@ def test_gpu_forms_in_tiles(case, budget, queue):
     row = _row_bytes(full)
     limit = {"images": None, "rows": 3 * row, "columns": max(row // 3, 2 * row // full.geometry.OW)}[budget]
     p = clconv.Plan(full.geometry, np.float32, gpu, algorithm="im2col", workspace_limit=limit, selfcheck=False)
-    assert set(p.algorithms.values()) == {"im2col"} and (limit is None) == (" tiles of " not in p.explain())
-    assert (limit is None) == ("grad_output read in place" in p.explain())   # (whole images: the folded GEMM)
+    records = p.explain().records
+    assert set(p.algorithms.values()) == {"im2col"} and (limit is None) == (not any(r.pieces for r in records))
+    assert (limit is None) == ("grad_output in place" in p.explain().record("backward_input").notes)   # (folded)
     assert_close(p.backward_input(w, dy, queue=queue), reference.conv2d_input(x.shape, w, dy, **opts), np.float32,
                  "grad-input")
     if limit is None:   # (tiles: grad-input's col2im; the H200's run of this module covers the rest)
@@ -187,12 +186,12 @@ def test_auto_runs_what_no_whole_image_fits(queue, monkeypatch):
     """A 3x3 stride-1 layer Winograd would take: with a budget below one image's workspace for
     every algorithm, "auto" still takes Winograd, in pieces of the image's tile rows (on GPUs
     without the Winograd work rule, which this layer's 3.9 MFLOP is below: its own test)."""
-    monkeypatch.setattr(winograd, "GPU_MIN_FLOP_PER_UNIT", 0)
+    monkeypatch.setattr(rules, "WINOGRAD_GPU_MIN_FLOP_PER_UNIT", 0)
     case = Case("wide", 1, 16, 30, 28, 16, 3, 3, padding=1)
     x, w, b, dy = case.data()
     limit = 5 * 16 * 9 * 28 * 4
     p = clconv.plan(x.shape, w.shape, padding=1, queue=queue, workspace_limit=limit)
-    assert set(p.algorithms.values()) == {"winograd"} and p.explain().count(" pieces of ") == 3, p.explain()
+    assert set(p.algorithms.values()) == {"winograd"} and all(r.pieces for r in p.explain().records), p.explain()
     assert_close(p.forward(x, w, b), reference.conv2d(x, w, b, padding=1), np.float32, "forward")
     assert_close(p.backward_input(w, dy), reference.conv2d_input(x.shape, w, dy, padding=1), np.float32, "grad-input")
     assert_close(p.backward_weight(x, dy), reference.conv2d_weight(x, w.shape, dy, padding=1), np.float32,

@@ -5,7 +5,7 @@ whether ``algorithm="auto"`` should pick it for a pass on a device
 (:meth:`Algorithm.preferred`), each with its reason. An instance is built for one geometry,
 compute dtype, device, workspace budget, per-group-queue choice and GEMM engine; it raises
 ValueError when it cannot run within the budget. It then states the workspace each pass
-needs (``workspace``, in compute-dtype elements), describes each pass for ``explain()``, and
+needs (``workspace``, in compute-dtype elements), states each pass's facts for ``explain()``, and
 enqueues the passes on :class:`clconv.buffers.Ref` s:
 
   forward(queue, x, w, bias, y, ws, relu)  y = conv(x, w) (+ bias; bias may be None), then
@@ -23,6 +23,12 @@ from ..geometry import PASSES
 def pow2_at_least(n):
     """The smallest power of two >= n (1 for n <= 1)."""
     return 1 << max(0, (n - 1).bit_length())
+
+
+def split_rules(slices, unsplit=""):
+    """The split-K rules behind a forward's or grad-input's ``slices`` (rule-split-k-fill), or
+    where MIN_SPLIT_DEPTH alone kept it whole (``unsplit``, its note: rule-split-depth)."""
+    return ("split-k-fill",) if slices > 1 else ("split-depth",) if unsplit else ()
 
 
 class Algorithm:
@@ -49,8 +55,15 @@ class Algorithm:
         self.packs = gemm == "cpu" and not (per_group and g.groups > 1)
 
     def describe(self, pass_name):
-        """One line on how ``pass_name`` runs, for ``Plan.explain()``."""
+        """One line on how ``pass_name`` runs, in words."""
         raise NotImplementedError
+
+    def facts(self, pass_name):
+        """What ``Plan.explain()`` records of ``pass_name`` (:class:`clconv.explanation.PassRecord`):
+        a dict of ``gemm`` (M, N, K) of each GEMM, ``batch`` (GEMMs per grid), ``chunks``
+        (chunks, images each) or ``pieces`` (pieces per image, size, unit), ``splits``
+        (split-K slices), ``rules`` (names of the rules that shaped the pass) and ``notes``."""
+        return {}
 
     def forward(self, queue, x, w, bias, y, ws, relu=False):
         raise NotImplementedError

@@ -11,19 +11,14 @@ atomics.
 """
 import pyopencl as cl
 
+from .. import rules
 from ..bias import flags
 from ..buffers import idx_for
 from ..device import cpu_vector_width
+from ..explanation import Reason
 from ..programs import get_kernel, launch, reduction_work_group
 from .base import Algorithm, pow2_at_least
 
-MAX_TAPS = 64         # Cg * kh * kw above this (groups > 1): on GPUs, and for most CPU grad-weights, a
-                      # GEMM pays again, and the GPU grad-weight's private accumulators (one per tap) grow
-CPU_MAX_TAPS = 216    # up to this on CPUs, forward and grad-input: the most taps a group may have
-CPU_MAX_WEIGHT_TAPS = 144   # and for a stride-1 grad-weight on CPUs (see Direct.preferred)
-MAX_FILTERS = 64      # Kg above this: a GEMM over the group's filters pays again
-MAX_DENSE_CHANNELS = 4     # a dense convolution (groups == 1) of at most this many input channels,
-MAX_DENSE_TAPS = 4 * 7 * 7   # and taps, applies whatever its filters (stems)
 MAX_ACC = 32          # forward accumulators per work-item (filters x rows)
 MAX_PATCH = 3072      # elements of one channel's local-memory patch (12 KiB in float32, 24 KiB in float64)
 MAX_WEIGHTS = 2048    # and of the forward's staged weights (KB filters x taps), at most; else read in place
@@ -70,85 +65,29 @@ def _filters_per_item(g, tile, compute_units):
                 if kb == 1 or g.Kg % kb == 0 and kb * ry <= MAX_ACC and planes // kb >= compute_units)
 
 
-# GPU forward kernel over small planes: a work-group (a tile of one plane) stages a patch for few sums,
-# and many such work-groups leave the device waiting on their reads. H200, batch 32, the networks'
-# depthwise forwards and stride-1 grad-inputs (42 passes), device time against one staged plane per
-# work-group: read in place (no local memory, no barrier), four planes per work-group in turn, where
-# each input value feeds at most IN_PLACE_USES sums (3x3 stride 2: 0.70-0.93x) or the staged tile
-# would take one output row per work-item (maps of at most 16 rows, stride 1: 0.65-0.97x; 5x5 at
-# stride 2 on a 7x7 map 1.25x, so not there); staged, four planes in turn, each work-group reading
-# the next plane's patch ahead during this one's sums, where each input value feeds at least
-# PLANE_USES sums (5x5 and 7x7 at stride 1 on 28x28 and 56x56 maps: 0.88-0.94x; 3x3 up to 1.1x).
-# All 42 passes 0.85x; at batch 1 (too few work-groups) nothing changes.
-IN_PLACE_USES = 4
-PLANE_USES = 16
-PLANES = 4             # planes per work-group in either form
-GROUPS_PER_UNIT = 8    # work-groups per compute unit that PLANES per work-group must leave
 
 
 def _forward_form(g, tile, kb, compute_units):
     """(in place, NP) of the GPU forward kernel over geometry ``g`` with ``tile`` and ``kb``
     filters per work-item: whether it reads its input in place rather than staging patches, and
-    the (n, k-block) planes each work-group takes in turn (see IN_PLACE_USES)."""
+    the (n, k-block) planes each work-group takes in turn (see rules.DIRECT_IN_PLACE_USES)."""
     tx, ty, _, _, ry = tile
     tiles = -(-g.OW // tx) * -(-g.OH // (ty * ry))
-    if tiles * -(-(g.N * g.K // kb) // PLANES) < GROUPS_PER_UNIT * compute_units:
+    if tiles * -(-(g.N * g.K // kb) // rules.DIRECT_PLANES) < rules.DIRECT_GROUPS_PER_UNIT * compute_units:
         return False, 1
     uses = g.kh * g.kw / (g.stride[0] * g.stride[1])
-    if kb == 1 and g.Cg == 1 and (uses <= IN_PLACE_USES or (ry == 1 and g.stride == (1, 1))):
-        return True, PLANES
-    return False, PLANES if uses >= PLANE_USES else 1
+    if kb == 1 and g.Cg == 1 and (uses <= rules.DIRECT_IN_PLACE_USES or (ry == 1 and g.stride == (1, 1))):
+        return True, rules.DIRECT_PLANES
+    return False, rules.DIRECT_PLANES if uses >= rules.DIRECT_PLANE_USES else 1
 
 
-CPU_ITEMS_PER_UNIT = 8   # CPU devices: work-items (one per work-group) per compute unit, at least
-CPU_MAX_FILTERS = 8      # and filters per work-item: 8 vector sums beside an input vector and a weight
-# CPU forward rows of at most SHORT_ROW_VECTORS vectors load each tap row's input once (direct_rows'
-# short-row form), while filters x vectors, the accumulators, stay within SHORT_ROW_ACC. PoCL, 2-core
-# Xeon, batch 4, each against the other form in one process: the networks' depthwise and grouped
-# passes on 7x7 maps 0.45-0.8x the time (geometric mean of all 60 direct passes 0.90); rows of two
-# vectors (14x14 maps) 1.06-1.86x, so they keep the vector-by-vector form.
-SHORT_ROW_VECTORS = 1
-SHORT_ROW_ACC = 8
-# CPU forward rows (short or not, any stride and dilation) sum up to ROW_BLOCK output rows at once
-# (direct_rows' RR), each input vector loaded once for the taps of all of them, while the
-# accumulators stay within SHORT_ROW_ACC. PoCL, 2-core Xeon, batch 4, the networks' stride-1
-# depthwise forwards and grad-inputs on 14x14 to 56x56 maps against one row at a time: 0.50-0.70x
-# the time with 4 rows, 0.67-0.94x that again with 8 (3x3, 5x5 and 7x7 filters alike). With 8
-# against one row, stride 1: PoCL 0.44-0.86x (convnext_tiny's 7x7 0.44-0.46), Intel's runtime
-# 0.40-0.86x; stride 2 forwards 0.55-0.90x and 0.54-1.03x. Short rows (7x7 maps), 7 rows at once:
-# PoCL 0.35-0.79x except one grad-input 1.02x, Intel's runtime 0.33-0.64x (0.96-0.99x on 3x3).
-# The strided grad-input kernel (direct_input_rows' RI) blocks its input rows the same way: depthwise
-# stride-2 grad-inputs 0.64-0.86x the time on PoCL, 0.50-0.85x on Intel's runtime, except 3x3 on
-# 112x112 and 56x56 maps (PoCL 1.14x and 1.04x, Intel's runtime 1.03x and 0.85x).
-ROW_BLOCK = 8
-# CPU forward rows longer than a short row copy the work-item's input rows, zero-padded, into local
-# memory first and read every vector there (direct_rows' LPAD), where the band of rows takes at most
-# BAND_BYTES, work-items taking fewer rows where a plane's do not fit (an L1 data cache's size).
-# 2-core AMD EPYC (Zen 3), batch 4, against reading the input in place, both plans alternating in
-# one process, the networks' depthwise and grouped forwards and stride-1 grad-inputs: Intel's
-# runtime 0.34-0.48x the time on 5x5 and 7x7 filters (convnext_tiny's 7x7 on 28x28 maps 2.93 ->
-# 1.00 ms), 0.59-0.75x on 3x3 (RegNet's groups 0.62-0.73x), 112x112 maps within 2%; PoCL 0.28-0.46x
-# on 5x5 and 7x7, 0.59-0.95x on 3x3. A vector at a row's edge is otherwise loaded lane by lane with a
-# test each, and rows of 14 or 28 outputs are mostly edges. The copy is SH x SW values per output:
-# where a value takes fewer than BAND_MIN_USES multiply-adds (filters x taps / (SH x SW)) and
-# fewer than BAND_MIN_EDGES of the row's vector loads would be at an edge, it costs more than it
-# saves (mobilenet_v2's 3x3 stride-2 depthwise on 112x112 maps, 1 load in 21 at an edge: 1.18x the
-# time on Intel's runtime, 0.92x on PoCL; the same on 28x28 maps, 4 in 6 at an edge: 0.59x, 0.73x).
-# The CPU grad-weight rows (direct_weight_rows) take a band by the same rule, the input rows under as
-# many of an image's output rows as fit: same machine, the networks' depthwise grad-weights against
-# reading in place, Intel's runtime 0.23-0.51x the time on stride 1 (3x3 on 7x7 to 28x28 maps
-# 0.36-0.51x, 5x5 and 7x7 0.23-0.33x), stride 2 0.77-0.81x but 1.11x on 3x3 over 56x56 maps; PoCL
-# 0.23-0.54x, stride 2 0.44-0.96x.
-BAND_BYTES = 32768
-BAND_MIN_USES = 4
-BAND_MIN_EDGES = 0.25
 
 
 def _rows_per_item(g, compute_units):
     """(KB, RB) of the CPU forward kernel over geometry ``g``: filters per work-item, the most
     of 8, 4, 2, 1 dividing a group's filters (each input vector feeds KB sums), and output rows
     per work-item (:func:`_band`)."""
-    kb = next(b for b in (CPU_MAX_FILTERS, 4, 2, 1) if g.Kg % b == 0)
+    kb = next(b for b in (rules.DIRECT_CPU_MAX_FILTERS, 4, 2, 1) if g.Kg % b == 0)
     return kb, _band(g.OH, g.N * g.K // kb, compute_units)
 
 
@@ -158,14 +97,14 @@ def _input_rows_per_item(g, compute_units):
     grad_output vector feeds CB sums; PoCL, batch 4, RegNet's grouped 3x3 stride-2 grad-inputs
     against one channel per work-item: 0.23-0.25x the time), and input rows per work-item
     (:func:`_band`)."""
-    cb = next(b for b in (CPU_MAX_FILTERS, 4, 2, 1) if g.Cg % b == 0)
+    cb = next(b for b in (rules.DIRECT_CPU_MAX_FILTERS, 4, 2, 1) if g.Cg % b == 0)
     return cb, _band(g.H, g.N * g.C // cb, compute_units)
 
 
 def _band(rows, planes, compute_units):
     """Rows per work-item of a CPU row kernel over ``planes`` planes of ``rows`` rows: all of
-    a plane's unless that leaves fewer than CPU_ITEMS_PER_UNIT work-items per compute unit."""
-    want = CPU_ITEMS_PER_UNIT * compute_units
+    a plane's unless that leaves fewer than rules.DIRECT_CPU_ITEMS_PER_UNIT work-items per compute unit."""
+    want = rules.DIRECT_CPU_ITEMS_PER_UNIT * compute_units
     return rows if planes >= want or not planes else max(1, rows // -(-want // planes))
 
 
@@ -182,11 +121,11 @@ class Direct(Algorithm):
     def applies(g):
         taps = g.Cg * g.kh * g.kw
         if g.groups == 1:
-            if g.C > MAX_DENSE_CHANNELS or taps > MAX_DENSE_TAPS:
-                return False, (f"needs groups > 1, or at most {MAX_DENSE_CHANNELS} input channels and "
-                               f"{MAX_DENSE_TAPS} taps (C*kh*kw = {taps}): a dense convolution is a GEMM's job")
-        elif taps > CPU_MAX_TAPS or g.Kg > MAX_FILTERS:
-            return False, (f"needs at most {CPU_MAX_TAPS} taps (Cg*kh*kw = {taps}) and {MAX_FILTERS} filters per "
+            if g.C > rules.DIRECT_MAX_DENSE_CHANNELS or taps > rules.DIRECT_MAX_DENSE_TAPS:
+                return False, (f"needs groups > 1, or at most {rules.DIRECT_MAX_DENSE_CHANNELS} input channels and "
+                               f"{rules.DIRECT_MAX_DENSE_TAPS} taps (C*kh*kw = {taps}): a dense convolution is a GEMM's job")
+        elif taps > rules.DIRECT_CPU_MAX_TAPS or g.Kg > rules.DIRECT_MAX_FILTERS:
+            return False, (f"needs at most {rules.DIRECT_CPU_MAX_TAPS} taps (Cg*kh*kw = {taps}) and {rules.DIRECT_MAX_FILTERS} filters per "
                            f"group (Kg = {g.Kg})")
         patch = max(ph * pw for ph, pw in _patch_sizes(g))
         if patch > MAX_PATCH:
@@ -200,29 +139,21 @@ class Direct(Algorithm):
 
     @staticmethod
     def preferred(g, pass_name, device):
-        """Whether "auto" should pick this algorithm for ``pass_name`` on ``device`` (it applies either way)."""
+        """Whether "auto" should pick this algorithm for ``pass_name`` on ``device`` (it applies
+        either way): rule-direct-stems, rule-direct-taps, rule-direct-strided-grad-input."""
         gpu = bool(device.type & cl.device_type.GPU)
         if g.groups == 1 and (pass_name != "forward" or not gpu):
-            return False, ("a few-channel dense convolution's grad passes and CPU forward: im2col measured "
-                           "faster (7x7 stem: H200 grad-input 1.6x, grad-weight 4x; PoCL forward 2.5x)")
+            return False, Reason("direct-stems", "a dense stem's gradients and CPU forward run faster through im2col")
         taps = g.Cg * g.kh * g.kw
-        if g.groups > 1 and taps > MAX_TAPS:
+        if g.groups > 1 and taps > rules.DIRECT_MAX_TAPS:
             if gpu:
-                return False, f"{taps} taps per group, above {MAX_TAPS}: im2col's GEMMs pay again on GPUs"
-            if pass_name == "backward_weight" and (g.stride != (1, 1) or taps > CPU_MAX_WEIGHT_TAPS):
-                # 2-core AMD EPYC, batch 4, RegNet's groups of 8 channels (3x3), against the direct
-                # grad-weight rows with their band: stride 2 im2col 0.59-0.95x direct's time; stride 1
-                # direct 0.58-0.80x im2col's on PoCL and Intel's runtime (groups of 16: 0.72x, 1.01x)
-                return False, (f"grad-weight of {taps} taps per group "
-                               f"{'at stride 2' if g.stride != (1, 1) else f'above {CPU_MAX_WEIGHT_TAPS}'}: "
-                               "im2col's GEMMs measured faster on CPUs")
-            # strided grad-input too: RegNet's groups of 8-24 channels, 3x3, on PoCL and Intel's runtime at
-            # batch 4: forward 1.2-4.5x, grad-input 1.8-9x faster than im2col; groups of 16-24 channels at
-            # stride 1 as fast as Winograd or faster (Intel 1.0-1.5x, PoCL 1.2-2.9x)
-            return True, ""
+                return False, Reason("direct-taps", f"{taps} taps per group, above {rules.DIRECT_MAX_TAPS} on GPUs")
+            if pass_name == "backward_weight" and (g.stride != (1, 1) or taps > rules.DIRECT_CPU_MAX_WEIGHT_TAPS):
+                return False, Reason("direct-taps", f"grad-weight of {taps} taps per group " + (
+                    "at stride 2" if g.stride != (1, 1) else f"above {rules.DIRECT_CPU_MAX_WEIGHT_TAPS}") + " on CPUs")
+            return True, ""   # (forward and grad-input, strided too, up to DIRECT_CPU_MAX_TAPS on CPUs)
         if pass_name == "backward_input" and g.Cg > 1 and g.stride != (1, 1):
-            return False, ("strided grad-input of groups of several channels: im2col measured about 2x "
-                           "faster (ResNeXt-like groups on an H200 and on PoCL)")
+            return False, Reason("direct-strided-grad-input", "strided grad-input of groups of several channels")
         return True, ""
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm=None):
@@ -256,13 +187,13 @@ class Direct(Algorithm):
         if self.staged:
             fill = -(-4 * units // g.K)
             self.slices = max(1, min(64, fill, g.N * g.P // 1024, room))
-        else:   # CPU devices: row kernels, slices of at least 4 output rows, CPU_ITEMS_PER_UNIT per unit
+        else:   # CPU devices: row kernels, slices of at least 4 output rows, rules.DIRECT_CPU_ITEMS_PER_UNIT per unit
             self.rows = {"forward": self._band_fitting(g, _rows_per_item(g, units)),
                          # stride 1: the forward kernel over the transposed geometry; else
                          # direct_input_rows, bands of input-gradient rows of CB planes of one group
                          "backward_input": self._band_fitting(self.transposed, _rows_per_item(self.transposed, units))
                          if self.transposed else _input_rows_per_item(g, units)}
-            fill = -(-CPU_ITEMS_PER_UNIT * units // g.K)
+            fill = -(-rules.DIRECT_CPU_ITEMS_PER_UNIT * units // g.K)
             self.slices = max(1, min(64, fill, g.N * g.OH // 4, room))
         self.workspace["backward_weight"] = g.K * self.slices * self.taps
         # GPU grad-weight: work-groups no larger than a slice's positions (a 7x7 map at batch 1:
@@ -317,11 +248,41 @@ class Direct(Algorithm):
         return (f"direct kernel{flipped}, {taps} taps per output, {tx}x{ty} tiles{staged}, "
                 "no GEMM, no workspace")
 
+    def facts(self, pass_name):
+        if pass_name == "backward_weight":
+            band = None if self.staged else self._weight_band()
+            return dict(splits=self.slices, rules=("direct-kernels",),
+                        notes=("two-stage sum",) + ((f"input band of {band[0]} rows",) if band else ()))
+        if self.staged:
+            notes = []
+            if pass_name == "forward" or self.transposed:
+                in_place, planes = self.form[pass_name]
+                notes.append("input in place" if in_place else "staged patch")
+                if planes > 1:
+                    notes.append(f"{planes} planes a work-group")
+        else:
+            kb, rb = self.rows[pass_name]
+            if pass_name == "forward" or self.transposed:
+                geometry = self.transposed if pass_name == "backward_input" else self.g
+                vectors = self._short_rows(geometry, kb)
+                rr = min(rb, self._row_block(geometry, kb * max(1, vectors)))
+                notes = [f"rows of {rb} x {kb} filters"] + (["short rows"] if vectors else [])
+                if self._band_values(geometry, kb, rb):
+                    notes.append("input band")
+            else:
+                rr = min(rb, self._row_block(self.g, kb))
+                notes = [f"rows of {rb} x {kb} planes"]
+            if rr > 1:
+                notes.append(f"{rr} rows at once")
+        if pass_name == "backward_input" and self.transposed:
+            notes.insert(0, "forward kernel on grad_output")
+        return dict(rules=("direct-kernels",), notes=tuple(notes))
+
     def _short_rows(self, g, kb):
         """Vectors per output row where direct_rows over geometry ``g`` with ``kb`` filters takes
         its short-row form (each tap row's input loaded once, zero-padded); 0 where it does not."""
         vectors = -(-g.OW // self.vw)
-        return vectors if vectors <= SHORT_ROW_VECTORS and kb * vectors <= SHORT_ROW_ACC else 0
+        return vectors if vectors <= rules.DIRECT_SHORT_ROW_VECTORS and kb * vectors <= rules.DIRECT_SHORT_ROW_ACC else 0
 
     def _band_fitting(self, g, rows):
         """(KB, RB) of direct_rows over geometry ``g`` from ``rows``, with fewer rows per
@@ -352,14 +313,14 @@ class Direct(Algorithm):
 
     def _band_pays(self, g, kb):
         """Whether a row kernel over geometry ``g`` with ``kb`` filters per input value copies its
-        input rows into a zero-padded band (BAND_MIN_USES, BAND_MIN_EDGES), space permitting."""
+        input rows into a zero-padded band (rules.DIRECT_BAND_MIN_USES, rules.DIRECT_BAND_MIN_EDGES), space permitting."""
         (sh, sw), dw, pl = g.stride, g.dilation[1], g.pads[1][0]
-        if kb * g.kh * g.kw >= BAND_MIN_USES * sh * sw:
+        if kb * g.kh * g.kw >= rules.DIRECT_BAND_MIN_USES * sh * sw:
             return True
         # the share of an output row's (vector, tap column) loads that reach past the row's edges
         span = self.vw * sw if sw == 2 else (self.vw - 1) * sw + 1   # values one load reads (row_values)
         starts = [u * self.vw * sw - pl + j * dw for u in range(-(-g.OW // self.vw)) for j in range(g.kw)]
-        return sum(s < 0 or s + span > g.W for s in starts) >= BAND_MIN_EDGES * len(starts)
+        return sum(s < 0 or s + span > g.W for s in starts) >= rules.DIRECT_BAND_MIN_EDGES * len(starts)
 
     def _band_values(self, g, kb, rb):
         """Values of direct_rows' zero-padded input band over geometry ``g`` with ``kb`` filters
@@ -382,18 +343,18 @@ class Direct(Algorithm):
         return (rows, self._band_rows(g, rows) * self._band_width(g)) if rows > 0 else None
 
     def _band_bytes(self):
-        """The most bytes of direct_rows' input band: BAND_BYTES, within half the device's local memory."""
-        return min(BAND_BYTES, self.local_mem // 2)
+        """The most bytes of direct_rows' input band: rules.DIRECT_BAND_BYTES, within half the device's local memory."""
+        return min(rules.DIRECT_BAND_BYTES, self.local_mem // 2)
 
     @staticmethod
     def _row_block(g, kb):
         """Output rows direct_rows sums at once over geometry ``g`` with ``kb`` vectors of sums per
         row (filters, times a short row's vectors) (RR, at most a work-item's rows): for a filter
-        of several tap rows, the most of ROW_BLOCK, 4, 2 whose accumulators (kb x RR) stay within
-        SHORT_ROW_ACC; else 1."""
+        of several tap rows, the most of rules.DIRECT_ROW_BLOCK, 4, 2 whose accumulators (kb x RR) stay within
+        rules.DIRECT_SHORT_ROW_ACC; else 1."""
         if g.kh == 1:   # (no input row is read by two output rows)
             return 1
-        return next((rr for rr in (ROW_BLOCK, 4, 2) if rr <= ROW_BLOCK and kb * rr <= SHORT_ROW_ACC), 1)
+        return next((rr for rr in (rules.DIRECT_ROW_BLOCK, 4, 2) if rr <= rules.DIRECT_ROW_BLOCK and kb * rr <= rules.DIRECT_SHORT_ROW_ACC), 1)
 
     @staticmethod
     def _specs(g):

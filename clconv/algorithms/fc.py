@@ -15,7 +15,7 @@ the rule 1x1 and im2col use), whose partial results in the workspace are summed 
 from ..bias import after_gemm, before_gemm
 from ..buffers import Ref, idx_for
 from ..gemm import Operand as Op, k_slices, unsplit_note
-from .base import Algorithm
+from .base import Algorithm, split_rules
 from .partials import fit_slices, partials_size, sum_partials
 
 
@@ -51,6 +51,13 @@ class FullyConnected(Algorithm):
                  self.unsplit.get(pass_name, "") + ", no workspace")
         return (f"fully-connected GEMM over the whole batch, {g.groups} group(s) in one batched call, "
                 f"M={mnk[0]} N={mnk[1]} K={mnk[2]}, no im2col" + split)
+
+    def facts(self, pass_name):
+        g, S = self.g, self.split[pass_name]
+        mnk = {"forward": (g.N, g.Kg, g.Kd), "backward_input": (g.N, g.Kd, g.Kg),
+               "backward_weight": (g.Kg, g.Kd, g.N)}[pass_name]
+        return dict(gemm=mnk, batch=S if S > 1 else g.groups, chunks=(1, g.N), splits=S,
+                    rules=("fc",) + split_rules(S, self.unsplit.get(pass_name)))
 
     def forward(self, queue, x, w, bias, y, ws, relu=False):
         g, S = self.g, self.split["forward"]

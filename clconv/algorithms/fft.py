@@ -22,8 +22,10 @@ import functools
 import numpy as np
 import pyopencl as cl
 
+from .. import rules
 from ..bias import flags
 from ..buffers import Ref, idx_for
+from ..explanation import Reason
 from ..gemm import Operand as Op
 from ..programs import ClconvError, get_kernel, launch, work_group_limit
 from .base import pow2_at_least
@@ -31,16 +33,6 @@ from .transform import Transform, aligned, little_gpu_work
 
 MAX_FRAME = 64        # frame side, at most: one frame row lives in a work-item's registers
 MIN_FRAME = 4
-MIN_CHANNELS = 16     # fewer channels or filters per group: the per-frequency GEMMs are too thin
-# On GPUs, work of a pass per compute unit below which auto does not choose it: its four launches
-# cost more than its GEMMs save. H100, inception_v3's 48x25x25 -> 64 5x5 (the networks' one dense
-# 5x5 layer), the networks benchmark's plain calls, two runs each, alternating, with the FFT and
-# without it (then im2col: Winograd's own work rule refuses these sizes): batch 1 (96 MFLOP) im2col
-# took 0.58-0.66x the FFT's time in every pass, the FFT's dgrad 1.54-1.59x cuDNN's; batch 4 (384
-# MFLOP) forward 0.86x, the gradients 0.94-1.10x: mixed, so the bound (330 MFLOP on 132 units)
-# lies between them. At batch 32 (3.1 GFLOP) the FFT took 0.38-0.63x Winograd's F(2x2,5x5) time
-# (im2col not timed there).
-GPU_MIN_FLOP_PER_UNIT = 2.5e6
 MAX_GROUP = 256       # work-items per work-group of the image transforms, at most
 FILTER_GROUP = 64     # and channels per work-group of the filter transform
 
@@ -104,28 +96,25 @@ class FFT(Transform):
     @staticmethod
     def preferred(g, pass_name, device):
         """Whether "auto" should pick this algorithm for ``pass_name`` on ``device`` (it applies
-        either way): on GPUs, from GPU_MIN_FLOP_PER_UNIT, when its GEMMs need at most half the
+        either way): on GPUs, from rules.FFT_GPU_MIN_FLOP_PER_UNIT, when its GEMMs need at most half the
         multiplications of the next choice (Winograd's for 3x3 and 5x5 filters, else im2col's),
         which pays for its transforms."""
         if not device.type & cl.device_type.GPU:
-            return False, ("on CPUs its image transforms cost more than its GEMMs save, now that clconv's CPU "
-                           "GEMM runs at 100-150 GFLOP/s (AlexNet conv2 at batch 8, grad-weight: 84 ms on PoCL "
-                           "against im2col's 50, 68 ms on Intel's runtime against Winograd's 29)")
-        if min(g.Cg, g.Kg) < MIN_CHANNELS:
-            return False, (f"fewer than {MIN_CHANNELS} channels or filters per group (Cg = {g.Cg}, Kg = {g.Kg}): "
-                           "its per-frequency GEMMs would be too thin")
-        small = little_gpu_work(g, device, GPU_MIN_FLOP_PER_UNIT)
+            return False, Reason("fft", "on CPUs its image transforms cost more than its GEMMs save")
+        if min(g.Cg, g.Kg) < rules.FFT_MIN_CHANNELS:
+            return False, Reason("fft", f"fewer than {rules.FFT_MIN_CHANNELS} channels or filters per group "
+                                        f"(Cg = {g.Cg}, Kg = {g.Kg})")
+        small = little_gpu_work(g, device, rules.FFT_GPU_MIN_FLOP_PER_UNIT)
         if small:
-            return False, (f"{small}: too little work for its four launches (H100, a 5x5 layer at batch 1: im2col "
-                           "0.58-0.66x its time)")
+            return False, Reason("fft", small)
         fft = multiplications_per_output(g, pass_name)
         if (g.kh, g.kw) in ((3, 3), (5, 5)):
             other, name = 36 / (7 - g.kh) ** 2, "Winograd"
         else:
             other, name = g.kh * g.kw, "im2col"
         if fft > other / 2:
-            return False, (f"{fft:.1f} multiplications per output, more than half of {name}'s {other:.1f}: "
-                           "not worth its transforms")
+            return False, Reason("fft", f"{fft:.1f} multiplications per output, more than half of {name}'s "
+                                        f"{other:.1f}")
         return True, ""
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
@@ -166,6 +155,12 @@ class FFT(Transform):
         return (f"FFT{flipped}: {self.fh}x{self.fw} frames, {multiplications_per_output(self.g, pass_name):.1f} "
                 f"multiplications per output; transforms + {self.F} x {t.groups} batched GEMMs per chunk, "
                 f"{chunks} chunk(s) of {B} image(s), per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2]}")
+
+    def facts(self, pass_name):
+        t, B = self.geometry[pass_name], self.chunk[pass_name]
+        mnk = (t.Kg, 2 * t.Cg, 2 * B) if pass_name == "backward_weight" else (t.Kg, 2 * B, 2 * t.Cg)
+        return dict(gemm=mnk, batch=self.F * t.groups, chunks=(-(-t.N // B) if t.N else 0, B), rules=("fft",),
+                    notes=(f"{self.fh}x{self.fw} frames",))
 
     def _kernel(self, queue, name, idx, shape):
         """``name`` built alone (ONLY) for this plan and ``shape``, the #defines of the shapes it

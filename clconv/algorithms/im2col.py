@@ -17,106 +17,24 @@ gradients' GEMMs read dY in place. On clconv's GPU GEMM kernel they can for chun
 its images folded into the GEMM's columns or depth (where: _folds_output, _folds_grad_output and
 _folds_grad_output_weight).
 
-Inputs of few channels per group (stems) write no col for forward and grad-weight where clconv's own
-GEMM kernel runs the products (GPUs): the kernel reads the input through im2col's index arithmetic
-itself (gemm.Im2colB), and the forward is one GEMM per group over every image's positions, stored
-straight into Y. On an H200 that took the 7x7 stem's grad-weight from 0.048-0.054 to 0.042-0.046 ms
-of device time; with more channels the gathers cost more than writing col (forward and grad-weight
-1.06-1.4x slower on AlexNet conv4, ResNet 3x3 and ResNeXt shapes; again on the networks' 28 im2col
-layers of more channels whose taps overlap, H200, batch 32, device time, least of 7 interleaved:
-forwards 0.94-1.57x, geometric mean 1.17, inception_v3's 1x7 and 7x1 on 12x12 1.15-1.57x;
-grad-weights 0.99-1.32x, 1.15; of the forwards only RegNet's grouped 3x3 of 13-55 groups and
-inception_v3's 5x5, which FFT runs, gained, 0.94-0.98x). Kernels no wider than their stride (1x1
-stride 2, patchify layers) read in place too, whatever their channels: there col is a copy of the
-input or of part of it. H200, the networks' 11 such layers, against col: forward 0.59-0.85x at batch
-32 where the GEMM is small (RegNet, ResNet's first two downsamplings), 1.0-1.2x on the largest;
-grad-weight 0.71-1.16x. On GPUs, passes of little work read it in place too, whatever their channels
-(GPU_IMPLICIT_FLOP_PER_UNIT): at batch 1 the im2col launch costs more than the GEMM's gathers.
+On clconv's GPU GEMM kernel, forward and grad-weight of few channels per group (stems), of kernels
+no wider than their stride (where col would be a copy of the input) and of little work read the
+input through im2col's index arithmetic in place (gemm.Im2colB), writing no col
+(docs: rule-im2col-implicit; thresholds in clconv.rules).
 """
 import pyopencl as cl
 
+from .. import rules
 from ..bias import after_gemm, before_gemm, flags
 from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width
 from ..gemm import Im2colB, Operand as Op, deep, gemm_cpu, gemm_gpu, k_slices, unsplit_note
 from ..programs import INT32_MAX, get_kernel, launch
-from .base import Algorithm
+from .base import Algorithm, split_rules
 from .partials import fit_slices, largest_divisor_at_most, max_slices, partials_size as _partials, sum_partials
 
 TILE = (64, 4)             # work-group shape of the 2-D layout kernels
 COL_CHANNELS = 4           # channels per work-item of im2col's and col2im's GPU forms (kernels/im2col.cl says why)
-GPU_MIN_SLICE, GPU_MAX_SLICES = 64, 256   # grad-weight split-K on GPUs (see Im2col)
-# Grad-weight split-K on clconv's GPU GEMM kernel: the fewest slices whose grid has GPU_FILL_WAVES
-# work-groups per compute unit counted in 128x128 tiles (gemm_gpu.TILES[0][0], whichever tile the
-# model picks; :func:`clconv.gemm.k_slices`), up to the most the partial sums' budget allows
-# (max_slices, which it always took before). H200, batch 32, the networks' 40 im2col grad-weights,
-# each timed at every slice count (pipelined wall time): the cap wrote 64 partial results of
-# 192 x 1344 values for inception_v3's 1x7 and 7x1 on 12x12 (0.138 ms; 0.111 at this rule's 24
-# slices); resnet50's 1x1 stride-2 C256 56x56 took 0.283 ms at the cap's 128 (0.241 at 32; 0.262
-# at this rule's 98 in the networks run). RegNet's grouped 3x3 take fewer than the cap too (g55 on
-# 14x14 and 7x7: 0.057 and 0.054 ms at 14 against 0.072 and 0.068 at 16; g6 and g13 within
-# -3 .. +3 %); its single-group 1x1 stride-2 projections and the stems, small grids, keep the cap.
-GPU_FILL_WAVES = 4
-# ... and only where a chunk has at least this many positions: a product that short is one short
-# loop already, and its partial sums cost a second launch. H100, the networks' im2col grad-weights
-# that split a chunk of 144-200 positions in two, unsplit against split, plain calls, two runs
-# alternating (geometric means of the time, then the device time): batch 1, 12 passes (inception_v3's
-# 1x7, 7x1 and stride-2 3x3 on 12x12 maps), 0.59 and 0.65x (an earlier pair 0.49-0.68x and
-# 0.52-1.12x each), device 0.70x; batch 4, 6 passes (196 positions: resnet50's, RegNet's, convnext's
-# on 7x7 maps), 0.62 and 0.69x, device 0.79x; batch 8, 5 passes (200: inception_v3's on 5x5), 0.92
-# and 0.79x, device 0.92x; none slower in both runs. At 625 positions (five slices of 125) unsplit
-# took 1.5-1.8x the device time at batch 1. Between 200 and 625 positions nothing was measured.
-GPU_MIN_SPLIT_POSITIONS = 256
-IMPLICIT_MAX_CHANNELS = 4  # input channels per group up to which im2col is read in place (see above)
-# On GPUs a pass of little work also reads im2col in place, whatever its channels: there the im2col
-# launch costs more than the GEMM's own gathers. H100, the networks benchmark's plain calls (wall
-# time), col against in place, two runs each, alternating. Batch 1, the 36 layers whose forward or
-# grad-weight wrote col (3x3, 1x3, 3x1, 1x7, 7x1; 3-748 MFLOP): forwards 0.60-1.01x (geometric
-# mean 0.81; inception_v3's 32x109x109 -> 64, 438 MFLOP, 0.84, its 80x54x54 -> 192, 748, 0.97);
-# grad-weights 0.63-0.83x up to 104 MFLOP (25 layers, 0.75), mixed above: resnet50's 3x3 on
-# 14x14 and 7x7 maps (231 MFLOP, GEMMs 196-49 positions deep) 1.05-1.17x, the GEMM on 512x7x7
-# 24.8 -> 34.7 us of device time against col's im2col of 7.6 us, but inception_v3's 32x109x109 ->
-# 64 0.71x. Grad-inputs (col either way) 0.87-1.13x, 1.01: the runs' noise. Batch 32, the 11
-# layers of at most 792 MFLOP: RegNet's grouped 3x3 (99-376 MFLOP) forwards 0.81-0.93x,
-# grad-weights (99 MFLOP) 0.93-0.96x; inception_v3's dense 3x3, 1x3 and 3x1 over 96-384
-# channels (531-764 MFLOP), which took the deep tile or split-K through col, 0.97-1.12x, and
-# RegNet's 48x112x112 g6 (694 MFLOP) 0.88x; grad-inputs 0.97-1.02x. So forwards up to 4 MFLOP per
-# compute unit (528 on the H100's 132), grad-weights up to 1.2 (158).
-GPU_IMPLICIT_FLOP_PER_UNIT = {"forward": 4e6, "backward_weight": 1.2e6}   # work of a pass per compute unit
-SCALAR_FOLD_MAX_TAPS = 64  # grad-weight reads grad_output in place value by value up to this N (_folds_grad_output_weight)
-# The forward on clconv's CPU GEMM kernel in chunks of one image from this many output positions
-# per image, where an image's GEMM is at least CPU_IMAGE_WORK FLOP per compute unit: its GEMM
-# writes Y in place (no T and no layout copy), col is one image's, at two launches per image.
-# 2-core AVX-512 Xeon, batch 4, the networks' five im2col forwards of 56x56 outputs and more,
-# against chunks of the batch, interleaved: 0.74-0.95x the time on PoCL (resnet50's 7x7 stem
-# 0.74), 0.71-1.02x on Intel's runtime; on 28x28 outputs 0.91-1.22x, on 14x14 1.1-1.4x (PoCL). On
-# the 16-core Xeon (PoCL, batch 8) the stems of 1.4-2.7 MFLOP per unit and image took 2.3-3.2x the
-# time (their launches, 16 per call, cost more than the copies saved); resnet50's 7x7 stem, 15
-# MFLOP, 0.71x. The gradients keep the batch's chunks: in one-image chunks their grad-weights
-# took 1.4-1.9x the time, grad-inputs 0.87-1.5x.
-CPU_IMAGE_POSITIONS, CPU_IMAGE_WORK = 3136, 8e6
-# Grad-weight split-K on CPUs only for results of fewer values than this (stems, RegNet's
-# projections: their GEMMs' grids alone would leave the cores idle). Larger results give the
-# cores blocks enough, and their partial sums cost traffic: unsplit, 2-core AVX-512 Xeon, batch
-# 4, the networks' im2col grad-weights of 2^16 values and more, 0.66-0.88x the time on Intel's
-# runtime, 0.71-0.88x on PoCL (inception_v3's 7x1 and 1x7 0.71-0.80), except resnet50's 1x1
-# stride-2 C256 -> K512 on PoCL (1.24x; 0.66x on Intel's runtime); the stems unsplit took 1.27-1.37x.
-CPU_SPLIT_BELOW = 1 << 16
-# CPUs: where one image's col is above this many bytes (large images: a 3x3 over 64 channels of
-# 256x256 is 144 MB), every pass runs image by image in tiles of output rows whose col is at most
-# that, written and read back within the caches rather than through memory (_fit_bands). 2-core
-# AVX-512 Xeon (2 MB of L2 a core), five layers of 49-147 MB col per image (1x7, 3x3 and 7x7
-# stride-2 kernels on 128x128 to 1024x1024 images), in tiles of 8 MB against whole images:
-# forwards 0.55-0.79x the time on PoCL, 0.56-0.79x on Intel's runtime; grad-inputs 0.54-1.08x and
-# 0.62-1.02x; grad-weights 0.53-0.95x and 0.45-0.83x; tiles of 16 MB as fast or slower, of 32 MB
-# slower. Tiles of 4 MB against 8 (device time, least of 3, both runtimes): resnet50's 7x7 stem at
-# batch 4 (7.0 MB per image, whole images before) grad-weight 0.62-0.66x, grad-input 0.90-0.99x,
-# forward 0.96-1.02x (batch 1, PoCL: 0.85x, 1.06x, 1.02x); RegNet's 48x112x112 g6 grad-weight
-# (5.2 MB) 0.88-0.99x (batch 1 0.94x), its forward and grad-input, which "auto" runs direct,
-# 1.10-1.43x through im2col; three large layers 0.74-1.05x (a 1x7 over 128 channels of 128x128:
-# forwards 0.74-0.77x). Of the networks' layers at 224x224 those two are the only ones tiled so
-# in float32.
-CPU_COL_BYTES = 4 << 20
 
 
 class Im2col(Algorithm):
@@ -138,13 +56,12 @@ class Im2col(Algorithm):
         self.rows = g.C * g.kh * g.kw
         per_image = (self.rows + g.K) * g.P
         # grad-weight split-K (a chunk's slices divide its positions exactly, so can be shorter);
-        # GPUs take up to 4x more, 4x shorter slices: more work-groups for few outputs (H200,
-        # 7x7 stem: its GEMM 0.034 ms of device time in 196 slices, 0.055 in 49); CPUs only below
-        # CPU_SPLIT_BELOW values
+        # GPUs take up to 4x more, 4x shorter slices: more work-groups for few outputs; CPUs only below
+        # rules.IM2COL_CPU_SPLIT_BELOW values
         gpu = bool(device.type & cl.device_type.GPU)
         self.units = device.max_compute_units if gpu else 0   # (_in_place_reason: the work rule is for GPUs only)
-        cap = (max_slices(g.K * g.Kd, g.N * g.P, GPU_MIN_SLICE, GPU_MAX_SLICES) if gpu
-               else max_slices(g.K * g.Kd, g.N * g.P) if g.K * g.Kd < CPU_SPLIT_BELOW else 1)
+        cap = (max_slices(g.K * g.Kd, g.N * g.P, rules.IM2COL_GPU_MIN_SLICE, rules.IM2COL_GPU_MAX_SLICES) if gpu
+               else max_slices(g.K * g.Kd, g.N * g.P) if g.K * g.Kd < rules.IM2COL_CPU_SPLIT_BELOW else 1)
         self.max_slices = 1 if self._short(g.N * g.P) else cap   # (no partials where no chunk can split)
         partials = self.max_slices * g.K * g.Kd if self.max_slices > 1 else 0
         # grad-input on clconv's CPU GEMM kernel packs W^T after the rest (gemm_cpu.packed_size);
@@ -154,7 +71,7 @@ class Im2col(Algorithm):
         self.band = None   # output rows per tile, when one image does not fit the budget (or the cache)
         self.short_chunk, self.unsplit = False, {}   # explain()'s notes of the split rules (below)
         self.in_place = {}   # forward, grad-weight: why it reads im2col in place (_in_place_reason), where it does
-        cache_bound = bool(self.vw) and self.rows * g.P * itemsize > CPU_COL_BYTES
+        cache_bound = bool(self.vw) and self.rows * g.P * itemsize > rules.IM2COL_CPU_COL_BYTES
         if cache_bound or (per_image + reserved) * itemsize > workspace_limit:   # (the tiles pack nothing)
             self._fit_bands(workspace_limit, (per_image + partials) * itemsize, partials, cache_bound)
             return
@@ -176,14 +93,14 @@ class Im2col(Algorithm):
             panels, with_panels, reserved_panels = (lambda m, n, k: 0), per_image, 0
         reserved += reserved_panels
         # images per chunk: as many as the budget allows (the forward on clconv's CPU GEMM kernel
-        # takes one where an image's positions alone make a wide GEMM: see CPU_IMAGE_POSITIONS)
+        # takes one where an image's positions alone make a wide GEMM: see rules.IM2COL_CPU_IMAGE_POSITIONS)
         self.chunk = max(1, min(g.N, (workspace_limit // itemsize - reserved) // with_panels, INT32_MAX // g.P))
         per_unit = 2 * g.K * g.Kd * g.P / max(1, device.max_compute_units)   # an image's GEMM FLOP per unit
-        self.forward_chunk = (1 if gemm == "cpu" and g.P >= CPU_IMAGE_POSITIONS and per_unit >= CPU_IMAGE_WORK
+        self.forward_chunk = (1 if gemm == "cpu" and g.P >= rules.IM2COL_CPU_IMAGE_POSITIONS and per_unit >= rules.IM2COL_CPU_IMAGE_WORK
                               else self.chunk)
         # slices of a full chunk, and of a shorter last one (which can split into more)
         self.slices = self._slice_count(device, self.chunk * g.P)
-        # explain()'s note where GPU_MIN_SPLIT_POSITIONS alone keeps a full chunk whole
+        # explain()'s note where rules.IM2COL_GPU_MIN_SPLIT_POSITIONS alone keeps a full chunk whole
         self.short_chunk = (self.slices == 1 and self._short(self.chunk * g.P)
                             and self._slice_count(device, self.chunk * g.P, cap, bound=False) > 1)
         last = g.N % self.chunk
@@ -227,18 +144,18 @@ class Im2col(Algorithm):
 
     def _short(self, positions):
         """Whether clconv's GPU GEMM kernel keeps a grad-weight product of ``positions`` whole
-        (GPU_MIN_SPLIT_POSITIONS)."""
-        return self.gemm == "gpu" and positions < GPU_MIN_SPLIT_POSITIONS
+        (rules.IM2COL_GPU_MIN_SPLIT_POSITIONS)."""
+        return self.gemm == "gpu" and positions < rules.IM2COL_GPU_MIN_SPLIT_POSITIONS
 
     def _slice_count(self, device, positions, limit=None, bound=True):
         """Grad-weight's split-K slices of a chunk's ``positions``: the most, up to ``limit``
         (max_slices where not given; on
-        clconv's GPU GEMM kernel, up to the fewest that fill the device: GPU_FILL_WAVES), that
+        clconv's GPU GEMM kernel, up to the fewest that fill the device: rules.IM2COL_GPU_FILL_WAVES), that
         divide them exactly; on that kernel, whose folded grad_output (see
         _folds_grad_output_weight) is read four-wide where its slices are whole vectors, the most of
         lengths a multiple of 4 where they are at least half as many (RegNet's C48 56x56 1x1
         stride-2 projection at batch 32: 224 slices of 112 positions, not 256 of 98); with
-        ``bound``, one on that kernel below GPU_MIN_SPLIT_POSITIONS (_short). (The tiles of
+        ``bound``, one on that kernel below rules.IM2COL_GPU_MIN_SPLIT_POSITIONS (_short). (The tiles of
         _fit_bands take their own count of max_slices, bounded likewise.)"""
         g = self.g
         limit = self.max_slices if limit is None else limit
@@ -246,7 +163,7 @@ class Im2col(Algorithm):
             return 1
         if self.gemm == "gpu":   # (slices of at least positions / max_slices: no longer count is taken)
             limit = min(limit, k_slices(device, self.gemm, g.Kg, g.Kd, positions, g.groups, self.dtype.itemsize,
-                                        min_slice=max(1, positions // limit), waves=GPU_FILL_WAVES,
+                                        min_slice=max(1, positions // limit), waves=rules.IM2COL_GPU_FILL_WAVES,
                                         tile=gemm_gpu.TILES[0][0], min_depth=0))
         most = largest_divisor_at_most(positions, limit)
         if self.gemm == "gpu" and g.P % 4 == 0:
@@ -257,17 +174,14 @@ class Im2col(Algorithm):
 
     def _fit_bands(self, workspace_limit, whole, partials, cache_bound=False):
         """One image's workspace (``whole`` bytes) is above the budget, or on a CPU its col above
-        CPU_COL_BYTES (``cache_bound``): the passes run image by image over tiles of ``band``
+        rules.IM2COL_CPU_COL_BYTES (``cache_bound``): the passes run image by image over tiles of ``band``
         output rows, as evenly sized as the budget allows, each tile's col (rows x band * OW, at
-        most CPU_COL_BYTES where cache-bound, or one position's column where that is more) the
+        most rules.IM2COL_CPU_COL_BYTES where cache-bound, or one position's column where that is more) the
         workspace; where one row's col is above the budget too, over tiles of ``cols`` columns of
         one row. Output, grad_output and grad-weight are read and written in place. Grad-weight
         adds the tiles into grad_weight in order: on GPUs each tile's positions cut into split-K
         slices (its ``partials`` after col) and summed; on CPUs each tile's GEMM adds its product
-        itself (unsplit: 2-core AVX-512 Xeon, PoCL, a 3x3 over 64 channels of 256x256 and of
-        300x300 at stride 2 in tiles of 8 MB took 3.0x and 2.2x the time in split-K slices;
-        resnet50's 7x7 stem at batch 4 in tiles of 2 MB 11.7 ms in 64 slices a tile, 8.5
-        unsplit)."""
+        itself (unsplit: split-K slices per tile measured slower on CPUs)."""
         g, itemsize = self.g, self.dtype.itemsize
         column = self.rows * itemsize       # col of one output position
         if self.vw:
@@ -277,9 +191,9 @@ class Im2col(Algorithm):
             self.max_slices = max(1, min(self.max_slices, room // (g.K * g.Kd)))
         partials = self.max_slices * g.K * g.Kd if self.max_slices > 1 else 0
         fits = (workspace_limit - partials * itemsize) // column   # output positions per tile
-        cache_bound = cache_bound and CPU_COL_BYTES // column < fits   # (else the budget decides)
+        cache_bound = cache_bound and rules.IM2COL_CPU_COL_BYTES // column < fits   # (else the budget decides)
         if cache_bound:
-            fits = max(1, CPU_COL_BYTES // column)
+            fits = max(1, rules.IM2COL_CPU_COL_BYTES // column)
         if fits < 1:
             raise ValueError(f"one output position of input {list(g.input_shape)} with weight "
                              f"{list(g.weight_shape)} needs {column + partials * itemsize} workspace bytes, above "
@@ -294,8 +208,9 @@ class Im2col(Algorithm):
             shape = (f"{g.OH * per_row} tiles of {self.cols} output columns of one row per image ({per_row} per "
                      f"row: one row's col is above the budget too)")
         self.chunk, self.forward_chunk, self.slices, self.last_slices = 1, 1, 1, 1
+        self.band_rule = "im2col-cpu-col-bytes" if cache_bound else "workspace"   # (explain()'s)
         self.split, self.deep = {"forward": 1, "backward_input": 1}, False
-        self.tiling = (f"{shape} (one image's col is {self.rows * g.P * itemsize} bytes, above {CPU_COL_BYTES}: tiles "
+        self.tiling = (f"{shape} (one image's col is {self.rows * g.P * itemsize} bytes, above {rules.IM2COL_CPU_COL_BYTES}: tiles "
                        "whose col stays in a CPU's caches)" if cache_bound else
                        f"{shape} (one image needs {whole} workspace bytes, above the limit of {workspace_limit})")
         col = self.rows * self.band * self.cols
@@ -336,8 +251,8 @@ class Im2col(Algorithm):
                 + f" batched over {g.groups} group(s), {chunks} chunk(s) of {B} image(s), "
                 f"per GEMM M={mnk[0]} N={mnk[1]} K={mnk[2]}")
         if pass_name == "forward" and B < self.chunk:
-            text += (f" (one image per chunk on clconv's CPU GEMM, from {CPU_IMAGE_POSITIONS} positions and "
-                     f"{CPU_IMAGE_WORK / 1e6:g} MFLOP per compute unit and image: its GEMM writes the output in place, "
+            text += (f" (one image per chunk on clconv's CPU GEMM, from {rules.IM2COL_CPU_IMAGE_POSITIONS} positions and "
+                     f"{rules.IM2COL_CPU_IMAGE_WORK / 1e6:g} MFLOP per compute unit and image: its GEMM writes the output in place, "
                      "no layout copy)")
         if pass_name == "forward" and self._folds_output():
             text += ", the output written in place (its images' positions folded into the GEMM's columns, no layout copy)"
@@ -349,10 +264,10 @@ class Im2col(Algorithm):
             text += f", split-K into {self.slices} slices summed in order"
             if self.gemm == "gpu":
                 text += (f" (a divisor of the positions, slices of whole vectors of 4 preferred, up to the fewest "
-                         f"giving {GPU_FILL_WAVES} work-groups of 128x128 per compute unit and at most "
+                         f"giving {rules.IM2COL_GPU_FILL_WAVES} work-groups of 128x128 per compute unit and at most "
                          f"{self.max_slices})")
         elif pass_name == "backward_weight" and self.short_chunk:
-            text += (f", unsplit ({self.chunk * g.P} positions a chunk, below {GPU_MIN_SPLIT_POSITIONS}: a short "
+            text += (f", unsplit ({self.chunk * g.P} positions a chunk, below {rules.IM2COL_GPU_MIN_SPLIT_POSITIONS}: a short "
                      "product, whose partial sums would cost a second launch)")
         elif self.split.get(pass_name, 1) > 1:
             text += (f", split-K into {self.split[pass_name]} slices of K={mnk[2] // self.split[pass_name]} summed in "
@@ -363,12 +278,53 @@ class Im2col(Algorithm):
             text += ", " + gemm_gpu.deep_note()
         return text
 
+    def facts(self, pass_name):
+        g, gpu = self.g, self.gemm == "gpu"
+        if self.band:
+            tile = self.band * self.cols
+            mnk = {"forward": (g.Kg, tile, g.Kd), "backward_input": (g.Kd, tile, g.Kg),
+                   "backward_weight": (g.Kg, g.Kd, tile)}[pass_name]
+            rows = self.cols == g.OW
+            pieces = ((-(-g.OH // self.band), self.band, "output rows") if rows else
+                      (g.OH * -(-g.OW // self.cols), self.cols, "output columns"))
+            return dict(gemm=mnk, batch=g.groups, pieces=pieces,
+                        splits=1 if self._short(tile) else largest_divisor_at_most(tile, self.max_slices),
+                        rules=(self.band_rule,))
+        if pass_name == "forward" and self._implicit("forward"):
+            S = self.split["forward"]
+            return dict(gemm=(g.Kg, g.N * g.P, g.Kd), batch=S if S > 1 else g.groups, chunks=(1, g.N), splits=S,
+                        rules=("im2col-implicit",) + split_rules(S, self.unsplit["forward"]),
+                        notes=("implicit im2col", "output in place"))
+        B = self.forward_chunk if pass_name == "forward" else self.chunk
+        mnk = {"forward": (g.Kg, B * g.P, g.Kd), "backward_input": (g.Kd, B * g.P, g.Kg),
+               "backward_weight": (g.Kg, g.Kd, B * g.P)}[pass_name]
+        rules_, notes = [], []
+        if self.chunk < g.N:
+            rules_.append("workspace")
+        if pass_name == "forward" and B < self.chunk:
+            rules_.append("im2col-cpu-image-chunks")
+        if pass_name == "backward_weight" and self._implicit(pass_name):
+            rules_.append("im2col-implicit")
+            notes.append("implicit im2col")
+        if (pass_name == "forward" and self._folds_output() or pass_name == "backward_input"
+                and self._folds_grad_output() or pass_name == "backward_weight" and self._folds_grad_output_weight()):
+            notes.append("output in place" if pass_name == "forward" else "grad_output in place")
+        if pass_name == "backward_weight":
+            S = self.slices
+            if S > 1 or self.short_chunk:
+                rules_.append("im2col-gpu-split-positions" if gpu else "im2col-cpu-split")
+        else:
+            S = self.split[pass_name]
+            rules_ += split_rules(S, self.unsplit.get(pass_name))
+        if pass_name == "forward" and self.deep:
+            rules_.append("gemm-deep-tile")
+            notes.append("deep tile")
+        return dict(gemm=mnk, batch=S * g.groups, chunks=(-(-g.N // B) if g.N else 0, B), splits=S, rules=tuple(rules_), notes=tuple(notes))
+
     def _folds_output(self):
         """Whether the forward's GEMM writes Y as it is (clconv's GPU GEMM kernel), its images'
         positions folded into the columns, not T and the layout kernel (split-K: with one group,
-        whose slices are a grid of whole outputs). H200, batch 32, the networks' 26 such forwards
-        against T and the layout kernel, device time: 0.89-1.02x (geometric mean 0.95; inception_v3's
-        1x7 and 7x1 on 12x12 0.94-0.95x, RegNet's grouped 3x3 0.89-0.94x)."""
+        whose slices are a grid of whole outputs), which measured faster than the layout copy."""
         return self.gemm == "gpu" and not self.band and (self.split["forward"] == 1 or self.g.groups == 1)
 
     def _folds_grad_output(self):
@@ -381,16 +337,11 @@ class Im2col(Algorithm):
         its images' positions folded into the depth, not through the layout copy T: where it reads
         dY four-wide as it would T (positions and every chunk's split-K slices whole vectors, which
         _slice_count prefers), or value by value where the GEMM's N (taps per group) is at most
-        SCALAR_FOLD_MAX_TAPS, so that each work-group row reads dY once or twice. H200, batch 32,
-        device time against the copy: the networks' 26 grad-weights of whole vectors 8.3 -> 7.1 ms
-        (weighted by the layers' counts; their GEMMs' 5.37 -> 5.38), 1.17 -> 1.01x cuDNN's time;
-        RegNet's 28x28 and 56x56 maps in slices of whole vectors 0.58-0.69x; value by value (the
-        two interleaved on one machine), inception_v3's stem (111x111 outputs, N 27) 0.150 against
-        0.189 ms, 0.79x, but resnet50's and convnext_tiny's 7x7 outputs of N 1024-4608 taps 1.10-1.15x."""
+        rules.IM2COL_SCALAR_FOLD_MAX_TAPS, so that each work-group row reads dY once or twice."""
         g = self.g
         slices = (self.chunk * g.P // self.slices, (g.N % self.chunk or self.chunk) * g.P // self.last_slices)
         vectors = g.P % 4 == 0 and all(L % 4 == 0 for L in slices)
-        return self.gemm == "gpu" and not self.band and (vectors or g.Kd <= SCALAR_FOLD_MAX_TAPS)
+        return self.gemm == "gpu" and not self.band and (vectors or g.Kd <= rules.IM2COL_SCALAR_FOLD_MAX_TAPS)
 
     def _implicit(self, pass_name):
         """Whether ``pass_name`` (forward or grad-weight) reads im2col in place, on the GPU GEMM
@@ -401,13 +352,13 @@ class Im2col(Algorithm):
         """Why ``pass_name`` would read im2col in place, as explain() says it, or None: few
         channels, or taps that do not overlap (a kernel no wider than its stride: 1x1 stride 2,
         patchify layers), whose col would be a copy of the input or of part of it; or on GPUs too
-        little work for the im2col launch to pay (GPU_IMPLICIT_FLOP_PER_UNIT)."""
+        little work for the im2col launch to pay (rules.IM2COL_GPU_IMPLICIT_FLOP_PER_UNIT)."""
         g = self.g
-        if g.Cg <= IMPLICIT_MAX_CHANNELS:
+        if g.Cg <= rules.IM2COL_IMPLICIT_MAX_CHANNELS:
             return f"{g.Cg} channel(s) per group"
         if all(s >= (k - 1) * d + 1 for s, k, d in zip(g.stride, (g.kh, g.kw), g.dilation)):
             return "taps apart: col would be a copy of the input"
-        per_unit = GPU_IMPLICIT_FLOP_PER_UNIT[pass_name]
+        per_unit = rules.IM2COL_GPU_IMPLICIT_FLOP_PER_UNIT[pass_name]
         if self.units and g.flops() <= per_unit * self.units:
             return (f"{g.flops() / 1e6:.1f} MFLOP a pass, at most {per_unit * self.units / 1e6:.0f} "
                     f"({per_unit / 1e6:g} per compute unit): the im2col launch would cost more than the GEMM's gathers")

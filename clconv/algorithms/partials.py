@@ -9,15 +9,13 @@ partials in direct.cl.
 import numpy as np
 import pyopencl as cl
 
+from .. import rules
 from ..device import scalar_work_items
 from ..programs import get_kernel, launch, reduction_work_group, work_group_limit
 
-SPLIT_K_TARGET = 1 << 24   # aim for about this many partial-sum elements
-MIN_SLICE = 256            # shortest slice (GEMM K) worth a separate partial
-MAX_SLICES = 64
 
 
-def max_slices(outputs, positions, min_slice=MIN_SLICE, most=MAX_SLICES, target=SPLIT_K_TARGET):
+def max_slices(outputs, positions, min_slice=rules.PARTIALS_MIN_SLICE, most=rules.PARTIALS_MAX_SLICES, target=rules.PARTIALS_TARGET):
     """The most split-K slices worth cutting for ``outputs`` results summed over ``positions``,
     about ``target`` partial-sum elements at most."""
     return max(1, min(most, -(-target // outputs), positions // min_slice))
@@ -39,20 +37,6 @@ def largest_divisor_at_most(n, limit):
     return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
 
 
-# Four values per work-item (sum_partials4) where the layout allows, on devices where such a
-# kernel runs faster with explicit vectors (clconv.device.scalar_work_items: PoCL). 2-core AVX-512
-# Xeon, PoCL: the sum alone 0.35-0.55x the time (737280 values in 2 partials 470 -> 166-177 us,
-# 9408 in 64 155 -> 69-84), the networks' 1x1 and im2col grad-weights over maps of 700+ positions
-# at batch 4 (35 passes, interleaved, results bit-identical) 0.95x count-weighted, RegNet's g6 3x3
-# 0.79x. Intel's runtime and rusticl, which vectorise across work-items, took 3-8x and 1.7-2.6x.
-# GPUs sum in work-groups of GPU_LOCAL, four values per work-item where n / 4 work-items still
-# give every compute unit such a work-group. H200 (device time, the sum alone): 737280 values in
-# 2 partials 13.6 us in groups of 64, 8.4 in 256, 7.3 four-wide in 256; 3145728 in 2: 33.3, 16.3,
-# 12.0; 147456 in 4: 7.1, 6.3, 6.1; 9408 in 64 (37 four-wide groups of 64 for 132 units): 7.0,
-# 6.7, 8.9. Four-wide in groups of 64, inception_v3's 20 forwards that sum partials at batch 32
-# took 0.973x the time (pipelined), its grad-weights (mostly few values in many partials) 1.005x;
-# on an H100, those forwards in groups of 256 against 64 (four-wide by this rule in both) 0.973x.
-GPU_LOCAL = 256
 
 
 def _four_wide(device, itemsize, n):
@@ -67,9 +51,9 @@ def _four_wide(device, itemsize, n):
 
 
 def _local_size(device):
-    """The sums' work-group: GPU_LOCAL on GPUs (or the largest power of two below it the device
+    """The sums' work-group: rules.PARTIALS_GPU_LOCAL on GPUs (or the largest power of two below it the device
     allows), 64 elsewhere; launches take at most what the kernel allows (sum_partials)."""
-    return reduction_work_group(device, GPU_LOCAL) if device.type & cl.device_type.GPU else 64
+    return reduction_work_group(device, rules.PARTIALS_GPU_LOCAL) if device.type & cl.device_type.GPU else 64
 
 
 def sum_partials(queue, dtype, idx, part, S, n, out, accumulate, what, stride=None):

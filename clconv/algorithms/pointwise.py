@@ -10,88 +10,37 @@ sums over the images:
 On clconv's kernels that sum is the GEMM's own: its depth is one K block per image
 (:class:`clconv.gemm.KBlocks`); no layout copies, no partial sums over the images. On the GPU
 kernel they are cut into slices of images (or, for few images, of every image's positions) that
-fill the device, whose partial sums are summed in order; over small maps (CONTINUOUS_BELOW) the blocks
+fill the device, whose partial sums are summed in order; over small maps (rules.POINTWISE_CONTINUOUS_BELOW) the blocks
 are read as one continuous depth and the slices of images chosen by the GEMM's tile model
-(:func:`clconv.gemm.best_slices`), or for products at least DEEP_WEIGHT_K deep run in the
-GPU kernel's deep tile. H200, networks benchmark at batch 32: C1024 14x14 -> K256
-0.15 ms against 0.27 through the im2col layout, the 1x1 grad-weights of the six networks 6.9 ms
-against 8.4 (sum of device times, each layer once). The CPU kernel runs every image's K block in
-one launch, into grad_weight, over maps of fewer than CPU_BLOCKS_BELOW positions. The other
+(:func:`clconv.gemm.best_slices`), or for products at least rules.POINTWISE_DEEP_WEIGHT_K deep run in the
+GPU kernel's deep tile. The CPU kernel runs every image's K block in
+one launch, into grad_weight, over maps of fewer than rules.POINTWISE_CPU_BLOCKS_BELOW positions. The other
 engines, and the CPU kernel over larger maps, take
   part[b, g] = dY[b, g] @ X[b, g]^T,  dW = sum over b of part[b], in order
 in chunks of up to as many images as split-K allows slices, when an image has at least
-MIN_SLICE positions (H200 before K blocks, pointwise workload: 0.50 ms against 0.75 through
-the im2col layout), and otherwise the im2col algorithm, whose im2col for a 1x1 kernel is the
+rules.PARTIALS_MIN_SLICE positions, and otherwise the im2col algorithm, whose im2col for a 1x1 kernel is the
 (C, N*H*W) layout that makes it one GEMM per group.
 
-On clconv's GPU kernel, forward and grad-input over small maps (FOLD_BELOW) are one GEMM
+On clconv's GPU kernel, forward and grad-input over small maps (rules.POINTWISE_FOLD_BELOW) are one GEMM
 per group over every image's positions; on its CPU kernel, grad-input over small maps
-(CPU_TRANSPOSED_BELOW) runs transposed, dX^T = dY^T W. On a GPU, with one group, forward and grad-input
+(rules.POINTWISE_CPU_TRANSPOSED_BELOW) runs transposed, dX^T = dY^T W. On a GPU, with one group, forward and grad-input
 grids of products too small to fill the device are also cut along their K into slices
 (:func:`clconv.gemm.k_slices`), the slices taking the grid's group axis, into partial
 outputs summed in order. Such grids come from small images with many channels. Forwards of
 long products run the GPU kernel's deep tile, split to fill the device more
 (:func:`clconv.gemm.gemm_gpu.deep`).
 """
+from .. import rules
 from ..bias import after_gemm, before_gemm
 from ..buffers import Ref, idx_for
-from ..gemm import (MIN_K_SLICE, KBlocks, Operand as Op, best_slices, deep, gemm_cpu, gemm_gpu, k_slices,
+from ..gemm import (KBlocks, Operand as Op, best_slices, deep, gemm_cpu, gemm_gpu, k_slices,
                     unsplit_note)
 from ..programs import INT32_MAX
-from .base import Algorithm
+from .base import Algorithm, split_rules
 from .im2col import Im2col
-from .partials import MAX_SLICES, MIN_SLICE, fit_slices, max_slices, partials_size as _partials, sum_partials
+from .partials import fit_slices, max_slices, partials_size as _partials, sum_partials
 
 
-# Grad-weight on clconv's CPU kernel in K blocks over maps of fewer positions than this. 2-core
-# AVX-512 Xeon, batch 4, the networks' 1x1 grad-weights, interleaved, against per-image partial
-# sums (12x12 maps and larger) and the im2col layout (smaller): 5x5 and 7x7 maps 0.55-0.93x the
-# time on Intel's runtime, 0.61-1.07x on PoCL; 12x12 and 14x14 0.59-0.89x / 0.47-1.08x; 25x25
-# 0.96-1.03x / 0.86-1.16x; 28x28 0.83-0.94x but 0.82-1.46x on PoCL; 56x56 and larger 1.06-1.42x
-# / 0.86-1.45x (a block's K slices are cut shorter to keep every block's slice of B in cache).
-CPU_BLOCKS_BELOW = 700
-# Forward and grad-input on the GPU kernel over maps of fewer than FOLD_BELOW positions: one
-# GEMM over every image's positions (B read and C stored image by image: b_fold, c_fold), not
-# a ragged GEMM per image of 25-196 columns. H200, the networks' 1x1 layers, folded / per image
-# (geometric mean): P < 64 forward 0.87, grad-input 0.99 at batch 32 (0.90, 0.86 at batch 1).
-# Maps of 144 and 196 positions (batch 32, device time, least of 6, interleaved, the deep tile
-# and B read four-wide where P is a multiple of 4): forward 0.89 (20 layers, 0.71-1.01x;
-# resnet50's C512 14x14 -> K1024 274 -> 190 us), grad-input 0.87 (0.75-0.99x); conv time per
-# step 0.64 ms shorter on resnet50, 0.28 on inception_v3, 0.06-0.13 on the others. On 28x28
-# maps and larger folding measured 0.95-1.03x (geometric means of forward and grad-input over
-# 31 layers; single passes up to 1.3x).
-FOLD_BELOW = 256
-# Grad-weight over maps of fewer than CONTINUOUS_BELOW positions reads its K blocks as one
-# continuous depth.
-CONTINUOUS_BELOW = 64
-# A continuous grad-weight at least DEEP_WEIGHT_K deep (every image's positions) runs clconv's GPU
-# kernel's deep tile (gemm_gpu.EIGHT_BY_FOUR), cut into slices of images until its grid has
-# gemm_gpu.DEEP_WAVES work-groups per compute unit or as many slices as are each at least
-# DEEP_WEIGHT_SLICE deep (clconv.gemm.k_slices), where the deep tile's grid before the split has
-# at least one work-group per gemm_gpu.DEEP_MIN_SHARE compute units (the forward's bound), not the
-# tile model's choice (best_slices), whose 4x4 work-items it counts
-# as nearly as fast as 8x8 ones on a grid that fills the device: over a long K they do half the
-# multiply-adds per value read from local memory. H100 (the calls for the H200 got one), batch 32,
-# inception_v3's eight 1x1 grad-weights on 5x5 maps (C1280 / C2048 -> K192-448, K = 800), device
-# time, least of 4, interleaved, each at 1, 2, 4 and 8 slices in either tile: the model's choice
-# 476 us in sum, this rule's (4 slices each) 413, the best of the eight per layer 403. Over every
-# grad-weight of the networks it changes at batch 32 (20 layers on 5x5 and 7x7 maps; at batch 8
-# none is that deep), against the model's choice, device time, least of 4, interleaved: 0.90x
-# count-weighted (2.60 -> 2.34 ms), 0.75-1.06x per layer but mobilenet_v2's C576 7x7 -> K160 1.27x
-# (29 -> 36 us); resnet50's C512 / C2048 7x7 layers 1.00x. That layer's grid, 27 deep work-groups
-# for 132 compute units, is the one under the bound, which leaves it to the model.
-DEEP_WEIGHT_K = 512
-DEEP_WEIGHT_SLICE = 128
-# Grad-input on clconv's CPU kernel over maps of fewer than CPU_TRANSPOSED_BELOW positions runs
-# transposed: dX^T (P x Cg) = dY^T (P x Kg) @ W (Kg x Cg), grad_output read transposed in place and
-# grad_input stored transposed, not dX = W^T dY with W^T packed first: the channels are the
-# columns (whole vector blocks) instead of a handful of positions, and there is no pack. 2-core
-# AVX-512 Xeon, batch 4, the networks' 1x1 grad-inputs, against the packed form, interleaved, least
-# of 7-9 (PoCL / Intel's runtime): 5x5 maps 0.56-0.64x / 0.69-0.82x the time (inception_v3's eight
-# C1280 and C2048 layers: 1.78 -> 1.06 ms for 2048 -> 384 on PoCL), 1x1 maps (squeeze-excitation)
-# 0.85-1.10x / 0.96-1.03x, the passes under the rule 0.78x / 0.85x count-weighted; but 7x7 maps
-# 0.69-1.12x / 0.96-1.19x, and 12x12 and 14x14 0.96-1.21x / 0.97-1.6x.
-CPU_TRANSPOSED_BELOW = 32
 
 
 class Pointwise(Algorithm):
@@ -109,37 +58,37 @@ class Pointwise(Algorithm):
         item = dtype.itemsize
         fits = workspace_limit // (g.K * g.Cg * item)   # grad-weight partial sums the workspace holds
         # grad-weight on the GPU kernel: slices of whole images, or (where that fills the device
-        # less: few images) of every image's positions, each at least MIN_K_SLICE positions deep
+        # less: few images) of every image's positions, each at least rules.MIN_K_SLICE positions deep
         self.slices, self.by_images = 1, True
         # small maps: the K blocks read as one continuous depth (no slice padded at each image's
         # end), in slices of whole images chosen by the tile model (gemm_gpu.best_slices)
-        self.continuous = gemm == "gpu" and g.P < CONTINUOUS_BELOW and g.N > 1
-        # (and products of such depth on the deep tile: DEEP_WEIGHT_K)
-        self.deep_weight = (self.continuous and g.N * g.P >= DEEP_WEIGHT_K
+        self.continuous = gemm == "gpu" and g.P < rules.POINTWISE_CONTINUOUS_BELOW and g.N > 1
+        # (and products of such depth on the deep tile: rules.POINTWISE_DEEP_WEIGHT_K)
+        self.deep_weight = (self.continuous and g.N * g.P >= rules.POINTWISE_DEEP_WEIGHT_K
                             and gemm_gpu.deep_grid(device, g.Kg, g.Cg, g.groups, item))
         if self.deep_weight:
             self.slices = fit_slices(g.N, k_slices(device, gemm, g.Kg, g.Cg, g.N, g.groups, item,
-                                                   -(-DEEP_WEIGHT_SLICE // g.P), deep=True, min_depth=0),
-                                     min(fits, MAX_SLICES))
+                                                   -(-rules.POINTWISE_DEEP_WEIGHT_SLICE // g.P), deep=True, min_depth=0),
+                                     min(fits, rules.PARTIALS_MAX_SLICES))
         elif self.continuous:   # (one slice needs no workspace)
-            options = [d for d in range(1, max(1, min(g.N, fits, MAX_SLICES)) + 1) if g.N % d == 0]
+            options = [d for d in range(1, max(1, min(g.N, fits, rules.PARTIALS_MAX_SLICES)) + 1) if g.N % d == 0]
             self.slices = best_slices(device, g.Kg, g.Cg, g.N * g.P, g.groups, options, item)
         elif self.blocked:
             by_images = fit_slices(g.N, k_slices(device, gemm, g.Kg, g.Cg, g.N, g.groups, item,
-                                                 -(-MIN_K_SLICE // g.P), min_depth=0), fits)
+                                                 -(-rules.MIN_K_SLICE // g.P), min_depth=0), fits)
             by_positions = fit_slices(g.P, k_slices(device, gemm, g.Kg, g.Cg, g.P, g.groups, item,
-                                                    -(-MIN_K_SLICE // g.N), min_depth=0), fits)
+                                                    -(-rules.MIN_K_SLICE // g.N), min_depth=0), fits)
             self.by_images = by_images >= by_positions
             self.slices = max(by_images, by_positions)
         # elsewhere: images per chunk of per-image partial sums (1: the im2col layout instead)
-        self.images = min(g.N, max_slices(g.K * g.Cg, g.N * g.P), fits) if g.P >= MIN_SLICE else 1
+        self.images = min(g.N, max_slices(g.K * g.Cg, g.N * g.P), fits) if g.P >= rules.PARTIALS_MIN_SLICE else 1
         self._weight = (None if self.blocked or self.images > 1
                         else Im2col(g, dtype, device, workspace_limit, per_group, gemm))
         # split-K slices per pass (one group only: the slices take the grid's group axis), as many
         # as the workspace holds
         # forward and grad-input on the GPU kernel: one GEMM over every image's positions (folded)
-        # where a map has fewer than FOLD_BELOW positions, not a GEMM per image
-        self.fold = gemm == "gpu" and g.P < FOLD_BELOW and g.N * g.P <= INT32_MAX   # (N is a 32-bit argument)
+        # where a map has fewer than rules.POINTWISE_FOLD_BELOW positions, not a GEMM per image
+        self.fold = gemm == "gpu" and g.P < rules.POINTWISE_FOLD_BELOW and g.N * g.P <= INT32_MAX   # (N is a 32-bit argument)
         cols, count = (g.N * g.P, 1) if self.fold else (g.P, g.N)
         # (the forward's long products on clconv's GPU GEMM kernel's deep tile: gemm_gpu.deep)
         self.deep = g.groups == 1 and deep(device, gemm, g.K, cols, g.C, count, item)
@@ -155,7 +104,7 @@ class Pointwise(Algorithm):
         self.split = {"forward": split(g.K, g.C, g.N * g.K * g.P, self.deep),
                       "backward_input": split(g.C, g.K, g.N * g.C * g.P), "backward_weight": 1}
         # grad-input on the CPU kernel over small maps, unsplit: dX^T = dY^T W, stored transposed
-        self.transposed = gemm == "cpu" and g.P < CPU_TRANSPOSED_BELOW and self.split["backward_input"] == 1
+        self.transposed = gemm == "cpu" and g.P < rules.POINTWISE_CPU_TRANSPOSED_BELOW and self.split["backward_input"] == 1
         # on clconv's CPU GEMM kernel W^T is packed in the workspace first (gemm_cpu.packed_size), and
         # B (the input, grad_output) in panels after the rest where its rule says so and the budget
         # holds them (gemm_cpu.panels_size)
@@ -177,7 +126,7 @@ class Pointwise(Algorithm):
     @property
     def blocked(self):
         """Whether grad-weight sums the images in K blocks (clconv's kernels have them)."""
-        return self.gemm == "gpu" or self.gemm == "cpu" and self.g.P < CPU_BLOCKS_BELOW
+        return self.gemm == "gpu" or self.gemm == "cpu" and self.g.P < rules.POINTWISE_CPU_BLOCKS_BELOW
 
     def describe(self, pass_name):
         g, S = self.g, self.split[pass_name]
@@ -189,10 +138,10 @@ class Pointwise(Algorithm):
             if self.blocked:
                 S = self.slices
                 t = gemm_gpu.EIGHT_BY_FOUR
-                blocks, why = ((f"every image's positions one continuous K, at least {DEEP_WEIGHT_K} deep: clconv's "
+                blocks, why = ((f"every image's positions one continuous K, at least {rules.POINTWISE_DEEP_WEIGHT_K} deep: clconv's "
                                 f"GPU GEMM kernel's deep tile, {t.tm}x{t.tn} of {t.rm}x{t.rn} work-items",
-                                f"slices of at least {DEEP_WEIGHT_SLICE} positions, the fewest that give the deep "
-                                f"tile {gemm_gpu.DEEP_WAVES} work-groups per compute unit, or as many as are that "
+                                f"slices of at least {rules.POINTWISE_DEEP_WEIGHT_SLICE} positions, the fewest that give the deep "
+                                f"tile {rules.DEEP_WAVES} work-groups per compute unit, or as many as are that "
                                 "deep") if self.deep_weight else
                                ("every image's positions one continuous K", "the GEMM's tile model: a larger tile "
                                 "over more slices") if self.continuous else
@@ -208,17 +157,45 @@ class Pointwise(Algorithm):
         if pass_name == "backward_input" and self.transposed:
             return (f"1x1 GEMM per (group, image) run transposed, grad_input^T = grad_output^T @ weight, "
                     f"{g.groups} group(s) x {g.N} image(s) in one launch, M={g.P} N={g.Cg} K={g.Kg}, grad_output "
-                    f"read and grad_input stored transposed in place (fewer than {CPU_TRANSPOSED_BELOW} positions "
+                    f"read and grad_input stored transposed in place (fewer than {rules.POINTWISE_CPU_TRANSPOSED_BELOW} positions "
                     "per image: the channels fill the CPU kernel's vectors), no im2col")
         if pass_name == "forward" and self.deep:
             split += ", " + gemm_gpu.deep_note()
         if self.fold:
             return (f"1x1 GEMM on the input, one per group ({g.groups}) over every image's positions (fewer than "
-                    f"{FOLD_BELOW} per image), M={m} N={g.N * g.P} K={k}, no im2col" + split.format(k // S))
+                    f"{rules.POINTWISE_FOLD_BELOW} per image), M={m} N={g.N * g.P} K={k}, no im2col" + split.format(k // S))
         # grouped, the groups are the batch (an image's groups are packed; a group's images are not)
         return (f"1x1 GEMM on the input, {g.groups} group(s) x {g.N} image(s) in "
                 f"{1 if g.groups == 1 else g.N} batched launch(es), M={m} N={g.P} K={k}, no im2col"
                 + split.format(k // S))
+
+    def facts(self, pass_name):
+        g, S = self.g, self.split[pass_name]
+        if pass_name == "backward_weight":
+            if self._weight is not None:   # the im2col layout
+                facts = self._weight.facts(pass_name)
+                return dict(facts, notes=("im2col layout", *facts.get("notes", ())))
+            if self.blocked:
+                S = self.slices
+                rules_ = ("1x1-weight-blocks",) + (("gemm-deep-tile",) if self.deep_weight else ())
+                notes = ("deep tile" if self.deep_weight else "continuous K" if self.continuous else "K blocks",
+                         "slices of images" if self.by_images else "slices of positions")
+                return dict(gemm=(g.Kg, g.Cg, g.N * g.P), batch=g.groups * S, chunks=(1, g.N), splits=S,
+                            rules=rules_, notes=notes[:1] if S == 1 else notes)
+            return dict(gemm=(g.Kg, g.Cg, g.P), batch=g.groups * self.images, chunks=(-(-g.N // self.images),
+                        self.images), rules=("1x1-weight-blocks",), notes=("per-image partial sums",))
+        m, k = (g.Kg, g.Cg) if pass_name == "forward" else (g.Cg, g.Kg)
+        rules_, notes = split_rules(S, self.unsplit.get(pass_name)), []
+        if pass_name == "backward_input" and self.transposed:
+            return dict(gemm=(g.P, g.Cg, g.Kg), batch=g.groups * g.N, chunks=(1, g.N),
+                        rules=("1x1-cpu-transposed",), notes=("transposed",))
+        if pass_name == "forward" and self.deep:
+            rules_, notes = rules_ + ("gemm-deep-tile",), ["deep tile"]
+        if self.fold:
+            return dict(gemm=(m, g.N * g.P, k), batch=S if S > 1 else g.groups, chunks=(1, g.N), splits=S,
+                        rules=("1x1-fold",) + rules_, notes=tuple(notes))
+        return dict(gemm=(m, g.P, k), batch=S * g.N if S > 1 else g.groups * g.N, chunks=(1, g.N), splits=S,
+                    rules=rules_, notes=tuple(notes))
 
     def _columns(self):
         """(columns, images, GEMM options) of forward and grad-input, whose B is the input or

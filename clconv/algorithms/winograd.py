@@ -22,44 +22,24 @@ the workspace); with per-group queues, each group's GEMMs run on its own queue.
 An image whose workspace is above the budget runs in pieces: ranges of its tile rows, as
 many rows as the budget holds, through the same kernels (each told its first tile row);
 grad-weight adds the ranges' products in order, so its sum is fixed. On CPUs forward and
-grad-input cut an image so also where its workspace is above CPU_PIECE_BYTES (the caches).
+grad-input cut an image so also where its workspace is above rules.WINOGRAD_CPU_PIECE_BYTES (the caches).
 """
 
 import math
 
 import pyopencl as cl
 
+from .. import rules
 from ..bias import flags
 from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width, vectorizes_work_items
+from ..explanation import Reason
 from ..gemm import Operand as Op, gemm_cpu
 from ..programs import INT32_MAX, get_kernel, launch, reduction_work_group, work_group_limit
-from .partials import MAX_SLICES, MIN_SLICE, SPLIT_K_TARGET, largest_divisor_at_most, max_slices, sum_partials
+from .partials import largest_divisor_at_most, max_slices, sum_partials
 from .transform import Transform, aligned, little_gpu_work, pass_geometry
 
-MIN_CHANNELS = 16         # fewer channels or filters per group: the batched GEMMs are too thin to pay
-CPU_MIN_TILES = 32        # on CPUs over maps of 4 tiles, tiles per batch below which it is not chosen (see preferred)
-GPU_MIN_FLOP_PER_UNIT = 6.5e6   # on GPUs, work of a pass per compute unit below which it is not chosen (see preferred)
 LOCAL = 256               # transform kernels' work-group, at most (H200, AlexNet conv2: passes 2-4 % faster than 64)
-# Grad-weight split-K on GPUs: partial sums of about this many elements at most, an eighth of
-# partials.SPLIT_K_TARGET. H200, batch 32, the networks' ten Winograd grad-weights, each timed at
-# 1-64 slices (pipelined wall time, ms): at this cap's count each is the fastest or within 3 % of
-# it; at the larger cap's, inception_v3's 80x54x54 -> 192 took 0.516 at 16 slices (0.386 at this
-# cap's 4, 0.378 at 2), resnet50's 256x14x14 0.140 at 2 (0.117 unsplit), inception's 32x109x109
-# -> 64 0.353 at 64 (0.320 at 28), the rest within 5 %. Of the reference workloads (python -m
-# bench), AlexNet's conv4 took 0.533 -> 0.504 ms (4 slices -> unsplit) and the dilated 3x3, 144
-# work-groups of 128x128 over sums of 4096 tiles, 0.706 -> 0.777 (8 slices -> unsplit; 0.731 at 2,
-# 0.716 at 4): long sums over few work-groups still gain from a split this cap does not give.
-GPU_SPLIT_K_TARGET = 1 << 21
-# CPUs: forward and grad-input of an image whose workspace (beyond the filters' transform U,
-# which pieces share) is above this many bytes run in pieces of its tile rows of at most that,
-# whose transforms and GEMMs stay within the caches (as they do above the budget). 2-core
-# AVX-512 Xeon, 3x3 and 5x5 layers of 81-324 MB per image (32-128 channels, 128x128 to 512x512
-# images), against whole images: 0.54-0.89x the time on PoCL,
-# 0.72-0.82x on Intel's runtime; pieces of 16 MB 0.60-0.81x and 0.74-0.89x, of 64 MB 0.66-1.10x
-# (PoCL). Grad-weight keeps whole images (in pieces, whose split-K sums come per piece, 1.1-2.2x
-# the time). None of the networks' Winograd layers (at most 11 MB per image) is cut so.
-CPU_PIECE_BYTES = 32 << 20
 
 
 def _tiles(size, dilation, tile):
@@ -114,65 +94,31 @@ class Winograd(Transform):
 
     @staticmethod
     def preferred(g, pass_name, device):
-        """Whether "auto" should pick this algorithm for ``pass_name`` on ``device`` (it applies either way)."""
-        if min(g.Cg, g.Kg) < MIN_CHANNELS:
-            return False, (f"fewer than {MIN_CHANNELS} channels or filters per group (Cg = {g.Cg}, Kg = {g.Kg}): "
-                           "its batched GEMMs would be too thin")
+        """Whether "auto" should pick this algorithm for ``pass_name`` on ``device`` (it applies
+        either way): rule-winograd-channels, rule-winograd-gpu-work, rule-winograd-cpu-rows,
+        rule-winograd-cpu-tiles."""
+        if min(g.Cg, g.Kg) < rules.WINOGRAD_MIN_CHANNELS:
+            return False, Reason("winograd-channels", f"fewer than {rules.WINOGRAD_MIN_CHANNELS} channels or filters "
+                                                      f"per group (Cg = {g.Cg}, Kg = {g.Kg})")
         if device.type & cl.device_type.GPU:
-            # Its four launches a pass and thin GEMMs cost more than they save where the work is
-            # small. The networks benchmark's plain calls (wall time) with it and through im2col,
-            # H100s (132 compute units; each set of layers on one host), its time over im2col's,
-            # forward / grad-input / grad-weight, by the work of the pass (2 x multiply-adds, as
-            # im2col's GEMM counts them):
-            # six 3x3 layers (resnet50's four at stride 1, inception_v3's 96x25x25 and 448x5x5):
-            # 77-231 MFLOP (batch 1) 0.82-1.72 / 1.32-1.93 / 1.17-2.08, 310-415 MFLOP (batch 4)
-            # 0.96-1.23 / 1.06-1.50 / 0.90-1.47, 925 MFLOP (batch 4) 0.75-1.03 / 0.87-1.30 / 0.59-1.01,
-            # 1.2 GFLOP and up (batch 16 and 32) 0.43-0.97 / 0.44-1.03 / 0.40-0.89: mixed between 415
-            # and 925 MFLOP, where the threshold lies; inception_v3's 1x7 / 7x1 layers (geometric means):
-            # 33-74 MFLOP (batch 1) 1.26 / 1.63 / 1.24, 0.5-0.8 GFLOP (batch 16) 0.85 / 1.20 / 1.10,
-            # 1.1-1.6 GFLOP (batch 32) 0.67 / 0.92 / 0.80; at batch 32 (up to 2.4 GFLOP) their device
-            # time 0.75x / 0.91x / 0.82x im2col's, inception_v3's step 21.74 -> 20.53 ms
-            small = little_gpu_work(g, device, GPU_MIN_FLOP_PER_UNIT)
+            small = little_gpu_work(g, device, rules.WINOGRAD_GPU_MIN_FLOP_PER_UNIT)
             if small:
-                return False, (f"{small}: too little work for its four launches and thin GEMMs (H100, 3x3 "
-                               "layers at batch 1 and 4 up to 415 MFLOP: "
-                               "0.82-2.08x im2col's time, most passes slower; 1x7 / 7x1 layers up to 0.8 GFLOP: "
-                               "0.85-1.65x, geometric means per pass and batch)")
+                return False, Reason("winograd-gpu-work", small)
             return True, ""
-        if g.kh != g.kw:
-            # filters of one row or column on CPUs. 2-core Xeon, batch 4, inception_v3's layers against
-            # im2col, device time, least of 3 interleaved: its five 7x1 layers (transforms in rows) PoCL
-            # forward 0.76-0.83x, grad-input 0.74-0.88x, grad-weight 0.84-0.94x, Intel's runtime
-            # 0.79-0.87x, 0.88-0.99x, 0.95-1.10x; its five 1x7 layers (2-output tiles, 6 to a tile row
-            # of its 12-wide maps, too few for a vector of 8) 0.97-1.26x. But the networks benchmark's
-            # plain calls (wall time, PyTorch interleaved), the five 7x1 layers with and without this
-            # form, two rounds each: PoCL 50.6-51.2 against 48.9-49.5 ms per step, Intel's runtime
-            # 57.7-58.3 against 56.1-58.4: its four launches a pass cost in wall time what their device
-            # time saves
-            return False, ("on CPUs its transforms' launches for a 1x7 or 7x1 filter cost what its GEMMs save "
-                           "(plain calls on PoCL and Intel's runtime 0.99-1.04x im2col's time)")
-        # CPUs on small maps, where the transforms outweigh the GEMMs they shrink. 2-core Xeon,
-        # batch 4, the networks' Winograd layers against im2col (PoCL / Intel's runtime):
-        # 5x5 maps (4 tiles, 39% of their outputs used) 1.64-2.05 / 1.33-2.23x im2col's time
-        # in every pass; 7x7 maps (4 tiles) grad-weight 1.54 / 1.56x, forward and grad-input
-        # 0.91-0.92 / 0.75-0.98x; 14x14 maps and up 0.44-1.00 / 0.34-1.22x (PoCL with the
-        # row transforms' lanes across tile rows). Since clconv's CPU GEMM packs B in panels
-        # (gemm_cpu.PANEL_MIN_ROWS), im2col's GEMMs are faster: resnet50's 3x3 on 7x7 maps, 512
-        # channels, forward and grad-input at batch 4 (16 tiles, Winograd's GEMMs 16 columns
-        # wide) 1.6-1.7x im2col's time on PoCL, 1.15-1.34x on Intel's runtime; at batch 8 (32
-        # tiles) 0.92-0.98x on PoCL.
+        if g.kh != g.kw:   # (a 1x7 or 7x1 on CPUs: its launches cost in wall time what they save)
+            return False, Reason("winograd-cpu-rows", "on CPUs a 1x7 or 7x1 filter's transforms cost what its "
+                                                      "GEMMs save")
+        # CPUs on small maps, where the transforms outweigh the GEMMs they shrink
         (mh, mw), t = _side(g), pass_geometry(g, pass_name)
         th, tw = _grid(t, (mh, mw))
         tiles, used = th * tw, t.OH * t.OW / (th * tw * mh * mw)
         if pass_name == "backward_weight" and tiles <= 4:
-            return False, (f"on CPUs its grad-weight over {tiles} tiles per image costs more in transforms than "
-                           "it saves (7x7 maps: 1.6-1.7x im2col's time on PoCL and Intel's runtime)")
-        if tiles <= 4 and t.N * tiles < CPU_MIN_TILES:
-            return False, (f"on CPUs, {t.N * tiles} tiles in the batch (fewer than {CPU_MIN_TILES}) make GEMMs too "
-                           "narrow for their transforms (7x7 maps at batch 4: 1.15-1.7x im2col's time)")
+            return False, Reason("winograd-cpu-tiles", f"on CPUs, a grad-weight over {tiles} tiles per image")
+        if tiles <= 4 and t.N * tiles < rules.WINOGRAD_CPU_MIN_TILES:
+            return False, Reason("winograd-cpu-tiles", f"on CPUs, {t.N * tiles} tiles in the batch, fewer than "
+                                                       f"{rules.WINOGRAD_CPU_MIN_TILES}")
         if used < 0.5:
-            return False, (f"on CPUs, tiles of which {used:.0%} of the outputs are used cost more in transforms "
-                           "than they save (5x5 maps: 1.3-2.4x im2col's time on PoCL and Intel's runtime)")
+            return False, Reason("winograd-cpu-tiles", f"on CPUs, tiles of which {used:.0%} of the outputs are used")
         return True, ""
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
@@ -192,7 +138,7 @@ class Winograd(Transform):
         # tiles (TH, TW) per image along the pass's output rows and columns
         self.grid = {p: _grid(t, self.tile) for p, t in self.geometry.items()}
         # grad-weight split-K over the tiles: slices of a chunk divide its tiles exactly
-        self.split_target = GPU_SPLIT_K_TARGET if device.type & cl.device_type.GPU else SPLIT_K_TARGET
+        self.split_target = rules.WINOGRAD_GPU_SPLIT_K_TARGET if device.type & cl.device_type.GPU else rules.PARTIALS_TARGET
         self.max_slices = max_slices(self.tt * g.K * g.Cg, g.N * self._tiles_per_image("backward_weight"),
                                      target=self.split_target)
         # grad-weight on clconv's CPU GEMM kernel: V^T in panels where its rule says so, for L tiles
@@ -201,14 +147,14 @@ class Winograd(Transform):
                                                                    b_transp=True)) if self.packs else
                            (lambda L, count: 0))
         # tile rows per piece, and why, for the passes whose one image is above the budget
-        self.ranges, self.cuts = {}, {}
+        self.ranges, self.cuts, self.cut_rule = {}, {}, {}   # (cut_rule: explain()'s rule of the pieces)
         gpu = device.type & cl.device_type.GPU
         self._fit_chunks(workspace_limit,
                          per_image=lambda p, t: self.tt * self._tiles_per_image(p) * (t.C + t.K),   # V, and M (or Z)
                          # U (or dU, and the partial sums)
                          fixed=lambda p, t: self.tt * t.K * t.Cg * (1 + self._partials(p)),
                          widest=lambda p, t: self.tt * max(t.C, t.K) * self._tiles_per_image(p),
-                         piece_bytes=lambda p: None if gpu or p == "backward_weight" else CPU_PIECE_BYTES)
+                         piece_bytes=lambda p: None if gpu or p == "backward_weight" else rules.WINOGRAD_CPU_PIECE_BYTES)
         at = self.layout["backward_weight"][-1]   # the panels are the layout's last region
         self.panels["backward_weight"] = (at, self.workspace["backward_weight"] - at)
 
@@ -239,7 +185,7 @@ class Winograd(Transform):
     def _cut(self, pass_name, limit, whole, cache=False):
         """Pieces of R tile rows of one image, R the most that fit ``limit`` elements (then evened
         out over the pieces), grad-weight's split-K partial sums within half of it; ValueError
-        when one tile row does not fit. ``cache``: the limit is CPU_PIECE_BYTES (beyond U), not the
+        when one tile row does not fit. ``cache``: the limit is rules.WINOGRAD_CPU_PIECE_BYTES (beyond U), not the
         budget."""
         t, (TH, TW) = self.geometry[pass_name], self.grid[pass_name]
         if pass_name == "backward_weight":   # split-K's partial sums take at most half the budget
@@ -253,7 +199,8 @@ class Winograd(Transform):
             super()._cut(pass_name, limit, whole)
         R = -(-TH // -(-TH // R))   # as many pieces, evenly sized
         self.ranges[pass_name] = R
-        above = (f"above {CPU_PIECE_BYTES} beyond the filters' transform: pieces whose workspace stays in a CPU's "
+        self.cut_rule[pass_name] = "winograd-cpu-pieces" if cache else "workspace"
+        above = (f"above {rules.WINOGRAD_CPU_PIECE_BYTES} beyond the filters' transform: pieces whose workspace stays in a CPU's "
                  "caches" if cache else f"above the limit of {limit * self.dtype.itemsize}")
         self.cuts[pass_name] = (f"image by image in {-(-TH // R)} pieces of {R} of its {TH} tile rows (one image "
                                 f"needs {whole * self.dtype.itemsize} workspace bytes, {above})")
@@ -287,8 +234,8 @@ class Winograd(Transform):
         if S > 1:
             text += (f", split-K into {S} slices of the tiles summed in order (a divisor of them, at most "
                      f"{self.max_slices}: partial sums of about {self.split_target} values at most"
-                     f"{' on GPUs' if self.split_target < SPLIT_K_TARGET else ''}, slices of at least {MIN_SLICE} "
-                     f"tiles, {MAX_SLICES} slices at most, within the workspace)")
+                     f"{' on GPUs' if self.split_target < rules.PARTIALS_TARGET else ''}, slices of at least {rules.PARTIALS_MIN_SLICE} "
+                     f"tiles, {rules.PARTIALS_MAX_SLICES} slices at most, within the workspace)")
         if R is not None and pass_name == "backward_weight":
             text += ", pieces added in order"
         if self.rows:
@@ -296,6 +243,20 @@ class Winograd(Transform):
                    else "this CPU compiler keeps per-tile kernels scalar")
             text += f"; transforms in rows, {self.rows} tiles per vector ({why})"
         return text
+
+    def facts(self, pass_name):
+        t, B, R = self.geometry[pass_name], self.chunk[pass_name], self.ranges.get(pass_name)
+        n = B * self._tiles_per_image(pass_name) if R is None else R * self.grid[pass_name][1]
+        S = self._slices(n) if pass_name == "backward_weight" else 1
+        rules_ = ("winograd-weight-split",) if S > 1 else ()
+        if R is None:
+            place = dict(chunks=(-(-t.N // B) if t.N else 0, B))
+        else:
+            place = dict(pieces=(-(-self.grid[pass_name][0] // R), R, "tile rows"))
+            rules_ += (self.cut_rule[pass_name],)
+        mnk = (t.Kg, t.Cg, n) if pass_name == "backward_weight" else (t.Kg, n, t.Cg)
+        notes = (_form(self.g),) + (("row transforms",) if self.rows else ())
+        return dict(gemm=mnk, batch=S * self.tt * t.groups, splits=S, rules=rules_, notes=notes, **place)
 
     def _slices(self, tiles):
         """Split-K slices of a grad-weight chunk of ``tiles`` tiles."""

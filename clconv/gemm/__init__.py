@@ -16,6 +16,7 @@ from typing import NamedTuple
 import pyopencl as cl
 from pyopencl.tools import context_dependent_memoize
 
+from .. import rules
 from ..programs import ClconvError, not_capturable
 from . import clblast, gemm_cpu, gemm_gpu
 from .gemm_gpu import Im2colB, KBlocks, best_slices
@@ -61,32 +62,10 @@ def choose(device, requested="auto"):
             raise ValueError(f"no tile of clconv's GPU GEMM kernel fits {device.name.strip()} (work-group and "
                              f"local-memory limits); use gemm='clblast' ({source})")
         return "clblast", "no tile of clconv's GPU GEMM kernel fits this device's work-group and local memory"
-    why = ("clconv's GPU kernel measured faster than CLBlast's on every measured shape (H200)" if gpu else
-           "clconv's CPU kernel measured 3-14x faster than CLBlast's on this project's GEMM shapes (PoCL and "
-           "Intel's CPU runtime, bench/gemm.py)")
+    why = f"clconv's {own.upper()} kernel, faster than CLBlast's where compared (docs: GEMM engines)"
     return own, why if requested == "auto" else f"{source} asks for clconv's kernel for this device: {why}"
 
 
-# Split-K on GPUs: a grid of few, long products leaves most compute units idle, each work-group
-# waiting on one slice's loads at a time (H200, 1x1 forward C2048 5x5 -> K192 at batch 32: 96
-# work-groups of 256 K-steps each, 2.5 TFLOP/s). Cut K until the grid has FILL_WAVES work-groups
-# per compute unit, every slice at least MIN_K_SLICE deep. The networks benchmark on the H200
-# (batch 32, forward and grad-input passes the rule split, against the same passes unsplit):
-# 0.79x the time where K >= 512 (52 passes; inception_v3's 1x1 on 5x5 maps 0.39x), 1.26x where
-# K < 512 (24 passes: the partial sums' traffic costs more than the short loop loses)
-FILL_WAVES = 2
-MIN_K_SLICE = 256
-# Products less than MIN_SPLIT_DEPTH deep are not split at all: K allows them two slices, which
-# save about what their sum costs on the device and cost a second launch's host time. H100, the
-# networks' forwards and grad-inputs of K 512-720 that took two slices (resnet50's 1x1 over 512
-# channels, mobilenet_v2's and efficientnet_b0's over 576-672 and their SE layers, 3x3 over 64-80),
-# unsplit against split, plain calls, two runs alternating (geometric means of the time, then the
-# device time): batch 1, 21 passes, 0.78 and 0.82x (then 0.88 and 0.73x), device 1.03-1.04x;
-# batch 4, 13 passes, 0.78 and 0.87x, device 1.01x; batch 8, 9 passes, 0.81 and 0.83x, 1.02x;
-# batch 32, 4 passes, 0.95 and 0.76x, 1.09x. Slower in every run: efficientnet_b0's 672x7x7 -> 192
-# forward (1.04-1.20x), and inception_v3's 64x25x25 -> 96 3x3 at batch 4 (1.07x). Deeper products
-# (K 864 and 896, three and two slices) took 1.3-1.5x the time unsplit at batch 1.
-MIN_SPLIT_DEPTH = 3 * MIN_K_SLICE
 
 
 def deep(device, engine, m, n, k, count, itemsize=4):
@@ -95,21 +74,21 @@ def deep(device, engine, m, n, k, count, itemsize=4):
     return engine == "gpu" and gemm_gpu.deep(device, m, n, k, count, itemsize)
 
 
-def k_slices(device, engine, m, n, k, count, itemsize=4, min_slice=MIN_K_SLICE, waves=FILL_WAVES, tile=None,
+def k_slices(device, engine, m, n, k, count, itemsize=4, min_slice=rules.MIN_K_SLICE, waves=rules.FILL_WAVES, tile=None,
              deep=False, min_depth=None):
     """Split-K slices for ``count`` M x N x K products on ``engine``: the fewest that divide K
     exactly (so every slice is one product of the grid) and fill the device as above, or with
     ``waves`` work-groups per compute unit, counted in the tile the GEMM model picks for the grid
     or in ``tile`` (a :class:`.gemm_gpu.Tile`), or with ``deep`` in the deep tile to
-    :data:`.gemm_gpu.DEEP_WAVES`; 1 where the grid fills it already, K is too short, or the engine
+    :data:`clconv.rules.DEEP_WAVES`; 1 where the grid fills it already, K is too short, or the engine
     is not clconv's GPU kernel (CPU kernels spread a product's blocks over the cores themselves;
-    CLBlast is not split). ``min_depth``: the least K split at all (default MIN_SPLIT_DEPTH, the
+    CLBlast is not split). ``min_depth``: the least K split at all (default rules.MIN_SPLIT_DEPTH, the
     forwards' and grad-inputs' bound; grad-weight's callers pass 0 and bound their slices of
     images or positions themselves)."""
-    if engine != "gpu" or k < (MIN_SPLIT_DEPTH if min_depth is None else min_depth):
+    if engine != "gpu" or k < (rules.MIN_SPLIT_DEPTH if min_depth is None else min_depth):
         return 1
     if deep:
-        tile, waves = gemm_gpu.EIGHT_BY_FOUR, gemm_gpu.DEEP_WAVES
+        tile, waves = gemm_gpu.EIGHT_BY_FOUR, rules.DEEP_WAVES
     groups = gemm_gpu.work_groups(device, m, n, count, itemsize, tile)
     if not groups:   # (an empty grid, of no images)
         return 1
@@ -124,10 +103,10 @@ def k_slices(device, engine, m, n, k, count, itemsize=4, min_slice=MIN_K_SLICE, 
 
 
 def unsplit_note(device, engine, m, n, k, count, itemsize=4):
-    """explain()'s words where MIN_SPLIT_DEPTH alone keeps a forward's or grad-input's ``count``
+    """explain()'s words where rules.MIN_SPLIT_DEPTH alone keeps a forward's or grad-input's ``count``
     M x N x K products whole (:func:`k_slices` would split them without it), else ""."""
-    if k < MIN_SPLIT_DEPTH and k_slices(device, engine, m, n, k, count, itemsize, min_depth=0) > 1:
-        return (f", not split-K (K={k}, below {MIN_SPLIT_DEPTH}: two slices would save about what their sum "
+    if k < rules.MIN_SPLIT_DEPTH and k_slices(device, engine, m, n, k, count, itemsize, min_depth=0) > 1:
+        return (f", not split-K (K={k}, below {rules.MIN_SPLIT_DEPTH}: two slices would save about what their sum "
                 "costs, and cost a second launch)")
     return ""
 

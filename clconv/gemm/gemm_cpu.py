@@ -8,20 +8,17 @@ kernel). A work-item takes several row blocks of one column block when there are
 work-group has enough work to hide the runtime's cost per work-group, and runs K in slices whose
 part of B fits half a first-level cache. For long products over long rows of B, B is first packed
 in panels of a block's columns (pack_b_panels), which the blocks then read in order (see
-PANEL_MIN_ROWS).
+rules.PANEL_MIN_ROWS).
 """
 from typing import NamedTuple
 
 import numpy as np
 
+from .. import rules
 from ..device import cpu_vector_width
 from ..programs import get_kernel, index_type, launch
 from .gemm_gpu import KBlocks
 
-# Work per work-item (multiply-adds) below which it takes more row blocks, and work-groups per
-# compute unit it keeps at least (for balance between the runtime's threads).
-WORK_PER_ITEM = 1 << 19
-GROUPS_PER_UNIT = 8
 SLICE_BYTES = 16 << 10   # a K slice of B's columns for one block: half a 32 KiB first-level cache
 PACK_ROWS = 8            # rows of B per work-item of pack_b_panels
 
@@ -39,29 +36,12 @@ class Tile(NamedTuple):
     kc: int
 
 
-# Vector registers the outer products' register block may fill: 16, as on AVX2. (On an
-# AVX-512 CPU, 12 x 2 blocks of 16 floats ran 0.78-0.95x as fast as 6 x 2 on PoCL.)
-REGISTERS = 16
-# The dot products' block on CPUs of 512-bit vectors (32 registers): 4 x 6 sums of 512-bit
-# vectors, 6 vectors of B and one of A fill 31. 2-core AVX-512 Xeon, grad-weight shapes
-# (M x N x K, from 1024 x 256 x 784 to 64 x 147 x 50176), GFLOP/s against 4 x 3 sums of 256 bits:
-# PoCL 115-239 against 86-197, Intel's runtime 112-217 against 83-178.
-WIDE_INNER_COLS = 6
-# The widest vectors the kernel takes: the device's native width, up to 512 bits. Outer products
-# narrower than one block of 2 such vectors take half as wide ones, down to 4 values, so that the
-# last column block, computed shifted back to end at column N (see the kernel), loads whole
-# vectors; dot products (B stored N x K) take the widest at any size. 2-core AVX-512 Xeon, batch
-# of 4, GFLOP/s on PoCL / Intel's runtime, against 256-bit vectors below 512 columns with the last
-# block read and stored a value at a time past N: 448 x 25 x 2048 79 / 94 -> 124 / 117,
-# 512 x 49 x 2048 116 / 109 -> 155 / 153, 2048 x 196 x 512 140 / 169 -> 186 / 194. (The value at
-# a time edge had made 16-wide vectors 1.2-1.4x slower than 8-wide on resnet50's 7x7 maps.)
-MAX_VECTOR_BITS = 512
 
 
 def vector_width(device, itemsize):
     """Values per vector of the GEMM kernel: the device's native width for the dtype, up to
-    MAX_VECTOR_BITS."""
-    return cpu_vector_width(device, itemsize, MAX_VECTOR_BITS)
+    rules.CPU_GEMM_MAX_VECTOR_BITS."""
+    return cpu_vector_width(device, itemsize, rules.CPU_GEMM_MAX_VECTOR_BITS)
 
 
 def tile(device, m, n, k, count, itemsize, b_transp, k_blocks=1):
@@ -71,53 +51,29 @@ def tile(device, m, n, k, count, itemsize, b_transp, k_blocks=1):
     if b_transp:   # dot products: 4 x 3 vector sums and 3 vectors of B fill 16 registers with A's
         # (PoCL on AVX2: 4 x 3 ran at 150-170 GFLOP/s, 4 x 4 spilled: 80-110); 4 x 6 fill 32
         inner, mr, nv = True, 4, 1
-        cols = WIDE_INNER_COLS if vw * itemsize >= 64 else 3
+        cols = rules.CPU_GEMM_WIDE_INNER_COLS if vw * itemsize >= 64 else 3
     else:          # outer products: 2 vectors of columns, rows to fill the registers (6 x 2 of 16)
         inner, nv = False, 2
         while n < nv * vw and vw > 4:   # (the kernel's vectors: 4, 8 or 16 values)
             vw //= 2
-        mr, cols = REGISTERS // 2 - 2, nv * vw
+        mr, cols = rules.CPU_GEMM_REGISTERS // 2 - 2, nv * vw
     blocks = -(-m // mr)
     per_block = mr * cols * k * k_blocks
     columns = -(-n // cols) * count
-    least = GROUPS_PER_UNIT * device.max_compute_units
-    tm = max(1, min(blocks, -(-WORK_PER_ITEM // max(per_block, 1)), blocks * columns // least or 1))
+    least = rules.CPU_GEMM_GROUPS_PER_UNIT * device.max_compute_units
+    tm = max(1, min(blocks, -(-rules.CPU_GEMM_WORK_PER_ITEM // max(per_block, 1)), blocks * columns // least or 1))
     kc = max(vw, SLICE_BYTES // (cols * itemsize * k_blocks) // vw * vw)   # (a slice spans every block)
     return Tile(inner, vw, mr, nv, cols, tm, kc)
 
 
-# B packed in panels (pack_b_panels, one launch more; outer products only) where op(A) has at least
-# PANEL_MIN_ROWS rows and K at least PANEL_MIN_DEPTH, and B's rows are PANEL_MIN_ROW_BYTES or more
-# long (more than one block): each panel,
-# a block's columns of every k in a row, is then read in order by every row block, not one strided
-# row of B per k, which the CPU does not prefetch and which thrashes its caches where B's rows are
-# a multiple of 256 values apart. 2-core AVX-512 Xeon, GEMMs alone, GFLOP/s with the pack against
-# without (PoCL / Intel's runtime): 264 x 768 x 2304 142 -> 307 / 147 -> 283, 192 x 576 x 1344
-# 233 -> 287 / 204 -> 261, 1152 x 3136 x 128 288 -> 339 (PoCL), 64 x 784 x 576 224 -> 158 / 124 -> 103.
-# In the networks' im2col and 1x1 forwards and grad-inputs at batch 4 (Intel's runtime,
-# interleaved, least of 9): 0.61-0.98x the time where M and K are both 256 or more (resnet50's 3x3
-# on 7x7 0.61, 14x14 0.83; inception_v3's 3x3 0.83-0.84), but 1.05-1.22x where M is below 256
-# or K below 256 (the pack costs more than the GEMM gains: 1x1 layers of 64-768 channels), and
-# 0.93-1.11x on rows of 25 and 49 values (1x1 layers on 5x5 and 7x7 maps: rows so short lie close).
-PANEL_MIN_ROWS, PANEL_MIN_DEPTH, PANEL_MIN_ROW_BYTES = 256, 256, 256
-# B stored N x K (op(B) = B^T) packed transposed in the same panels (pack_bt_panels), for outer
-# products, where K (each block's) is below BT_PANEL_MAX_DEPTH and op(A) has at least
-# BT_PANEL_MIN_ROWS rows, twice as many where K is half BT_PANEL_MAX_DEPTH or more: dot products
-# over so short a K spend as long summing across their vectors and storing as multiplying. 2-core
-# AVX-512 Xeon, GEMMs alone (Intel's runtime / PoCL), the pack included: 36 x 256 x 256 x 64 2.82
-# -> 1.27 / 3.08 -> 1.36 ms, 4 x 1024 x 256 x 196 3.19 -> 1.51 / 2.53 -> 1.42; over K of 784 and
-# more the dot products are faster (36 x 64 x 64 x 784 1.11 against 1.82 ms). The networks' 1x1
-# and im2col grad-weights at batch 4 (Intel's runtime): 0.35-0.98x the time, but 1.27-1.47x for
-# 128-192 filters over 12x12 maps (K 144: the pack costs more than the dot products lose).
-BT_PANEL_MIN_ROWS, BT_PANEL_MAX_DEPTH = 128, 256
 
 
 def panels_wanted(m, k, b_transp=False):
     """Whether the rules above pack B for op(A) of ``m`` rows over a depth of ``k`` (each block's
     where B^T; where B is stored K x N, when B's rows are long enough: :func:`panels_size`)."""
     if b_transp:
-        return k < BT_PANEL_MAX_DEPTH and m >= BT_PANEL_MIN_ROWS * (2 if 2 * k >= BT_PANEL_MAX_DEPTH else 1)
-    return m >= PANEL_MIN_ROWS and k >= PANEL_MIN_DEPTH
+        return k < rules.BT_PANEL_MAX_DEPTH and m >= rules.BT_PANEL_MIN_ROWS * (2 if 2 * k >= rules.BT_PANEL_MAX_DEPTH else 1)
+    return m >= rules.PANEL_MIN_ROWS and k >= rules.PANEL_MIN_DEPTH
 
 
 def panels_size(device, m, n, k, count, itemsize, k_blocks=1, b_transp=False):
@@ -127,7 +83,7 @@ def panels_size(device, m, n, k, count, itemsize, k_blocks=1, b_transp=False):
     if b_transp:
         if not panels_wanted(m, k, True):
             return 0
-    elif not panels_wanted(m, k * k_blocks) or n * itemsize < PANEL_MIN_ROW_BYTES:
+    elif not panels_wanted(m, k * k_blocks) or n * itemsize < rules.PANEL_MIN_ROW_BYTES:
         return 0
     cols = tile(device, m, n, k, count, itemsize, False, k_blocks).cols
     return count * -(-n // cols) * cols * k * k_blocks
@@ -195,7 +151,7 @@ def _pack(queue, dtype, gi, gj, m, k, a, packed, what):
     Operand the GEMM then reads."""
     gi_a, gj_a = (gi if a.per_group else 1), (gj if a.per_image else 1)
     out = type(a)(packed.buf, packed.off, k, m * k * gj_a if a.per_group else 0, m * k if a.per_image else 0)
-    mr = REGISTERS // 2 - 2
+    mr = rules.CPU_GEMM_REGISTERS // 2 - 2
     idx = index_type(a.at(gi_a - 1, gj_a - 1) + (k - 1) * a.ld + m, out.at(gi_a - 1, gj_a - 1) + m * k)
     kernel = get_kernel(queue.context, "gemm_cpu.cl", "pack_a_transposed", dtype, IDX=idx, MR=mr)
     launch(queue, kernel, (-(-m // mr), gi_a * gj_a), (1, 1), m, k, gj_a, a.buf, a.off, a.ld, a.per_group,

@@ -3,15 +3,8 @@
 CLBlast's tiled GEMM first copies operands whose sizes are not multiples of its tiles into
 padded buffers, one launch each, and its batched call covers one batch stride. Ours reads the
 operands in place, edges guarded, four values per read where they are aligned, and runs a
-whole (groups x images) grid of GEMMs in one launch. Time per call on an H200 (float32, the
-two engines interleaved in one run):
-  batched pointwise shapes (M, N, K = 512, 784, 256 x 64)   0.42 ms, CLBlast 0.86
-  Winograd 5x5 forward (128, 3136, 48 x 72)                  0.16 ms, CLBlast 0.40
-  Winograd 3x3 grad-weight (192, 192, 1024 x 576)            1.21 ms, CLBlast 2.59
-  one 4096^3 product                                         3.26 ms, CLBlast 4.52
-  fully-connected forward (1600, 4096, 9216)                 3.58 ms, CLBlast 4.39
-  7x7 stem grad-weight at batch 64 (64, 147, 12544 x 64)     1.18 ms, CLBlast 1.20
-so GPUs use ours wherever one of its tiles fits the device (:func:`clconv.gemm.choose`).
+whole (groups x images) grid of GEMMs in one launch; it measured faster than CLBlast's on the
+shapes the GEMM pages compare (docs/performance), so GPUs use ours wherever one of its tiles fits the device (:func:`clconv.gemm.choose`).
 """
 import functools
 from typing import NamedTuple
@@ -19,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import pyopencl as cl
 
+from .. import rules
 from ..programs import ClconvError, get_kernel, index_type, launch, work_group_limit
 
 class Tile(NamedTuple):
@@ -36,25 +30,9 @@ class Tile(NamedTuple):
         return self.tm * self.tn // (self.rm * self.rn) * self.ks
 
 
-# The tiles, each with its relative speed where the device is saturated. On an H200 the 8x8
-# work-items ran a 4096^3 SGEMM at 42.7 (128x128) and 40.2 (128x64) TFLOP/s; a work-group of
-# 4x4 ones has four times the work-items per value of C, for grids of few work-groups, which
-# otherwise leave the device idle waiting on memory. The speeds and SATURATION are fitted to
-# the GEMMs of the networks benchmark's passes (bench/networks.json) on the H200, each timed
-# with each of nine tiles (python -m bench.gemm_tiles): on 715 shapes at batch 32 and 1 the
-# rule's tile is 3% over the best of these four, 5% over the best of all nine (geometric
-# means). Later runs (bench/results/nvidia-h200-gemm-tiles-b1.json: 409 shapes at batch 1;
-# -b32.json: 302 at batch 32, clconv of 2026-12-03) give 9% over the best of nine and 8% over the
-# best of eight, where the 8x8 tiles alone are 64-121% over it; on the reference workloads' GEMMs
-# (-workloads.json, 16 shapes) this rule is 11% over, 64x64 tiles of 8x4 work-items 2%, 128x128
-# 27% (all before the launch tile below, :func:`launched`). A rule refitted to
-# those timings (six tiles, a saturation each, K rounded to each tile's slices: 3.6% over the
-# best at batch 32 in the fit, 3-5% on shapes left out of it) measured no better on whole passes
-# (H200, batch 32, 450 layer-passes against this rule: geometric mean 0.998, total time 0.98x),
-# and up to 2.3x slower where the split-K rules, which ask this model for work-groups, then split
-# 1x1 grad-weights less; it would need tiles and splits timed and fitted together. Where a grid
-# is large but ragged, the rule can still take a 4x4 tile 7-15% slower than 128x64 (pointwise
-# workload forward, 512 x 784 products).
+# The tiles, each with its relative speed where the device is saturated, and SATURATION: fitted to
+# the networks benchmark's GEMMs, each timed with every tile (python -m bench.gemm_tiles; the
+# timings are in bench/results/). 4x4 work-items give grids of few work-groups more work-items.
 TILES = ((Tile(128, 128), 1.0), (Tile(128, 64), 0.97), (Tile(32, 64, 4, 4, 16), 0.95),
          (Tile(64, 32, 4, 4, 16), 0.95))
 SATURATION = 256         # work-items per compute unit a grid needs to run at its tile's speed
@@ -112,15 +90,8 @@ def best_slices(device, m, n, k, count, options, itemsize=4):
     """Of ``options`` (split-K slice counts dividing ``k``), the one of least time in the model
     for ``count`` M x N products K deep cut into S slices: the rule's tile over count x S
     products K/S deep (the fewest slices where several tie). Where a grid is short of
-    work-items, a larger tile over more slices can beat a smaller one over fewer (H200, the
-    networks' 1x1 grad-weights on 5x5 and 7x7 maps at batch 32: 128x128 over 4 slices of the
-    images, 0.144 ms, against 32x64 unsplit, 0.21 ms). The partial results' traffic is left out
-    of the model: the same 20 grad-weights, each timed at 1-32 slices (pipelined wall time,
-    H200, batch 32), took 1.09x the time of each one's fastest count at this rule's (geometric
-    mean; 1.00 on 10, at most 1.37: mobilenet_v2's 960x7x7 -> 320 at 2 slices, 4 fastest) and
-    1.12x with a cost of 5 multiply-adds per partial value, the rule before, which kept three
-    of them at fewer slices (320x7x7 -> 1280 0.097 ms at 2 against 0.075 at 8; 672 -> 192
-    0.042 against 0.033; 1280x5x5 -> 384 0.058 against 0.052) and changed none of the others."""
+    work-items, a larger tile over more slices can beat a smaller one over fewer. The partial
+    results' traffic is left out of the model (docs: rule-1x1-weight-blocks)."""
     def cost(S):
         t = tile(device, m, n, count * S, itemsize)
         return _cost(device, (t, dict(TILES)[t]), m, n, count * S, k // S)
@@ -129,16 +100,8 @@ def best_slices(device, m, n, k, count, options, itemsize=4):
 
 # What a launch runs where the model picks a tile of 8x8 work-items: 64x64 tiles of 8x4 work-items,
 # 16 deep (half the work-items of a 128x128 tile, so twice the work-groups per area, and half the
-# slices). In bench.gemm_tiles' timings on the H200, over the shapes where every tile ran at the
-# same split-K counts (the model's), that tile against the model's 8x8 one: at batch 32 (33 of
-# 302 GEMMs) a geometric mean of 0.974 and 0.954 of the total over all, at most 1.02x slower on
-# one, 0.67-0.83x on grids of 500-1600 work-groups (most of them products over 56x56 maps); on the
-# reference workloads' GEMMs a geometric mean of 0.950 and 0.946 of the total, at most 1.03x slower
-# (fully-connected forward 0.89x); at batch 1 0.999. Not over an
-# im2col B, whose reads cost the most per value and which the larger tile reads half as often per
-# product (1.12-1.24x slower there). The model above, and the split-K rules fitted with it, still
-# count a grid in the 8x8 tiles: with this tile in the model instead they split differently, and
-# measured slower (see TILES).
+# slices), which measured faster (bench.gemm_tiles), except over an im2col B, whose reads cost the
+# most per value. The model and the split-K rules still count a grid in the 8x8 tiles.
 EIGHT_BY_FOUR = Tile(64, 64, 8, 4, 16)
 
 
@@ -150,69 +113,40 @@ def launched(device, t, im2col=False, itemsize=4):
     return t
 
 
-# Deep products: a forward's grid whose products are at least DEEP_K deep, and which the model
-# gives a tile of 4x4 work-items (it counts few 8x8 work-groups for the device), runs EIGHT_BY_FOUR
-# instead, its grid cut along K into split-K slices until it has DEEP_WAVES work-groups per
-# compute unit (the caller's split, :func:`clconv.gemm.k_slices`): a 4x4 work-item does half the
-# multiply-adds per value read from local memory, which over a long K costs more than the partial
-# sums. H200, batch 32, every forward and grad-input of the networks and the reference workloads
-# this would change (device time, least of 7, interleaved with the rule off; before 1x1 layers
-# of 144 and 196 positions were folded, which leaves 25 of these forwards deep): the 26 forwards
-# of K >= 1024 (13 im2col, 13 1x1) 0.92x (geometric mean; 0.80x on inception_v3's 1x7 and 7x1 C192
-# on 12x12, 0.81x resnet50's layer4 3x3, at most 1.05x), inception_v3's step 0.34 ms shorter,
-# resnet50's 0.05; forwards of K 768-1023 1.02x (10, at most 1.14x); grad-inputs, whose A is
-# W^T, 1.08x (5, at most 1.16x), so only forwards take it. 2 or 6 work-groups per compute unit
-# measured no better than 4 (0.94x, 0.92x on those forwards). Only grids of at least one deep
-# work-group per DEEP_MIN_SHARE compute units before the split: at batch 1 the same forwards, of 3
-# to 32 such work-groups for 132 units, took 0.99-1.36x the time in it (27 forwards, 15 of them
-# 1.2x or more); at batch 32 the smallest grids it serves have 39 (0.89-0.98x).
-DEEP_K = 1024
-DEEP_WAVES = 4
-DEEP_MIN_SHARE = 4
 
 
 def deep_note():
     """What ``explain()`` says of a pass whose GEMM takes the deep tile."""
     t = EIGHT_BY_FOUR
     return (f"clconv's GPU GEMM kernel in its deep tile ({t.tm}x{t.tn} of {t.rm}x{t.rn} work-items, for products at "
-            f"least {DEEP_K} deep, split to {DEEP_WAVES} work-groups per compute unit)")
+            f"least {rules.DEEP_K} deep, split to {rules.DEEP_WAVES} work-groups per compute unit)")
 
 
 def deep_grid(device, m, n, count, itemsize=4):
     """Whether ``count`` M x N products may run EIGHT_BY_FOUR: it fits the device, and their grid in
-    it has at least one work-group per DEEP_MIN_SHARE compute units before any split."""
-    return (work_groups(device, m, n, count, itemsize, EIGHT_BY_FOUR) * DEEP_MIN_SHARE >= _facts(device)[1]
+    it has at least one work-group per rules.DEEP_MIN_SHARE compute units before any split."""
+    return (work_groups(device, m, n, count, itemsize, EIGHT_BY_FOUR) * rules.DEEP_MIN_SHARE >= _facts(device)[1]
             and fits(device, EIGHT_BY_FOUR, itemsize))
 
 
 def deep(device, m, n, k, count, itemsize=4):
     """Whether a forward's ``count`` M x N products K deep run EIGHT_BY_FOUR by the rule above."""
     t = tile(device, m, n, count, itemsize)
-    return t is not None and t.rm * t.rn == 16 and k >= DEEP_K and deep_grid(device, m, n, count, itemsize)
+    return t is not None and t.rm * t.rn == 16 and k >= rules.DEEP_K and deep_grid(device, m, n, count, itemsize)
 
 
-# In-work-group split-K: where a launch's grid has fewer work-items than SATURATION per compute
-# unit, its work-groups take KS planes of work-items, each multiplying a part of every slice
-# (staged KS times as deep), so that a product runs fewer slices one after another
-# (kernels/gemm_gpu.cl). H200, device time of the networks' layer-passes where it applies, against
-# the same passes with one plane (interleaved, least of 5): at batch 32, 46 passes, geometric mean
-# 0.88 (SE blocks' fully-connected passes 0.70-0.95, 1x1 grad-weights over 5x5 maps 0.72-0.86);
-# at batch 1, 292 passes, 0.90. Requiring more slices per product, or fewer work-items than
-# SATURATION, measured no better on either.
-MAX_PLANES = 4
-MIN_PLANE_SLICES = 2     # slices a product keeps at KS planes, at least
 
 
 def sliced(device, t, groups, k, blocks=1, itemsize=4):
-    """``t`` with KS planes: the most, doubling up to MAX_PLANES, while the grid of ``groups``
+    """``t`` with KS planes: the most, doubling up to rules.MAX_PLANES, while the grid of ``groups``
     work-groups is short of SATURATION work-items per compute unit, the tile fits the device, and
     products of ``blocks`` K blocks ``k`` deep (each block its own slices) take fewer slices, at
-    least MIN_PLANE_SLICES."""
+    least rules.MIN_PLANE_SLICES."""
     want = _facts(device)[1] * SATURATION
-    while t.ks < MAX_PLANES and groups * t.work_items < want:
+    while t.ks < rules.MAX_PLANES and groups * t.work_items < want:
         deeper = t._replace(tk=t.tk * 2, ks=t.ks * 2)
         slices = -(-k // deeper.tk) * blocks
-        if slices < MIN_PLANE_SLICES or slices == -(-k // t.tk) * blocks or not fits(device, deeper, itemsize):
+        if slices < rules.MIN_PLANE_SLICES or slices == -(-k // t.tk) * blocks or not fits(device, deeper, itemsize):
             break
         t = deeper
     return t
