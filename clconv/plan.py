@@ -40,7 +40,8 @@ class Plan:
     ``tuned``: {pass: tuning-cache entry} for passes whose algorithm was measured
     (:func:`clconv.planner.tuned_choices`); the others are chosen by the rules.
     Only algorithms that passed their known-answer check on this device are chosen
-    (:mod:`clconv.selfcheck`; ``selfcheck=False`` skips it, as the check's own plans do).
+    (:mod:`clconv.selfcheck`), on a device that builds kernels at all (:mod:`clconv.probe`);
+    ``selfcheck=False`` skips both, as the check's own plans and the tests' stand-in devices do.
     """
 
     def __init__(self, geometry, dtype, queue, *, algorithm="auto", queues="single", workspace_limit=None,
@@ -54,7 +55,8 @@ class Plan:
         self.queues = queues
         check_dtype_supported(self.dtype, queue.device)
         _check_allocations(geometry, self.dtype, queue.device)
-        probe.require(queue.device)   # a device that builds nothing: its compiler's words, not a plan's
+        if selfcheck:   # a device that builds nothing: its compiler's words, not a plan's (stand-ins skip both)
+            probe.require(queue.device)
         self.gemm, self._gemm_reason = choose_gemm(queue.device, gemm)   # fixed for the plan's life
         self.workspace_limit = workspace_limit or default_workspace_limit(queue.device)
         if self.workspace_limit > queue.device.max_mem_alloc_size:

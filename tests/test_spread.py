@@ -15,9 +15,11 @@ from clconv.device import has_fp64
 from helpers import Case, assert_close
 
 
-def _root_pocl_devices():
-    return [d for p in cl.get_platforms() if "portable computing language" in p.name.lower()
-            for d in p.get_devices()]
+def _root_pocl_devices(queue):
+    """The root devices of the PoCL under test (one platform: PyPI's and Debian's PoCL may both be
+    listed, and a context takes the devices of one)."""
+    platform = queue.device.platform
+    return platform.get_devices() if "portable computing language" in platform.name.lower() else []
 
 
 @pytest.fixture(scope="module", params=["sub-devices", "two-queues", "root-devices"])
@@ -29,7 +31,7 @@ def queues(request, queue):
             pytest.skip(str(exc))
     if request.param == "two-queues":
         return [queue, cl.CommandQueue(queue.context, queue.device)]
-    devices = _root_pocl_devices()
+    devices = _root_pocl_devices(queue)
     if len(devices) < 2:
         pytest.skip('one root PoCL device (make test runs this file with POCL_DEVICES="pthread pthread")')
     return clconv.device_queues(devices[:2])
