@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import clconv
-from clconv.algorithms.pointwise import FOLD_BELOW
+from clconv.rules import POINTWISE_FOLD_BELOW as FOLD_BELOW
 from clconv.bench import networks as nb
 
 
