@@ -158,6 +158,26 @@ def networks_page(runs, charts):
     return "".join(out)
 
 
+def first_calls_section(runs):
+    """The first calls of `bench networks --first-calls`: each run's totals and the cold run's
+    programs by kernel file."""
+    out = ["(perf-first-calls)=\n## First calls\n\n",
+           "`python -m bench networks --first-calls` runs only clconv's first calls, each selected layer's three "
+           "passes once in order, as a network's first step pays them, in new processes: with empty caches "
+           "(clconv's tuning cache and known-answer verdicts, pyopencl's binary cache, the driver's kernel "
+           "cache), with empty caches after `clconv.prepare()` over the layers, and warm.\n\n"]
+    for device, variant, name, r in runs:
+        out.append(f"### {device}, batch {r['batch']}\n\n{source(name, r)}; {r['layer_passes']} layer-passes, "
+                   f"{r['host_cores']} host cores.\n\n")
+        rows = [(run["caches"], f1(run["prepare_s"]), f1(run["first_calls_s"]), f1(run["total_s"]), run["builds"],
+                 f1(run["build_s"])) for run in r["runs"]]
+        out.append(table(["caches", "prepare s", "first calls s", "total s", "programs built", "build s"], rows,
+                         right=(1, 2, 3, 4, 5)) + "\n")
+        cold = r["runs"][0]["by_file"]
+        out.append(table(["kernel file", "programs built cold"], sorted(cold.items()), right=(1,)) + "\n")
+    return "".join(out)
+
+
 def workloads_page(runs, charts):
     out = [HEADER, "(perf-workloads)=\n# Workloads benchmark\n\n",
            "`python -m bench` (or `python -m clconv bench`) runs the ten workloads of `bench/workloads.json` at GPU "
@@ -304,6 +324,8 @@ def headline(found):
     """The summary table: on the performance index page and between README's markers."""
     rows = []
     for device, variant, name, r in found.get("networks", []):
+        if variant.endswith("first-calls"):
+            continue
         o = r["summary"]["overall"]
         rows.append((device, f"networks, batch {r['batch']}", PEERS.get(r["peer"], r["peer"]),
                      f2(o["geomean_ratio"]), f"{r['summary']['faster']['clconv']} of {o['layer_passes']}"))
@@ -346,7 +368,8 @@ def render(charts):
     found = load()
     get = lambda b: found.get(b, [])  # noqa: E731
     pages = {"index.md": index_page(found),
-             "networks.md": networks_page(get("networks"), charts),
+             "networks.md": networks_page([r for r in get("networks") if not r[1].endswith("first-calls")], charts)
+             + first_calls_section([r for r in get("networks") if r[1].endswith("first-calls")]),
              "workloads.md": workloads_page(get("workloads"), charts),
              "host.md": host_page(get("host")),
              "gemm.md": gemm_page(get("gemm"), get("gemm-tiles"), get("tune-gemm")),

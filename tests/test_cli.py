@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import clconv
-from clconv import tuning
+from clconv import selfcheck, tuning
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,11 +50,14 @@ def test_info_lists_both_cpu_runtimes_from_the_environment():
 def test_check_runs_every_algorithm(dtype):
     out = run(["-m", "clconv", "check", "--dtype", dtype])
     assert f"every pass in {dtype}" in out
-    for name in ("im2col", "im2col grouped", "im2col CLBlast-GEMM", "im2col grouped per-group", "fc", "1x1",
-                 "direct", "direct few-channel", "winograd", "winograd 5x5", "winograd 1x7", "winograd 7x1", "fft"):
+    for name in ("im2col", "im2col grouped", "im2col strided across", "im2col strided narrow",
+                 "im2col CLBlast-GEMM", "im2col grouped per-group", "fc", "1x1", "direct", "direct few-channel",
+                 "winograd", "winograd 5x5", "winograd 1x7", "winograd 7x1", "fft"):
         for pass_name in ("forward", "grad-input", "grad-weight"):
             assert f"  {name:28s} {pass_name:12s} normalised max error" in out
-    assert out.count(" ok") == 46 and "all passes match" in out
+    # every case's three passes, im2col's also on CLBlast and on per-group queues, and the bias
+    im2col = sum(case[0] == "im2col" for case in selfcheck.CASES)
+    assert out.count(" ok") == 3 * (len(selfcheck.CASES) + 2 * im2col) + 1 and "all passes match" in out
 
 
 @pytest.mark.parametrize("args", [["info"], ["check"], ["bench", "--no-peers"], ["tune"]], ids=" ".join)
