@@ -26,7 +26,8 @@ import pyopencl as cl
 import pyopencl.array as cla
 import pyopencl.tools as cl_tools
 
-from .programs import ClconvError, not_capturable
+from .programs import ClconvError
+from .recording import not_capturable
 
 MAX_QUEUES = 16   # pools kept, for the queues used last; an evicted pool's free blocks are released
 _lock = threading.Lock()
@@ -79,11 +80,9 @@ def layout(shape, dtype):
 def empty(queue, context, shape, dtype, allocator=None):
     """A new C-contiguous Array of ``shape`` and ``dtype`` (both already checked) on ``queue``
     (of ``context``), its memory from ``allocator`` or the queue's pool. Built through
-    pyopencl's fast constructor, which skips re-checking the shape: the checked one costs
-    about 14 us a call, half the host time of a small pass. (Arrays made as copies of the
-    attributes of a constructed one, 0.3-0.5 us faster, ended tests/test_memory.py's two-queue
-    case on the H200 in a segmentation fault in the second queue's finish(), the cause not
-    found: the constructor stays.)"""
+    pyopencl's fast constructor, which skips re-checking the shape (the checked one costs a
+    large part of a small pass's host time). Arrays are constructed, not copied from the
+    attributes of another: such copies crashed a two-queue case, the cause not found."""
     strides, size = layout(shape, dtype)
     return cla.Array(None, shape, dtype, allocator=allocator or pool(queue), strides=strides, _fast=True,
                      _size=size, _context=context, _queue=queue)

@@ -6,8 +6,7 @@ depends only on its plan (which fixes the GEMM engine), the queue, the arrays' o
 arrays share a buffer, and the workspace's size; so a plan keeps, per such signature, the
 launches its first call made, without the caller's buffers. When the signature comes again,
 each launch gets a private copy of its kernel with every argument but the buffers set once
-(not on the first call: a one-off layout would pay for copies it never uses, about 0.1 ms each
-on PoCL), and calls set only the buffers and enqueue. Passes that enqueue anything besides
+(not on the first call: a one-off layout would pay for copies it never uses), and calls set only the buffers and enqueue. Passes that enqueue anything besides
 clconv's own kernels (CLBlast GEMMs, per-group queues) are not kept and run in full every time.
 
 The usual call (device arrays on their own queue, a new result or ``out=``) goes shorter still:
@@ -20,7 +19,8 @@ from collections import OrderedDict
 
 import pyopencl as cl
 
-from .programs import bound_kernel, capturing, relaunch
+from .programs import bound_kernel, relaunch
+from .recording import capturing
 
 KEPT = 8   # signatures kept per plan
 

@@ -15,7 +15,7 @@ import pyopencl.array as cla
 from . import memory
 from .device import check_dtype_supported, default_queue
 from .geometry import check_grad_output
-from .programs import current_graph, not_capturable
+from .recording import current_graph, not_capturable
 
 
 def is_device_array(a):

@@ -652,7 +652,7 @@ def test_split_k_partials_summed_in_order(n, stride, offsets, accumulate, forced
     from clconv.algorithms.partials import sum_partials
     from clconv.buffers import Ref
     from clconv.device import scalar_work_items
-    from clconv.programs import recording
+    from clconv.recording import profiling
     device = queue.device   # the device's own rule, written out: CPUs that keep work-items scalar;
     if device.type & cl.device_type.GPU:   # GPUs where n / 4 work-items fill every compute unit
         rule = n // 4 >= partials._local_size(device) * device.max_compute_units
@@ -672,7 +672,7 @@ def test_split_k_partials_summed_in_order(n, stride, offsets, accumulate, forced
     want[out_off:out_off + n] = acc   # (rounded to float16 storage, to nearest even, as vstore_half_rte)
     buffers = [cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
                for a in (part, out)]
-    with recording() as launched:
+    with profiling() as launched:
         sum_partials(queue, dtype, "int", Ref(buffers[0], part_off), S, n, Ref(buffers[1], out_off), accumulate,
                      "test", stride=stride)
     got = np.empty_like(out)
@@ -690,7 +690,8 @@ def test_split_k_sums_on_gpus_four_wide_where_they_fill_the_device(queue, monkey
     same bits as NumPy."""
     from clconv.algorithms import partials
     from clconv.buffers import Ref
-    from clconv.programs import recording, work_group_limit
+    from clconv.programs import work_group_limit
+    from clconv.recording import profiling
     gpu = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=2).device
     local = partials._local_size(gpu)
     assert local == min(rules.PARTIALS_GPU_LOCAL, 1 << (queue.device.max_work_group_size.bit_length() - 1))
@@ -706,7 +707,7 @@ def test_split_k_sums_on_gpus_four_wide_where_they_fill_the_device(queue, monkey
         want = part[:n] + part[n:2 * n] + part[2 * n:]
         bufs = [cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
                 for a in (part, np.zeros(n, np.float32))]
-        with recording() as launched:
+        with profiling() as launched:
             partials.sum_partials(queue, np.float32, "int", Ref(bufs[0], 0), 3, n, Ref(bufs[1], 0), False, "test")
         got = np.empty(n, np.float32)
         cl.enqueue_copy(queue, got, bufs[1])

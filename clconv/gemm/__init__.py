@@ -17,7 +17,8 @@ import pyopencl as cl
 from pyopencl.tools import context_dependent_memoize
 
 from .. import rules
-from ..programs import ClconvError, not_capturable
+from ..programs import ClconvError
+from ..recording import not_capturable
 from . import clblast, gemm_cpu, gemm_gpu
 from .gemm_gpu import Im2colB, KBlocks, best_slices
 

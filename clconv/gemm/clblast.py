@@ -9,14 +9,14 @@ import pyclblast
 import pyopencl as cl
 import pyopencl.array as cla
 
-from ..programs import ClconvError, not_capturable, record
+from ..programs import ClconvError
+from ..recording import not_capturable, record
 from .clblast_params import apply_tuned
 
 
 class _Operand(cla.Array):
     """A raw buffer as pyclblast wants it: it reads only ``dtype``, a 2-D ``shape`` and
-    ``base_data``. Building a full ``Array`` per operand costs ~16 us a GEMM call on
-    the host; this costs under 1 us."""
+    ``base_data``. A full ``Array`` per operand would cost far more host time per GEMM call."""
 
     def __init__(self, buf, dtype):  # the Array constructor is skipped on purpose
         self.base_data, self.dtype, self.shape = buf, dtype, (1, 1)
