@@ -20,12 +20,10 @@ from collections import OrderedDict
 import pyopencl as cl
 import pyopencl.array as cla
 
+from . import limits
 from .programs import bound_kernel, relaunch
 from .recording import capturing
 from .validate import OPTIONAL
-
-KEPT = 8   # signatures kept per plan
-
 
 class Replays:
     def __init__(self):
@@ -57,7 +55,7 @@ class Replays:
                 kept = self._entries.get(key)
                 if kept is None or kept[0] is not queue:
                     self._entries[key] = [queue, steps, None]
-                while len(self._entries) > KEPT:
+                while len(self._entries) > limits.REPLAYS_KEPT:
                     self._entries.popitem(last=False)
         return None
 
@@ -65,7 +63,7 @@ class Replays:
         """Keep ``launches`` (a replay's, from :meth:`run`) for :meth:`fast` calls of ``pass_key``
         on ``queue`` whose arrays have ``layout`` (:func:`replay_layout`)."""
         with self._lock:
-            if len(self._fast) >= KEPT:
+            if len(self._fast) >= limits.REPLAYS_KEPT:
                 self._fast.clear()
             self._fast[pass_key, queue, layout] = launches
 

@@ -12,7 +12,7 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
-from . import memory
+from . import limits, memory
 from .device import check_dtype_supported, default_queue
 from .geometry import check_grad_output
 from .recording import current_graph, not_capturable
@@ -121,8 +121,7 @@ def pick_queue(queue, *arrays, default=None):
     return default if default is not None else default_queue()
 
 
-_QUEUES_KEPT = 16
-_queue_contexts = OrderedDict()   # queue.int_ptr -> (queue, its context); the queue kept alive
+_queue_contexts = OrderedDict()   # queue.int_ptr -> (queue, its context); the queue kept alive (limits.QUEUES_KEPT)
 _queue_lock = threading.Lock()
 
 
@@ -142,7 +141,7 @@ def queue_context(queue):
                          f"without one as gone ({exc})") from exc
     with _queue_lock:
         _queue_contexts[queue.int_ptr] = (queue, context)
-        while len(_queue_contexts) > _QUEUES_KEPT:
+        while len(_queue_contexts) > limits.QUEUES_KEPT:
             _queue_contexts.popitem(last=False)
     return context
 

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import pyopencl as cl
 
-from .. import rules
+from .. import limits, rules
 from ..programs import ClconvError, get_kernel, index_type, launch, work_group_limit
 
 class Tile(NamedTuple):
@@ -78,7 +78,7 @@ def _cost(device, option, m, n, count, k=None):
     return groups * t.tm * t.tn * depth / (speed * busy) if groups else 0.0   # (empty: any tile)
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=limits.GPU_TILES_KEPT)
 def tile(device, m, n, count, itemsize=4):
     """The :class:`Tile` for ``count`` M x N products: least time in the model of :func:`_cost`
     (for any long K); None when no tile fits the device."""
