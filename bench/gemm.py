@@ -25,7 +25,7 @@ import pyopencl as cl
 import pyopencl.array as cla
 
 import clconv
-from clconv.gemm import Operand, clblast, gemm_cpu, gemm_gpu
+from clconv.gemm import Grid, Operand, clblast, gemm_cpu, gemm_gpu
 
 from .peers import matmul_peers
 from .run import load_workloads
@@ -121,9 +121,8 @@ def engines(queue, names):
 
     def batched(grid):
         def run(m, n, k, count, a, b, c, at, bt):
-            grid(queue, f32, 1, count, m, n, k, Operand(a, 0, m if at else k, 0, m * k),
-                 Operand(b, 0, k if bt else n, 0, k * n), Operand(c, 0, n, 0, m * n), a_transp=at, b_transp=bt,
-                 what="bench")
+            grid(queue, f32, Grid(1, count, m, n, k), Operand(a, 0, m if at else k, 0, m * k, transp=at),
+                 Operand(b, 0, k if bt else n, 0, k * n, transp=bt), Operand(c, 0, n, 0, m * n), what="bench")
         return run
     found = {"clconv-cpu": batched(gemm_cpu.grid_gemm), "clblast": batched(clblast.grid_gemm)}
     if gemm_gpu.tile(queue.device, 128, 128, 1) is not None:

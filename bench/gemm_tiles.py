@@ -37,7 +37,7 @@ from clconv.geometry import pair
 from .networks import HERE, geometry, load_layers, options, slug
 from .run import load_workloads
 
-# (64x64 of 8x8 work-items, 8 deep, was best on 1 of 580 shapes at batch 32 and 1 and is no longer timed)
+# (64x64 of 8x8 work-items, 8 deep, is no longer timed: it was almost never the best)
 CANDIDATES = {"128x128": Tile(128, 128), "128x64": Tile(128, 64),
               "64x64_by_4x4": Tile(64, 64, 4, 4, 16), "32x64_by_4x4": Tile(32, 64, 4, 4, 16),
               "64x32_by_4x4": Tile(64, 32, 4, 4, 16), "32x32_by_4x4": Tile(32, 32, 4, 4, 16),
@@ -75,11 +75,10 @@ def timed_gemms(queue, layer, batch, tile):
                     event = run(*args, **kw)
                     event.wait()
                     times.append((event.profile.end - event.profile.start) * 1e-6)
-                gi, gj, m, n, k = args[2:7]
-                blocks = kw.get("k_blocks")
-                folds = "".join(x for x in "abc" if kw.get(f"{x}_fold"))   # operands read or written in place over images
-                found.append(((m, n, k, gi * gj, blocks.count if blocks else 1, kw.get("a_transp", False),
-                               kw.get("b_transp", False), kw.get("im2col") is not None, folds), min(times)))
+                grid, a, b, c = args[2:6]
+                folds = "".join(x for x, op in zip("abc", (a, b, c)) if op.fold)   # read or written in place over images
+                found.append(((grid.m, grid.n, grid.k, grid.gi * grid.gj, grid.blocks, a.transp, b.transp,
+                               b.im2col is not None, folds), min(times)))
     finally:
         gemm_gpu.TILES, gemm_gpu.grid_gemm, gemm_gpu.launched, gemm_gpu.sliced = rules, run, launched, sliced
         gemm_gpu.deep = deep

@@ -18,15 +18,13 @@ import pyopencl as cl
 import pyopencl.array as cla
 
 import clconv
-from clconv.programs import recording
+from clconv.recording import profiling
 
 from .run import load_workloads
 
 # A call's device time, measured in steady state: the calls of a burst after the first SETTLE,
-# median of each. The first kernel after an idle device reads longer (on the H200 up to 8 us more:
-# inception_v3's FFT filter transform 25 us as a pass's first call, 18 us within a burst; its
-# Winograd filter transforms 16 against 8), which a pipeline of calls, as a network runs them, does
-# not pay.
+# median of each. The first kernel after an idle device reads longer, which a pipeline of calls,
+# as a network runs them, does not pay.
 CALLS = 8
 SETTLE = 2
 
@@ -41,7 +39,7 @@ def device_time(fn, queue, calls=CALLS):
     fn(queue)
     queue.finish()
     ends = []
-    with recording() as events:
+    with profiling() as events:
         for _ in range(calls):
             fn(queue)
             ends.append(len(events))

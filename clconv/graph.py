@@ -28,7 +28,7 @@ from contextlib import contextmanager
 import numpy as np
 import pyopencl as cl
 
-from . import programs
+from . import programs, recording
 from .programs import ClconvError
 
 
@@ -95,7 +95,7 @@ class Graph:
         except cl.Error as exc:
             raise ClconvError(f"clconv.graph: replaying {what} ({'fill' if kernel is None else kernel.function_name}) "
                               f"failed: {exc}") from exc
-        outer = programs.current_graph()
+        outer = recording.current_graph()
         if outer is not None:
             outer._steps += list(self._steps)
             outer._kept.append(self._kept)
@@ -110,7 +110,7 @@ _ZERO = np.zeros(1, np.uint8)
 def graph():
     """A :class:`Graph` of the clconv calls this thread makes in the block (they run as usual)."""
     g = Graph()
-    with programs.recording_graph(g):
+    with recording.recording_graph(g):
         try:
             yield g
         except BaseException:   # what the block had recorded is not what it meant to

@@ -2,8 +2,8 @@
 
 A call's result (when no ``out=`` is given) and each pass's workspace come from the pool of
 the queue the pass runs on, as PyTorch's caching allocator serves a stream: repeated calls
-reuse device memory instead of creating (and releasing) an OpenCL buffer each time, which on
-NVIDIA's driver cost 0.1-0.5 ms a call. A block freed back to a queue's pool is handed out
+reuse device memory instead of creating (and releasing) an OpenCL buffer each time, which
+costs some drivers far more host time than a small call. A block freed back to a queue's pool is handed out
 again only to work enqueued later on that same in-order queue, so it runs after everything
 that used the block there. Where a pass on another queue reads an array (``queue=`` other
 than the array's own), the call keeps the array alive until that queue has finished the
@@ -26,11 +26,12 @@ import pyopencl as cl
 import pyopencl.array as cla
 import pyopencl.tools as cl_tools
 
-from .programs import ClconvError, not_capturable
+from . import limits
+from .programs import ClconvError
+from .recording import not_capturable
 
-MAX_QUEUES = 16   # pools kept, for the queues used last; an evicted pool's free blocks are released
 _lock = threading.Lock()
-_pools = OrderedDict()   # queue.int_ptr -> (queue, MemoryPool); the pool keeps its queue alive
+_pools = OrderedDict()   # queue.int_ptr -> (queue, MemoryPool), keeping its queue alive (limits.POOLS_KEPT)
 _pending = []            # (event, arrays): arrays read on a queue not their own, kept until the event
 
 
@@ -43,7 +44,7 @@ def pool(queue):
         entry = _pools.get(queue.int_ptr)
         if entry is None or entry[0] is not queue:
             entry = _pools[queue.int_ptr] = (queue, cl_tools.MemoryPool(cl_tools.ImmediateAllocator(queue)))
-        while len(_pools) > MAX_QUEUES:
+        while len(_pools) > limits.POOLS_KEPT:
             _, (_, evicted) = _pools.popitem(last=False)
             evicted.free_held()
     return entry[1]
@@ -66,7 +67,7 @@ def allocate(queue, nbytes, what="", allocator=None):
         raise ClconvError(f"clconv: {what}: allocating {nbytes} bytes failed: {exc}") from exc
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=limits.LAYOUTS_KEPT)
 def layout(shape, dtype):
     """(C-contiguous strides, size) of ``shape`` in ``dtype``."""
     strides, step = [], dtype.itemsize
@@ -79,11 +80,9 @@ def layout(shape, dtype):
 def empty(queue, context, shape, dtype, allocator=None):
     """A new C-contiguous Array of ``shape`` and ``dtype`` (both already checked) on ``queue``
     (of ``context``), its memory from ``allocator`` or the queue's pool. Built through
-    pyopencl's fast constructor, which skips re-checking the shape: the checked one costs
-    about 14 us a call, half the host time of a small pass. (Arrays made as copies of the
-    attributes of a constructed one, 0.3-0.5 us faster, ended tests/test_memory.py's two-queue
-    case on the H200 in a segmentation fault in the second queue's finish(), the cause not
-    found: the constructor stays.)"""
+    pyopencl's fast constructor, which skips re-checking the shape (the checked one costs a
+    large part of a small pass's host time). Arrays are constructed, not copied from the
+    attributes of another: such copies crashed a two-queue case, the cause not found."""
     strides, size = layout(shape, dtype)
     return cla.Array(None, shape, dtype, allocator=allocator or pool(queue), strides=strides, _fast=True,
                      _size=size, _context=context, _queue=queue)

@@ -31,7 +31,7 @@ import time
 import numpy as np
 import pyopencl as cl
 
-from .programs import not_capturable
+from .recording import not_capturable
 
 OVERLAP_MIN_BYTES = 1 << 20   # "auto": a layer's float64 gradients from this size on go to the helper thread
 

@@ -17,7 +17,7 @@ from .device import check_dtype_supported, default_queue
 from .functional import conv2d_bias
 from .geometry import normalize_padding, pair
 from .planner import is_several, plan_for_call
-from .programs import current_graph, not_capturable
+from .recording import current_graph, not_capturable
 from .validate import queue_context
 from .transpose import conv_transpose2d, conv_transpose2d_input, conv_transpose2d_weight
 

@@ -18,8 +18,8 @@ from .explanation import Explanation, PassRecord, short
 from .gemm import choose as choose_gemm
 from .geometry import PASSES
 from .programs import ClconvError, relaunch
-from .replay import Replays
-from .validate import check_grad_output_array, finish, prepare, queue_context, replay_layout, replay_spec
+from .replay import Replays, replay_layout, replay_spec
+from .validate import check_grad_output_array, finish, prepare, queue_context
 
 QUEUES = ("single", "per-group")
 

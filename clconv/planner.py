@@ -9,7 +9,7 @@ from collections import OrderedDict
 import numpy as np
 import pyopencl.array as cla
 
-from . import tuner, tuning
+from . import limits, tuner, tuning
 from .geometry import PASSES, conv_geometry
 from .plan import Plan
 from .spread import SpreadPlan
@@ -89,8 +89,7 @@ def _queues_key(queue):
     return queue_context(queue).int_ptr
 
 
-_PLAN_CACHE_SIZE = 64
-_plan_cache = OrderedDict()
+_plan_cache = OrderedDict()   # (limits.PLANS_KEPT)
 _plan_lock = threading.Lock()
 
 
@@ -113,17 +112,16 @@ def cached_plan(g, dtype, queue, algorithm="auto", queues="single", gemm="auto")
     p = build(g, dtype, queue, algorithm, queues, gemm=gemm)
     with _plan_lock:
         _plan_cache[key] = p
-        while len(_plan_cache) > _PLAN_CACHE_SIZE:
+        while len(_plan_cache) > limits.PLANS_KEPT:
             _plan_cache.popitem(last=False)
     return p
 
 
-_CALLS_KEPT = 256
-_calls = {}   # the functional API's call arguments -> plan
+_calls = {}   # the functional API's call arguments -> plan (limits.CALLS_KEPT)
 
-# The functional API reads CLCONV_GEMM on every call. os.environ.get costs about 1 us when the
-# variable is unset (two exceptions inside the mapping), as much as the rest of the plan's
-# look-up: the call is keyed by the raw value in the mapping's own dict, which os.environ keeps
+# The functional API reads CLCONV_GEMM on every call. os.environ.get is slow when the variable
+# is unset (two exceptions inside the mapping), as slow as the rest of the plan's look-up: the
+# call is keyed by the raw value in the mapping's own dict, which os.environ keeps
 # in step with every change made through it.
 _ENVIRON = getattr(os.environ, "_data", None)
 _GEMM_VARIABLE = os.environ.encodekey("CLCONV_GEMM") if _ENVIRON is not None else None
@@ -140,7 +138,7 @@ def _gemm_call_key(gemm):
 def _plain_option(value):
     """Whether a call's stride, padding or dilation keys its plan as it is: an int, a string or
     a pair of ints, equal only to the same values of the same types (True == 1, (1.0, 1) == (1, 1)
-    and lists are not hashable: other values are keyed by their repr, which costs about 1 us)."""
+    and lists are not hashable: other values are keyed by their repr, which costs host time)."""
     kind = type(value)
     return kind is int or kind is str or (kind is tuple and len(value) == 2 and type(value[0]) is int
                                           and type(value[1]) is int)
@@ -167,7 +165,7 @@ def plan_for_call(input_shape, weight_shape, stride, padding, dilation, groups, 
     if p is None:
         g = conv_geometry(input_shape, weight_shape, stride, padding, dilation, groups)
         p = cached_plan(g, dtype, queue, algorithm, queues, gemm)
-        if len(_calls) >= _CALLS_KEPT:
+        if len(_calls) >= limits.CALLS_KEPT:
             _calls.clear()   # rare: a program calling with that many different arguments
         _calls[key] = p
     return p

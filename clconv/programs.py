@@ -11,13 +11,15 @@ import re
 import struct
 import threading
 import time
-from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import pyopencl as cl
 from pyopencl.tools import context_dependent_memoize
+
+from . import recording
+from .recording import state as _recording   # one flag read per launch
 
 # pyopencl's binary cache reads this variable unguarded when a build fails with anything but
 # BUILD_PROGRAM_FAILURE (Intel's CPU runtime answers a bad option with INVALID_BUILD_OPTIONS):
@@ -146,10 +148,8 @@ class StructArg:
     """A kernel parameter that is a struct of scalars, passed by value: ``name``, ``fields``
     ((field, NumPy type), ...) and ``layout``, a :class:`struct.Struct` laying the fields out as
     OpenCL C does (each aligned to its size, the whole to its largest field's). A kernel takes
-    its many scalars as one such argument because drivers copy each argument of every launch:
-    on the H200 host an empty kernel of 3 buffers and 21 ints took 6.8 us a launch through
-    NVIDIA's OpenCL, the same values as one struct 5.8 us (PoCL showed no difference in clconv's
-    calls)."""
+    its many scalars as one such argument because drivers copy each argument of every launch,
+    and one argument costs less host time than many."""
 
     def __init__(self, name, fields):
         self.name, self.fields = name, tuple(fields)
@@ -218,8 +218,8 @@ def kernel_structs(source, names):
 def kernel_signatures(source, dtype, defines):
     """{kernel name: argument types} read from our own source: None for buffers and local
     memory, the NumPy type of a scalar, a :class:`StructArg` for a struct of scalars. pyopencl,
-    told the scalars' types, packs arguments ~20x faster than when it has to inspect each
-    scalar on every call (~250 us a launch otherwise). The driver is not asked
+    told the scalars' types, packs arguments much faster than when it has to inspect each
+    scalar on every call. The driver is not asked
     (clGetKernelArgInfo): it is optional, and programs that pyopencl rebuilds from its binary
     cache lack it on some runtimes (Intel's). A parameter that is one macro name is expanded
     from the source's #define; the types REAL and IDX come from the build's dtype and defines."""
@@ -294,36 +294,23 @@ def get_kernel(context, filename, name, dtype, **defines):
 _launch_lock = threading.Lock()
 
 
-def _enqueue(kernel, global_size, what, enqueue):
-    """``enqueue()`` under the launch lock, its driver errors re-raised with context, its
-    event recorded when :func:`recording`."""
-    try:
-        with _launch_lock:
-            event = enqueue()
-    except cl.Error as exc:
-        raise ClconvError(f"clconv: {what or kernel.function_name}: launching {kernel.function_name} "
-                          f"over {global_size} failed: {exc}") from exc
-    if _recording.events is not None:   # the name is a driver query: only when recording
-        record(kernel.function_name, event)
-    return event
-
-
 def launch(queue, kernel, global_size, local_size, *args, what=""):
     """Enqueue ``kernel``; global_size is rounded up to a multiple of local_size (the kernels
-    guard the excess). Every launch names its local size: left to the driver (None) it cost
-    about 5 us more host time per launch on the H200's NVIDIA OpenCL. ``args``: the kernel's
-    parameters in order, a struct parameter's fields in its place (packed here)."""
+    guard the excess). Every launch names its local size: left to the driver (None) it costs
+    host time per launch on some runtimes. ``args``: the kernel's parameters in order, a struct
+    parameter's fields in its place (packed here). Told to :func:`clconv.recording.launched`
+    when this thread records launches."""
     global_size = tuple(-(-g // l) * l for g, l in zip(global_size, local_size))
     if kernel.clconv_pack is not None:
         args = kernel.clconv_pack(args)
-    event = _enqueue(kernel, global_size, what, lambda: kernel(queue, global_size, local_size, *args))
-    capture = _capture.current
-    if capture is not None:
-        capture.launches.append((kernel, global_size, local_size, args, what))
-        capture.names.append(kernel.function_name)
-    graph = _graph.current
-    if graph is not None:
-        graph.add_launch(queue, kernel, global_size, local_size, args, what)
+    try:
+        with _launch_lock:
+            event = kernel(queue, global_size, local_size, *args)
+    except cl.Error as exc:
+        raise ClconvError(f"clconv: {what or kernel.function_name}: launching {kernel.function_name} "
+                          f"over {global_size} failed: {exc}") from exc
+    if _recording.active:
+        recording.launched(queue, kernel, global_size, local_size, args, what, event)
     return event
 
 
@@ -346,8 +333,9 @@ def relaunch(queue, launches, bufs):
     """Enqueue :func:`bound_kernel` copies again, in order, under one hold of the launch lock:
     ``launches``: ((kernel, global size, local size, slots, what), ...), global sizes already
     multiples of the local ones, as :func:`launch` made them; each slot (argument position, i)
-    is set to ``bufs[i]`` first. The last launch's event is returned."""
-    event, events = None, ([] if _recording.events is not None else None)
+    is set to ``bufs[i]`` first. The last launch's event is returned. Told to
+    :func:`clconv.recording.relaunched` when this thread records launches."""
+    event, events = None, ([] if _recording.active else None)
     try:
         with _launch_lock:
             for kernel, global_size, local_size, slots, what in launches:
@@ -359,124 +347,11 @@ def relaunch(queue, launches, bufs):
     except cl.Error as exc:
         raise ClconvError(f"clconv: {what or kernel.function_name}: launching {kernel.function_name} "
                           f"over {global_size} failed: {exc}") from exc
-    if events is not None:   # names are driver queries: only when recording
-        for (kernel, *_), e in zip(launches, events):
-            record(kernel.function_name, e)
-    if _capture.current is not None:   # a capture in progress would not see these
-        for kernel, *_ in launches:
-            not_capturable(kernel.function_name)
-    graph = _graph.current
-    if graph is not None:
-        for kernel, global_size, local_size, slots, what in launches:
-            graph.add_relaunch(queue, kernel, global_size, local_size, slots, bufs, what)
+    if events is not None:
+        recording.relaunched(queue, launches, bufs, events)
     return event
-
-
-class Capture:
-    """The launches one thread made while capturing, as ``(kernel, global size, local size,
-    args, what)``; ``complete`` is False when it also enqueued something else (a CLBlast GEMM,
-    markers), which a replay of the launches would miss. ``names``: what each enqueued command
-    was, in order (kernel names, "clblast_gemm", ...): the pass's launches as
-    :meth:`clconv.Plan.explain` counts them."""
-
-    def __init__(self):
-        self.launches, self.names, self.complete = [], [], True
-
-
-class _Capturing(threading.local):
-    current = None   # a default found without an AttributeError: this is read on every launch
-
-
-_capture = _Capturing()
-
-
-@contextmanager
-def capturing():
-    """A :class:`Capture` of this thread's launches while in the block (see :mod:`clconv.replay`)."""
-    outer = _capture.current
-    _capture.current = capture = Capture()
-    try:
-        yield capture
-    finally:
-        _capture.current = outer
-        if outer is not None:   # the outer capture did not see these launches
-            outer.complete = False
-            outer.names += capture.names
-
-
-def not_capturable(name=None, times=1, what=None):
-    """Mark the capture in progress (if any) incomplete, and the graph being recorded (if any)
-    unreplayable: this thread enqueues something a replay of the captured launches would miss:
-    ``times`` launches of ``name`` (a CLBlast GEMM), or with no name, markers, barriers or
-    copies; ``what`` it is, as the graph's refusal names it."""
-    capture = _capture.current
-    if capture is not None:
-        capture.complete = False
-        capture.names += [name] * times if name else []
-    graph = _graph.current
-    if graph is not None:
-        graph.refuse(what or name or "markers and barriers")
-
-
-class _GraphSlot(threading.local):
-    current = None   # the clconv.graph.Graph this thread records into
-
-
-_graph = _GraphSlot()
-
-
-def current_graph():
-    """The :class:`clconv.graph.Graph` this thread is recording into, or None."""
-    return _graph.current
-
-
-@contextmanager
-def recording_graph(graph):
-    """Keep this thread's launches (and fills, and what a replay would miss) in ``graph`` while in
-    the block (:func:`clconv.graph.graph`)."""
-    if _graph.current is not None:
-        raise ValueError("clconv.graph() blocks do not nest: this thread is already recording one")
-    _graph.current = graph
-    try:
-        yield graph
-    finally:
-        _graph.current = None
-
-
-@contextmanager
-def outside_graph():
-    """This thread's launches in the block are not part of a graph it is recording: the work of
-    planning a call (known-answer checks, autotuning) is not the call's. Also a decorator."""
-    saved, _graph.current = _graph.current, None
-    try:
-        yield
-    finally:
-        _graph.current = saved
 
 
 def launch_lock():
     """The lock under which kernel arguments are set and kernels enqueued (see _launch_lock)."""
     return _launch_lock
-
-
-class _Recording(threading.local):
-    events = None
-
-
-_recording = _Recording()
-
-
-@contextmanager
-def recording():
-    """Collect ``(name, event)`` for every kernel and GEMM this thread enqueues (for profiling)."""
-    _recording.events = []
-    try:
-        yield _recording.events
-    finally:
-        _recording.events = None
-
-
-def record(name, event):
-    events = _recording.events
-    if events is not None:
-        events.append((name, event))

@@ -6,24 +6,24 @@ depends only on its plan (which fixes the GEMM engine), the queue, the arrays' o
 arrays share a buffer, and the workspace's size; so a plan keeps, per such signature, the
 launches its first call made, without the caller's buffers. When the signature comes again,
 each launch gets a private copy of its kernel with every argument but the buffers set once
-(not on the first call: a one-off layout would pay for copies it never uses, about 0.1 ms each
-on PoCL), and calls set only the buffers and enqueue. Passes that enqueue anything besides
+(not on the first call: a one-off layout would pay for copies it never uses), and calls set only the buffers and enqueue. Passes that enqueue anything besides
 clconv's own kernels (CLBlast GEMMs, per-group queues) are not kept and run in full every time.
 
 The usual call (device arrays on their own queue, a new result or ``out=``) goes shorter still:
 once its pass has been replayed, the plan keeps the bound launches under the call's layout
-(:func:`clconv.validate.replay_layout`: the arrays' offsets and which share a buffer) and
+(:func:`replay_layout`: the arrays' offsets and which share a buffer) and
 :meth:`Replays.fast` finds them from it, before any other work of the call (``clconv.Plan._call``).
 """
 import threading
 from collections import OrderedDict
 
 import pyopencl as cl
+import pyopencl.array as cla
 
-from .programs import bound_kernel, capturing, relaunch
-
-KEPT = 8   # signatures kept per plan
-
+from . import limits
+from .programs import bound_kernel, relaunch
+from .recording import capturing
+from .validate import OPTIONAL
 
 class Replays:
     def __init__(self):
@@ -55,15 +55,15 @@ class Replays:
                 kept = self._entries.get(key)
                 if kept is None or kept[0] is not queue:
                     self._entries[key] = [queue, steps, None]
-                while len(self._entries) > KEPT:
+                while len(self._entries) > limits.REPLAYS_KEPT:
                     self._entries.popitem(last=False)
         return None
 
     def arm(self, pass_key, queue, layout, launches):
         """Keep ``launches`` (a replay's, from :meth:`run`) for :meth:`fast` calls of ``pass_key``
-        on ``queue`` whose arrays have ``layout`` (:func:`clconv.validate.replay_layout`)."""
+        on ``queue`` whose arrays have ``layout`` (:func:`replay_layout`)."""
         with self._lock:
-            if len(self._fast) >= KEPT:
+            if len(self._fast) >= limits.REPLAYS_KEPT:
                 self._fast.clear()
             self._fast[pass_key, queue, layout] = launches
 
@@ -72,6 +72,48 @@ class Replays:
         have ``layout``, or None; to be relaunched (:func:`clconv.programs.relaunch`) with the
         arrays' buffers, the result's and the workspace."""
         return self._fast.get((pass_key, queue, layout))
+
+
+def replay_spec(names, shapes, strides):
+    """What :func:`replay_layout` checks each of a pass's arrays against, given their ``names``,
+    expected ``shapes`` and C-contiguous ``strides`` in argument order, "out" last: per array
+    (whether it may be None, its shape, its strides)."""
+    return tuple((name in OPTIONAL or name == "out", shape, step) for name, shape, step in zip(names, shapes, strides))
+
+
+def replay_layout(queue, dtype, arrays, spec):
+    """The layout of a call's ``arrays`` (in argument order, "out" last) when every one is an
+    aligned pyopencl Array of ``dtype`` with the shape and strides of ``spec``
+    (:func:`replay_spec`; None where it may be None) on ``queue`` itself (then it is in the
+    queue's context and there is nothing of another queue to wait for), else None. The layout
+    is what a replay's arguments depend on in such arrays: per array (None stays None) its byte
+    offset and the position, among the arrays before it that are not None, of the first sharing
+    its buffer (their count if none does). A replayed call whose arrays are laid out as an
+    earlier call's that passed every check needs no other check (``clconv.Plan._call``,
+    :mod:`clconv.replay`). The strides are compared rather than asking pyopencl's flags, which
+    a new array works out on first use at a cost. One loop: this runs on every call.
+    Returned with the arrays' buffers in argument order (None for None), as (layout, buffers)."""
+    key, bufs, seen = [], [], []
+    itemsize = dtype.itemsize
+    for a, (optional, shape, step) in zip(arrays, spec):
+        if a is None:
+            if not optional:
+                return None
+            key.append(None)
+            bufs.append(None)
+            continue
+        if (type(a) is not cla.Array or a.queue is not queue or a.shape != shape or a.strides != step
+                or a.dtype != dtype or a.offset % itemsize):
+            return None
+        buf, first = a.base_data, 0
+        for other in seen:
+            if other is buf:
+                break
+            first += 1
+        seen.append(buf)
+        bufs.append(buf)
+        key.append((a.offset, first))
+    return tuple(key), bufs
 
 
 def _signature(pass_key, queue, refs, ws_size):

@@ -22,7 +22,8 @@ import pyopencl as cl
 
 from . import probe, reference, tuning
 from .geometry import conv_geometry
-from .programs import BuildError, ClconvError, kernel_dir, outside_graph
+from .programs import BuildError, ClconvError, kernel_dir
+from .recording import outside_graph
 
 # (algorithm, label, input, weight, options): every algorithm at least once, on small odd
 # shapes (groups, uneven padding, dilation, channels not multiples of any vector width)

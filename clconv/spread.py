@@ -31,7 +31,8 @@ from . import memory, storage
 from .algorithms.partials import sum_partials
 from .buffers import Ref, idx_for, ref
 from .geometry import PASSES
-from .programs import ClconvError, not_capturable
+from .programs import ClconvError
+from .recording import not_capturable
 from .validate import check_grad_output_array, finish, prepare, queue_context
 
 SPLITS = ("images", "groups")

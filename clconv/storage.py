@@ -8,7 +8,8 @@ import numpy as np
 import pyopencl as cl
 
 from .buffers import Ref, idx_for, ref
-from .programs import ClconvError, current_graph, get_kernel, launch
+from .programs import ClconvError, get_kernel, launch
+from .recording import current_graph
 
 HALF = np.dtype(np.float16)
 

@@ -12,7 +12,7 @@ from .algorithms import ALGORITHMS
 from .gemm import clblast_params
 from .geometry import PASSES
 from .plan import Plan
-from .programs import outside_graph, recording
+from .recording import outside_graph, profiling
 from .spread import SpreadPlan
 from .tuning import entry_key, spread_key, store, time_ms
 
@@ -127,7 +127,7 @@ def tune_gemm(geometries, queue, dtype=np.float32, repeat=3, batch=10, save=True
         p = Plan(g, dtype, queue)
         calls = _passes(p, *_arrays(g, dtype, queue, rng))
         for name in PASSES:
-            with recording() as events:
+            with profiling() as events:
                 calls[name]()
             if any(kind == "clblast_gemm" for kind, _ in events):
                 runs.append(calls[name])

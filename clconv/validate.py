@@ -12,10 +12,10 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
-from . import memory
+from . import limits, memory
 from .device import check_dtype_supported, default_queue
 from .geometry import check_grad_output
-from .programs import current_graph, not_capturable
+from .recording import current_graph, not_capturable
 
 
 def is_device_array(a):
@@ -103,48 +103,6 @@ def all_plain(dtype, context, arrays, shapes, out, out_shape):
             and not any(a is not None and _overlap(a, out) for a in arrays.values()))
 
 
-def replay_spec(names, shapes, strides):
-    """What :func:`replay_layout` checks each of a pass's arrays against, given their ``names``,
-    expected ``shapes`` and C-contiguous ``strides`` in argument order, "out" last: per array
-    (whether it may be None, its shape, its strides)."""
-    return tuple((name in OPTIONAL or name == "out", shape, step) for name, shape, step in zip(names, shapes, strides))
-
-
-def replay_layout(queue, dtype, arrays, spec):
-    """The layout of a call's ``arrays`` (in argument order, "out" last) when every one is an
-    aligned pyopencl Array of ``dtype`` with the shape and strides of ``spec``
-    (:func:`replay_spec`; None where it may be None) on ``queue`` itself (then it is in the
-    queue's context and there is nothing of another queue to wait for), else None. The layout
-    is what a replay's arguments depend on in such arrays: per array (None stays None) its byte
-    offset and the position, among the arrays before it that are not None, of the first sharing
-    its buffer (their count if none does). A replayed call whose arrays are laid out as an
-    earlier call's that passed every check needs no other check (``clconv.Plan._call``,
-    :mod:`clconv.replay`). The strides are compared rather than asking pyopencl's flags, which
-    a new array works out on first use (about 1 us). One loop: this runs on every call.
-    Returned with the arrays' buffers in argument order (None for None), as (layout, buffers)."""
-    key, bufs, seen = [], [], []
-    itemsize = dtype.itemsize
-    for a, (optional, shape, step) in zip(arrays, spec):
-        if a is None:
-            if not optional:
-                return None
-            key.append(None)
-            bufs.append(None)
-            continue
-        if (type(a) is not cla.Array or a.queue is not queue or a.shape != shape or a.strides != step
-                or a.dtype != dtype or a.offset % itemsize):
-            return None
-        buf, first = a.base_data, 0
-        for other in seen:
-            if other is buf:
-                break
-            first += 1
-        seen.append(buf)
-        bufs.append(buf)
-        key.append((a.offset, first))
-    return tuple(key), bufs
-
-
 def _plain(a, dtype, shape):
     return (type(a) is cla.Array and a.dtype == dtype and a.shape == shape and a.flags.c_contiguous
             and not a.offset % dtype.itemsize)
@@ -163,8 +121,7 @@ def pick_queue(queue, *arrays, default=None):
     return default if default is not None else default_queue()
 
 
-_QUEUES_KEPT = 16
-_queue_contexts = OrderedDict()   # queue.int_ptr -> (queue, its context); the queue kept alive
+_queue_contexts = OrderedDict()   # queue.int_ptr -> (queue, its context); the queue kept alive (limits.QUEUES_KEPT)
 _queue_lock = threading.Lock()
 
 
@@ -184,7 +141,7 @@ def queue_context(queue):
                          f"without one as gone ({exc})") from exc
     with _queue_lock:
         _queue_contexts[queue.int_ptr] = (queue, context)
-        while len(_queue_contexts) > _QUEUES_KEPT:
+        while len(_queue_contexts) > limits.QUEUES_KEPT:
             _queue_contexts.popitem(last=False)
     return context
 

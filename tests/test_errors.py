@@ -19,7 +19,7 @@ fwd = clconv.conv2d
 
 def replayed(e, **options):
     """e's plain call three times, so that the next call of its layout takes the replayed path
-    (its checks there are the quick ones of clconv.validate.replay_layout)."""
+    (its checks there are the quick ones of clconv.replay.replay_layout)."""
     for _ in range(3):
         fwd(e.x, e.w, groups=2, **options)
     return e

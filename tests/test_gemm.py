@@ -7,7 +7,7 @@ import pyopencl as cl
 import pytest
 
 from clconv import gemm, rules
-from clconv.gemm import Operand, gemm_cpu, gemm_gpu
+from clconv.gemm import Epilogue, Grid, Operand, gemm_cpu, gemm_gpu
 from helpers import QueueAs, assert_close
 
 GI, GJ = 2, 3   # a 2 x 3 grid of products
@@ -108,8 +108,8 @@ def test_gpu_kernel_grid_of_products_at_offsets(tile, dtype, reads, a_transp, b_
         # C is written four-wide where it is aligned too, its last run of each row (N = 130) value by value
         assert gemm_gpu.read_width(queue.device, np.dtype(dtype).itemsize, c.off, c.per_group, c.per_image, c.ld,
                                    GI, GJ) == (4 if reads == "vector" else 1), "the layout gives other writes"
-        gemm_gpu.grid_gemm(queue, np.dtype(dtype), GI, GJ, m, n, k, a, b, c, alpha=alpha, beta=beta,
-                           a_transp=a_transp, b_transp=b_transp, what="test")
+        gemm_gpu.grid_gemm(queue, np.dtype(dtype), Grid(GI, GJ, m, n, k), a._replace(transp=a_transp),
+                           b._replace(transp=b_transp), c, Epilogue(alpha, beta), what="test")
     m, n, k = 67, 130, 157 if tile.ks > 1 else 29   # (planes: several slices, the last one cut short)
     check_grid(queue, run, dtype, reads, a_transp, b_transp, m, n, k)
 
@@ -144,8 +144,8 @@ def test_cpu_kernel_grid_of_products_at_offsets(variant, dtype, a_transp, b_tran
         monkeypatch.setattr(gemm_cpu, "tile", lambda *args: change(sized(*args)))
 
     def run(a, b, c, alpha, beta):
-        gemm_cpu.grid_gemm(queue, np.dtype(dtype), GI, GJ, 67, 130, 29, a, b, c, alpha=alpha, beta=beta,
-                           a_transp=a_transp, b_transp=b_transp, what="test")
+        gemm_cpu.grid_gemm(queue, np.dtype(dtype), Grid(GI, GJ, 67, 130, 29), a._replace(transp=a_transp),
+                           b._replace(transp=b_transp), c, Epilogue(alpha, beta), what="test")
     check_grid(queue, run, dtype, "scalar", a_transp, b_transp)
 
 
@@ -178,10 +178,10 @@ def test_cpu_kernel_sums_k_blocks(variant, a_transp, b_transp, queue, monkeypatc
             host[a_at(i, q):a_at(i, q) + a.size], host[b_at(i, q):b_at(i, q) + b.size] = a.ravel(), b.ravel()
             want[i] += 1.5 * (a.T if a_transp else a).astype(np.float64) @ (b.T if b_transp else b)
     buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
-    gemm_cpu.grid_gemm(queue, np.dtype(np.float32), gi, 1, m, n, k, Operand(buf, a_at(0, 0), a_shape[1], a_size, 0),
-                       Operand(buf, b_at(0, 0), b_shape[1], b_size, 0), Operand(buf, c_at(0), n, m * n, 0), alpha=1.5,
-                       beta=-0.5, a_transp=a_transp, b_transp=b_transp,
-                       k_blocks=gemm.KBlocks(blocks, a_step, b_step), what="test")
+    gemm_cpu.grid_gemm(queue, np.dtype(np.float32), Grid(gi, 1, m, n, k, blocks),
+                       Operand(buf, a_at(0, 0), a_shape[1], a_size, 0, a_step, transp=a_transp),
+                       Operand(buf, b_at(0, 0), b_shape[1], b_size, 0, b_step, transp=b_transp),
+                       Operand(buf, c_at(0), n, m * n, 0), Epilogue(1.5, -0.5), what="test")
     got = np.empty_like(host)
     cl.enqueue_copy(queue, got, buf)
     assert_close(np.stack([got[c_at(i):c_at(i) + m * n].reshape(m, n) for i in range(gi)]), want, np.float32,
@@ -197,8 +197,8 @@ def test_cpu_kernel_packs_a_transposed(dtype, queue):
         assert size == GI * GJ * 67 * 29
         ws = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
                        hostbuf=np.full(size + 10, np.nan, dtype))
-        gemm_cpu.grid_gemm(queue, np.dtype(dtype), GI, GJ, 67, 130, 29, a, b, c, alpha=alpha, beta=beta,
-                           a_transp=True, a_packed=Operand(ws, 5, 0), what="test")
+        gemm_cpu.grid_gemm(queue, np.dtype(dtype), Grid(GI, GJ, 67, 130, 29),
+                           a._replace(transp=True, pack=Operand(ws, 5, 0)), b, c, Epilogue(alpha, beta), what="test")
         around = np.empty(size + 10, dtype)
         cl.enqueue_copy(queue, around, ws)
         assert np.isnan(around[:5]).all() and np.isnan(around[-5:]).all() and not np.isnan(around[5:-5]).any()
@@ -214,11 +214,12 @@ def test_cpu_kernel_packs_a_shared_by_the_images_once(queue):
     mf = cl.mem_flags
     abuf, bbuf = (cl.Buffer(queue.context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=x) for x in (a, b))
     cbuf = cl.Buffer(queue.context, mf.READ_WRITE, GI * GJ * m * n * 4)
-    a_op = Operand(abuf, 0, m, k * m, 0)
+    a_op = Operand(abuf, 0, m, k * m, 0, transp=True)
     assert gemm_cpu.packed_size(GI, GJ, m, k, a_op) == GI * m * k
     ws = cl.Buffer(queue.context, mf.READ_WRITE, GI * m * k * 4)
-    gemm_cpu.grid_gemm(queue, np.dtype(np.float32), GI, GJ, m, n, k, a_op, Operand(bbuf, 0, n, GJ * k * n, k * n),
-                       Operand(cbuf, 0, n, GJ * m * n, m * n), a_transp=True, a_packed=Operand(ws, 0, 0), what="test")
+    a_op = a_op._replace(pack=Operand(ws, 0, 0))
+    gemm_cpu.grid_gemm(queue, np.dtype(np.float32), Grid(GI, GJ, m, n, k), a_op, Operand(bbuf, 0, n, GJ * k * n, k * n),
+                       Operand(cbuf, 0, n, GJ * m * n, m * n), what="test")
     got = np.empty((GI, GJ, m, n), np.float32)
     cl.enqueue_copy(queue, got, cbuf)
     want = np.einsum("gkm,gjkn->gjmn", a.astype(np.float64), b.astype(np.float64))
@@ -232,8 +233,8 @@ def test_cpu_kernel_small_and_thin_products(m, n, k, a_transp, b_transp, dtype, 
     """Products smaller than one block (narrower vectors, a last block shifted over the one
     before), and a K that is one vector exactly (no tail)."""
     def run(a, b, c, alpha, beta):
-        gemm_cpu.grid_gemm(queue, np.dtype(dtype), GI, GJ, m, n, k, a, b, c, alpha=alpha, beta=beta,
-                           a_transp=a_transp, b_transp=b_transp, what="test")
+        gemm_cpu.grid_gemm(queue, np.dtype(dtype), Grid(GI, GJ, m, n, k), a._replace(transp=a_transp),
+                           b._replace(transp=b_transp), c, Epilogue(alpha, beta), what="test")
     check_grid(queue, run, dtype, "vector", a_transp, b_transp, m, n, k, seed=m * n * k)
 
 
@@ -244,8 +245,8 @@ def test_clblast_grid_of_products_at_offsets(a_transp, b_transp, queue):
     from clconv.gemm import clblast
 
     def run(a, b, c, alpha, beta):
-        clblast.grid_gemm(queue, np.dtype(np.float32), GI, GJ, 67, 130, 29, a, b, c, alpha=alpha, beta=beta,
-                          a_transp=a_transp, b_transp=b_transp, what="test")
+        clblast.grid_gemm(queue, np.dtype(np.float32), Grid(GI, GJ, 67, 130, 29), a._replace(transp=a_transp),
+                          b._replace(transp=b_transp), c, Epilogue(alpha, beta), what="test")
     check_grid(queue, run, np.float32, "scalar", a_transp, b_transp)
 
 
@@ -278,7 +279,7 @@ def test_beta_zero_ignores_what_c_held(queue):
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     host = np.concatenate([a.ravel(), b.ravel(), np.full(m * n, np.nan, np.float32)])
     buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
-    gemm_gpu.grid_gemm(queue, np.dtype(np.float32), 1, 1, m, n, k, Operand(buf, 0, k), Operand(buf, a.size, n),
+    gemm_gpu.grid_gemm(queue, np.dtype(np.float32), Grid(1, 1, m, n, k), Operand(buf, 0, k), Operand(buf, a.size, n),
                        Operand(buf, a.size + b.size, n), what="test")
     c = np.empty(m * n, np.float32)
     cl.enqueue_copy(queue, c, buf, src_offset=4 * (a.size + b.size))
@@ -327,9 +328,8 @@ def test_gpu_kernel_folded_c_and_continuous_k(positions, planes, queue):
     buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
     dtype = np.dtype(np.float32)
     # C = sum over the blocks of A_q @ B_q, its columns stored image by image
-    gemm_gpu.grid_gemm(queue, dtype, 1, 1, m, n, kb, Operand(buf, a_off, kb), Operand(buf, b_off, n),
-                       Operand(buf, c_off, p, 0, c_per_image), k_blocks=gemm_gpu.KBlocks(blocks, a_step, b_step, True),
-                       c_fold=p, what="test")
+    gemm_gpu.grid_gemm(queue, dtype, Grid(1, 1, m, n, kb, blocks, True), Operand(buf, a_off, kb, k_step=a_step),
+                       Operand(buf, b_off, n, k_step=b_step), Operand(buf, c_off, p, 0, c_per_image, fold=p), what="test")
     got = np.empty_like(host)
     cl.enqueue_copy(queue, got, buf)
     want = sum(a[q].astype(np.float64) @ b[q] for q in range(blocks))
@@ -363,9 +363,8 @@ def test_gpu_kernel_folded_b(positions, groups, planes, queue):
         host[b_off + q * per_image:][:groups * k * p] = b[q].ravel()
     buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
     assert gemm_gpu.read_width(queue.device, 4, b_off, k * p, 0, p, groups, 1) == (4 if aligned else 1)
-    gemm.grid_gemm(queue, "gpu", np.dtype(np.float32), groups, 1, m, n, k, Operand(buf, a_off, m, k * m),
-                   Operand(buf, b_off, p, k * p, per_image), Operand(buf, c_off, n, m * n), a_transp=True,
-                   b_fold=p, what="test")
+    gemm.grid_gemm(queue, "gpu", np.dtype(np.float32), Grid(groups, 1, m, n, k), Operand(buf, a_off, m, k * m, transp=True),
+                   Operand(buf, b_off, p, k * p, per_image, fold=p), Operand(buf, c_off, n, m * n), what="test")
     got = np.empty(groups * m * n, np.float32)
     cl.enqueue_copy(queue, got, buf, src_offset=4 * c_off)
     for g in range(groups):
@@ -400,9 +399,9 @@ def test_gpu_kernel_folded_a(positions, slices, groups, planes, queue):
         host[a_off + q * per_image:][:groups * m * p] = a[q].ravel()
     host[b_off:][:b.size] = b.ravel()
     buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
-    gemm.grid_gemm(queue, "gpu", np.dtype(np.float32), groups, slices, m, n, k, Operand(buf, a_off, p, m * p, per_image),
-                   Operand(buf, b_off, depth, n * depth, k), Operand(buf, c_off, n, slices * m * n, m * n),
-                   b_transp=True, a_fold=p, what="test")
+    gemm.grid_gemm(queue, "gpu", np.dtype(np.float32), Grid(groups, slices, m, n, k),
+                   Operand(buf, a_off, p, m * p, per_image, fold=p), Operand(buf, b_off, depth, n * depth, k, transp=True),
+                   Operand(buf, c_off, n, slices * m * n, m * n), what="test")
     assert (gemm_gpu.read_width(queue.device, 4, a_off, m * p, per_image, p, groups, 1) == 4) == (p % 4 == 0)
     got = np.empty(groups * slices * m * n, np.float32).reshape(groups, slices, m, n)
     cl.enqueue_copy(queue, got, buf, src_offset=4 * c_off)
@@ -487,7 +486,7 @@ def _kernels_built(queue, monkeypatch, k):
     monkeypatch.setattr(gemm_gpu, "get_kernel", lambda *args, **kw: built.append(kw) or real(*args, **kw))
 
     def run(a, b, c, alpha, beta):
-        gemm_gpu.grid_gemm(queue, np.dtype(np.float32), GI, GJ, 67, 130, k, a, b, c, alpha=alpha, beta=beta,
+        gemm_gpu.grid_gemm(queue, np.dtype(np.float32), Grid(GI, GJ, 67, 130, k), a, b, c, Epilogue(alpha, beta),
                            what="test")
     check_grid(queue, run, np.float32, "vector", False, False, 67, 130, k)
     return built
@@ -597,8 +596,8 @@ def test_cpu_kernel_packs_b_in_panels(variant, dtype, a_transp, b_transp, queue,
         assert n == GI * GJ * -(-130 // cols) * cols * 29
         ws = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
                        hostbuf=np.full(n + 10, np.nan, dtype))
-        gemm_cpu.grid_gemm(queue, np.dtype(dtype), GI, GJ, 67, 130, 29, a, b, c, alpha=alpha, beta=beta,
-                           a_transp=a_transp, b_transp=b_transp, b_panels=Operand(ws, 5, 0), what="test")
+        gemm_cpu.grid_gemm(queue, np.dtype(dtype), Grid(GI, GJ, 67, 130, 29), a._replace(transp=a_transp),
+                           b._replace(transp=b_transp, pack=Operand(ws, 5, 0)), c, Epilogue(alpha, beta), what="test")
         around = np.empty(n + 10, dtype)
         cl.enqueue_copy(queue, around, ws)
         assert np.isnan(around[:5]).all() and np.isnan(around[-5:]).all() and not np.isnan(around[5:-5]).any()
@@ -620,11 +619,11 @@ def test_cpu_kernel_packs_b_in_panels_over_k_blocks_and_once_per_shared_matrix(b
     cols = gemm_cpu.tile(queue.device, m, n, k, GI, 4, False, blocks).cols
     size = GI * -(-n // cols) * cols * k * blocks   # one matrix per group
     ws = cl.Buffer(queue.context, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.full(size + 1, np.nan, np.float32))
-    gemm_cpu.grid_gemm(queue, np.dtype(np.float32), GI, GJ, m, n, k,
-                       Operand(abuf, 0, k + 1, GJ * blocks * m * (k + 1), blocks * m * (k + 1)),
-                       Operand(bbuf, 0, k + 2 if b_transp else n, blocks * (k + 2) * n, 0),
-                       Operand(cbuf, 0, n, GJ * m * n, m * n), b_transp=b_transp, b_panels=Operand(ws, 0, 0),
-                       k_blocks=gemm.KBlocks(blocks, m * (k + 1), (k + 2) * n), what="test")
+    gemm_cpu.grid_gemm(queue, np.dtype(np.float32), Grid(GI, GJ, m, n, k, blocks),
+                       Operand(abuf, 0, k + 1, GJ * blocks * m * (k + 1), blocks * m * (k + 1), m * (k + 1)),
+                       Operand(bbuf, 0, k + 2 if b_transp else n, blocks * (k + 2) * n, 0, (k + 2) * n,
+                               transp=b_transp, pack=Operand(ws, 0, 0)),
+                       Operand(cbuf, 0, n, GJ * m * n, m * n), what="test")
     got = np.empty((GI, GJ, m, n), np.float32)
     cl.enqueue_copy(queue, got, cbuf)
     last = np.empty(1, np.float32)
@@ -652,7 +651,7 @@ def test_split_k_partials_summed_in_order(n, stride, offsets, accumulate, forced
     from clconv.algorithms.partials import sum_partials
     from clconv.buffers import Ref
     from clconv.device import scalar_work_items
-    from clconv.programs import recording
+    from clconv.recording import profiling
     device = queue.device   # the device's own rule, written out: CPUs that keep work-items scalar;
     if device.type & cl.device_type.GPU:   # GPUs where n / 4 work-items fill every compute unit
         rule = n // 4 >= partials._local_size(device) * device.max_compute_units
@@ -672,7 +671,7 @@ def test_split_k_partials_summed_in_order(n, stride, offsets, accumulate, forced
     want[out_off:out_off + n] = acc   # (rounded to float16 storage, to nearest even, as vstore_half_rte)
     buffers = [cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
                for a in (part, out)]
-    with recording() as launched:
+    with profiling() as launched:
         sum_partials(queue, dtype, "int", Ref(buffers[0], part_off), S, n, Ref(buffers[1], out_off), accumulate,
                      "test", stride=stride)
     got = np.empty_like(out)
@@ -690,7 +689,8 @@ def test_split_k_sums_on_gpus_four_wide_where_they_fill_the_device(queue, monkey
     same bits as NumPy."""
     from clconv.algorithms import partials
     from clconv.buffers import Ref
-    from clconv.programs import recording, work_group_limit
+    from clconv.programs import work_group_limit
+    from clconv.recording import profiling
     gpu = QueueAs(queue, type=cl.device_type.GPU, max_compute_units=2).device
     local = partials._local_size(gpu)
     assert local == min(rules.PARTIALS_GPU_LOCAL, 1 << (queue.device.max_work_group_size.bit_length() - 1))
@@ -706,7 +706,7 @@ def test_split_k_sums_on_gpus_four_wide_where_they_fill_the_device(queue, monkey
         want = part[:n] + part[n:2 * n] + part[2 * n:]
         bufs = [cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
                 for a in (part, np.zeros(n, np.float32))]
-        with recording() as launched:
+        with profiling() as launched:
             partials.sum_partials(queue, np.float32, "int", Ref(bufs[0], 0), 3, n, Ref(bufs[1], 0), False, "test")
         got = np.empty(n, np.float32)
         cl.enqueue_copy(queue, got, bufs[1])

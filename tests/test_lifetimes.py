@@ -16,8 +16,9 @@ import pytest
 
 import clconv
 from clconv import reference
-from clconv.programs import (StructArg, bound_kernel, capturing, get_kernel, kernel_dir, kernel_signatures,
-                             kernel_structs, launch, program_source, relaunch)
+from clconv.programs import (StructArg, bound_kernel, get_kernel, kernel_dir, kernel_signatures, kernel_structs,
+                             launch, program_source, relaunch)
+from clconv.recording import capturing
 from helpers import CASES, assert_close
 
 ROOT = Path(__file__).resolve().parents[1]

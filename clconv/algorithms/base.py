@@ -16,7 +16,7 @@ enqueues the passes on :class:`clconv.buffers.Ref` s:
 ``ws`` is the pass's workspace buffer (None when it needs none). Results are overwritten,
 never accumulated, and are the same on every run (sums in a fixed order).
 """
-from ..gemm import Operand, grid_gemm
+from ..gemm import PLAIN, Grid, Operand, grid_gemm
 from ..geometry import PASSES
 
 
@@ -87,11 +87,13 @@ class Algorithm:
         at, size = self.panels.get(pass_name, (0, 0))
         return Operand(ws, at, 0) if size else None
 
-    def _gemm(self, queue, m, n, k, a, b, c, images=1, slices=None, **kw):
+    def _gemm(self, queue, m, n, k, a, b, c, epilogue=PLAIN, images=1, slices=None, blocks=1, continuous=False, **kw):
         """GEMMs batched over the groups (and ``images``) on this plan's engine and queues; with
-        ``slices``, over split-K slices instead of the groups (one group only)."""
+        ``slices``, over split-K slices instead of the groups (one group only). ``blocks``,
+        ``continuous``: K blocks (:class:`clconv.gemm.Grid`); ``kw``: ``deep``, ``what``."""
         if slices is not None:
-            grid_gemm(queue, self.gemm, self.dtype, slices, images, m, n, k, a, b, c, **kw)
+            grid_gemm(queue, self.gemm, self.dtype, Grid(slices, images, m, n, k, blocks, continuous), a, b, c,
+                      epilogue, **kw)
             return
-        grid_gemm(queue, self.gemm, self.dtype, self.g.groups, images, m, n, k, a, b, c, per_group=self.per_group,
-                  **kw)
+        grid_gemm(queue, self.gemm, self.dtype, Grid(self.g.groups, images, m, n, k, blocks, continuous), a, b, c,
+                  epilogue, per_group=self.per_group, **kw)

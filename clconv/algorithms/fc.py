@@ -14,7 +14,7 @@ the rule 1x1 and im2col use), whose partial results in the workspace are summed 
 """
 from ..bias import after_gemm, before_gemm
 from ..buffers import Ref, idx_for
-from ..gemm import Operand as Op, k_slices, unsplit_note
+from ..gemm import Epilogue, Operand as Op, k_slices, unsplit_note
 from .base import Algorithm, split_rules
 from .partials import fit_slices, partials_size, sum_partials
 
@@ -64,14 +64,14 @@ class FullyConnected(Algorithm):
         beta = before_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
         if S > 1:   # slice s: X[:, s-th Kd/S columns] @ W[:, those columns]^T; one group
             ks, n = g.Kd // S, g.N * g.K
-            self._gemm(queue, g.N, g.K, ks, Op(x.buf, x.off, g.Kd, ks), Op(w.buf, w.off, g.Kd, ks), Op(ws, 0, g.K, n),
-                       slices=S, b_transp=True, what="forward (fc, split-K)")
+            self._gemm(queue, g.N, g.K, ks, Op(x.buf, x.off, g.Kd, ks), Op(w.buf, w.off, g.Kd, ks, transp=True),
+                       Op(ws, 0, g.K, n), slices=S, what="forward (fc, split-K)")
             sum_partials(queue, self.dtype, idx_for(self.dtype, x, w, y, bias, Ref(ws, 0)), Ref(ws, 0), S, n, y,
                          beta != 0, "forward (fc, sum of slices)")
         else:
             self._gemm(queue, g.N, g.Kg, g.Kd, Op(x.buf, x.off, g.C * g.H * g.W, g.Kd),
-                       Op(w.buf, w.off, g.Kd, g.Kg * g.Kd), Op(y.buf, y.off, g.K, g.Kg), beta=beta, b_transp=True,
-                       what="forward (fc)")
+                       Op(w.buf, w.off, g.Kd, g.Kg * g.Kd, transp=True), Op(y.buf, y.off, g.K, g.Kg),
+                       Epilogue(beta=beta), what="forward (fc)")
         after_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
 
     def backward_input(self, queue, w, dy, dx, ws):
@@ -88,5 +88,5 @@ class FullyConnected(Algorithm):
 
     def backward_weight(self, queue, x, dy, dw, ws):
         g = self.g
-        self._gemm(queue, g.Kg, g.Kd, g.N, Op(dy.buf, dy.off, g.K, g.Kg), Op(x.buf, x.off, g.C * g.H * g.W, g.Kd),
-                   Op(dw.buf, dw.off, g.Kd, g.Kg * g.Kd), a_transp=True, what="grad-weight (fc)")
+        self._gemm(queue, g.Kg, g.Kd, g.N, Op(dy.buf, dy.off, g.K, g.Kg, transp=True),
+                   Op(x.buf, x.off, g.C * g.H * g.W, g.Kd), Op(dw.buf, dw.off, g.Kd, g.Kg * g.Kd), what="grad-weight (fc)")

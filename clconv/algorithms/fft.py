@@ -26,7 +26,7 @@ from .. import rules
 from ..bias import flags
 from ..buffers import Ref, idx_for
 from ..explanation import Reason
-from ..gemm import Operand as Op
+from ..gemm import Epilogue, Operand as Op
 from ..programs import ClconvError, get_kernel, launch, work_group_limit
 from .base import pow2_at_least
 from .transform import Transform, aligned, little_gpu_work
@@ -235,9 +235,9 @@ class FFT(Transform):
             # per (frequency, group): dW (Kg, 2Cg) (+)= DY (Kg, 2nb) @ (X rotated (2Cg, 2nb))^T
             self._position_gemm(queue, t.groups, self.F, t.Kg, 2 * t.Cg, 2 * nb,
                                 Op(ws, d, 2 * nb, t.Kg * 2 * nb, t.K * 2 * nb),
-                                Op(ws, 0, 2 * nb, 2 * t.Cg * 2 * nb, t.C * 2 * 2 * nb),
+                                Op(ws, 0, 2 * nb, 2 * t.Cg * 2 * nb, t.C * 2 * 2 * nb, transp=True),
                                 Op(ws, s, 2 * t.Cg, t.Kg * 2 * t.Cg, t.K * 2 * t.Cg),
-                                beta=1.0 if n0 > 0 else 0.0, b_transp=True, what=what)
+                                Epilogue(beta=1.0 if n0 > 0 else 0.0), what=what)
         # the taps: IDFT(dW) on the dilated filter grid, as the output transform with the
         # channels for images: tap (ci, k) to dw (k, ci)
         taps = t.kh * t.kw

@@ -28,7 +28,7 @@ from .. import rules
 from ..bias import after_gemm, before_gemm, flags
 from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width
-from ..gemm import Im2colB, Operand as Op, deep, gemm_cpu, gemm_gpu, k_slices, unsplit_note
+from ..gemm import Epilogue, Im2colB, Operand as Op, deep, gemm_cpu, gemm_gpu, k_slices, unsplit_note
 from ..programs import INT32_MAX, get_kernel, launch
 from .base import Algorithm, split_rules
 from .partials import fit_slices, largest_divisor_at_most, max_slices, partials_size as _partials, sum_partials
@@ -456,15 +456,16 @@ class Im2col(Algorithm):
             S, plane, cols = self.split["forward"], g.H * g.W, g.N * g.P
             if S > 1:   # slice s: W[:, s-th Kd/S columns] @ im2col of the s-th C/S channels; one group
                 ks, n = Kd // S, g.N * g.K * g.P
-                self._gemm(queue, g.K, cols, ks, Op(w.buf, w.off, Kd, ks), Op(x.buf, x.off, 0, g.C // S * plane),
-                           Op(ws, 0, g.P, n, g.K * g.P), slices=S, im2col=self._im2col_b(0, g.N), c_fold=g.P,
-                           what="forward (implicit im2col, split-K)")
+                self._gemm(queue, g.K, cols, ks, Op(w.buf, w.off, Kd, ks),
+                           Op(x.buf, x.off, 0, g.C // S * plane, im2col=self._im2col_b(0, g.N)),
+                           Op(ws, 0, g.P, n, g.K * g.P, fold=g.P), slices=S, what="forward (implicit im2col, split-K)")
                 sum_partials(queue, self.dtype, idx_for(self.dtype, x, w, y, bias, Ref(ws, 0)), Ref(ws, 0), S, n, y,
                              beta != 0, "forward (implicit im2col, sum of slices)")
             else:
-                self._gemm(queue, Kg, cols, Kd, Op(w.buf, w.off, Kd, Kg * Kd), Op(x.buf, x.off, 0, g.Cg * plane),
-                           Op(y.buf, y.off, g.P, Kg * g.P, g.K * g.P), beta=beta, im2col=self._im2col_b(0, g.N),
-                           c_fold=g.P, what="forward (implicit im2col)")
+                self._gemm(queue, Kg, cols, Kd, Op(w.buf, w.off, Kd, Kg * Kd),
+                           Op(x.buf, x.off, 0, g.Cg * plane, im2col=self._im2col_b(0, g.N)),
+                           Op(y.buf, y.off, g.P, Kg * g.P, g.K * g.P, fold=g.P), Epilogue(beta=beta),
+                           what="forward (implicit im2col)")
             after_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
             return
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
@@ -480,14 +481,14 @@ class Im2col(Algorithm):
             in_place = nb == 1 or folds
             out = Ref(y.buf, y.off + n0 * g.K * g.P) if in_place else Ref(ws, self.rows * ld)
             beta = before_gemm(queue, self.dtype, out, bias, nb, g.K, g.P, relu) if in_place else 0.0
-            fold = dict(c_fold=g.P) if folds else {}   # (C's column b * P + p: image b, position p)
+            fold = g.P if folds else 0   # (C's column b * P + p: image b, position p)
             c_ld = g.P if in_place else ld   # C's rows: Y's, or T's
             if S > 1:   # slice s: W[g][:, s-th Kd/S rows] @ col[g][those rows], partials after col and T
                 ks, part = Kd // S, (self.rows + g.K) * B * g.P
                 if folds:   # (one group: the slices are the grid's products along i, each a whole C)
                     self._gemm(queue, Kg, ld, ks, Op(w.buf, w.off, Kd, ks), Op(ws, col, ld, ks * ld),
-                               Op(ws, part, g.P, g.K * ld, g.K * g.P), slices=S, deep=self.deep,
-                               what="forward (split-K)", **fold)
+                               Op(ws, part, g.P, g.K * ld, g.K * g.P, fold=fold), slices=S, deep=self.deep,
+                               what="forward (split-K)")
                 else:
                     self._gemm(queue, Kg, ld, ks, Op(w.buf, w.off, Kd, Kg * Kd, ks), Op(ws, col, ld, Kd * ld, ks * ld),
                                Op(ws, part, ld, Kg * ld, g.K * ld), images=S, deep=self.deep,
@@ -495,10 +496,10 @@ class Im2col(Algorithm):
                 sum_partials(queue, self.dtype, idx, Ref(ws, part), S, g.K * ld, out, beta != 0,
                              "forward (sum of slices)")
             else:
-                self._gemm(queue, Kg, ld, Kd, Op(w.buf, w.off, Kd, Kg * Kd), Op(ws, col, ld, Kd * ld),
-                           Op(out.buf, out.off, c_ld, Kg * c_ld, g.K * g.P),
-                           beta=beta, b_panels=self._panels("forward", ws), deep=self.deep, what="forward",
-                           **fold)
+                self._gemm(queue, Kg, ld, Kd, Op(w.buf, w.off, Kd, Kg * Kd),
+                           Op(ws, col, ld, Kd * ld, pack=self._panels("forward", ws)),
+                           Op(out.buf, out.off, c_ld, Kg * c_ld, g.K * g.P, fold=fold), Epilogue(beta=beta),
+                           deep=self.deep, what="forward")
             if in_place:
                 after_gemm(queue, self.dtype, out, bias, nb, g.K, g.P, relu)
             else:
@@ -516,23 +517,23 @@ class Im2col(Algorithm):
             col, ld = g.K * nb * g.P, nb * g.P
             S = self.split["backward_input"]
             if self._folds_grad_output():   # dY read in place: column b * P + p is (image b, position p)
-                self._gemm(queue, Kd, ld, Kg, Op(w.buf, w.off, Kd, Kg * Kd),
-                           Op(dy.buf, dy.off + n0 * g.K * g.P, g.P, Kg * g.P, g.K * g.P), Op(ws, col, ld, Kd * ld),
-                           a_transp=True, b_fold=g.P, what="grad-input (grad_output read in place)")
+                self._gemm(queue, Kd, ld, Kg, Op(w.buf, w.off, Kd, Kg * Kd, transp=True),
+                           Op(dy.buf, dy.off + n0 * g.K * g.P, g.P, Kg * g.P, g.K * g.P, fold=g.P),
+                           Op(ws, col, ld, Kd * ld), what="grad-input (grad_output read in place)")
                 self._col2im(queue, idx, ws, col, dx, n0, nb, 0, g.H, False)
                 continue
             t_buf, t = self._to_columns(queue, idx, dy, n0, nb, ws, 0)
             if S > 1:   # slice s: W[g][s-th Kg/S filters]^T @ T[g][those filters], partials after T and col
                 ks, part = Kg // S, (g.K + self.rows) * B * g.P
-                self._gemm(queue, Kd, ld, ks, Op(w.buf, w.off, Kd, Kg * Kd, ks * Kd), Op(t_buf, t, ld, Kg * ld, ks * ld),
-                           Op(ws, part, ld, Kd * ld, self.rows * ld), images=S, a_transp=True,
+                self._gemm(queue, Kd, ld, ks, Op(w.buf, w.off, Kd, Kg * Kd, ks * Kd, transp=True),
+                           Op(t_buf, t, ld, Kg * ld, ks * ld), Op(ws, part, ld, Kd * ld, self.rows * ld), images=S,
                            what="grad-input (split-K)")
                 sum_partials(queue, self.dtype, idx, Ref(ws, part), S, self.rows * ld, Ref(ws, col), False,
                              "grad-input (sum of slices)")
             else:
-                self._gemm(queue, Kd, ld, Kg, Op(w.buf, w.off, Kd, Kg * Kd), Op(t_buf, t, ld, Kg * ld),
-                           Op(ws, col, ld, Kd * ld), a_transp=True, a_packed=Op(ws, self.packed_at, 0),
-                           b_panels=self._panels("backward_input", ws), what="grad-input")
+                self._gemm(queue, Kd, ld, Kg, Op(w.buf, w.off, Kd, Kg * Kd, transp=True, pack=Op(ws, self.packed_at, 0)),
+                           Op(t_buf, t, ld, Kg * ld, pack=self._panels("backward_input", ws)),
+                           Op(ws, col, ld, Kd * ld), what="grad-input")
             self._col2im(queue, idx, ws, col, dx, n0, nb, 0, g.H, False)
 
     def backward_weight(self, queue, x, dy, dw, ws):
@@ -550,26 +551,26 @@ class Im2col(Algorithm):
             L = ld // S   # slice length: S slices cover the nb * P columns exactly
             # B: col (Kd x ld per group, slices L apart), or the input read through im2col in
             # place (its leading dimension unused; the slices are im2col's)
+            panels = self._panels("backward_weight", ws)
             if self._implicit("backward_weight"):
-                b = Op(x.buf, x.off + n0 * g.C * g.H * g.W, ld, g.Cg * g.H * g.W)
-                im2col = self._im2col_b(L if S > 1 else 0, nb)
+                b = Op(x.buf, x.off + n0 * g.C * g.H * g.W, ld, g.Cg * g.H * g.W, transp=True, pack=panels,
+                       im2col=self._im2col_b(L if S > 1 else 0, nb))
             else:
                 self._im2col(queue, idx, x, n0, nb, ws, col)
-                b, im2col = Op(ws, col, ld, Kd * ld, L), None
+                b = Op(ws, col, ld, Kd * ld, L, transp=True, pack=panels)
             # A: dY read in place, its images' positions folded into the depth (the slices run on
             # through it), or T, its layout copy
             if folds:
-                a, fold = Op(dy.buf, dy.off + n0 * g.K * g.P, g.P, Kg * g.P, g.K * g.P), g.P
+                a = Op(dy.buf, dy.off + n0 * g.K * g.P, g.P, Kg * g.P, g.K * g.P, fold=g.P)
             else:
                 t_buf, t = self._to_columns(queue, idx, dy, n0, nb, ws, self.rows * ld)
-                a, fold = Op(t_buf, t, ld, Kg * ld, L), 0
-            panels = self._panels("backward_weight", ws)
+                a = Op(t_buf, t, ld, Kg * ld, L)
             if S == 1:
-                self._gemm(queue, Kg, Kd, ld, a, b, Op(dw.buf, dw.off, Kd, Kg * Kd), beta=0.0 if n0 == 0 else 1.0,
-                           b_transp=True, im2col=im2col, a_fold=fold, b_panels=panels, what="grad-weight")
+                self._gemm(queue, Kg, Kd, ld, a, b, Op(dw.buf, dw.off, Kd, Kg * Kd),
+                           Epilogue(beta=0.0 if n0 == 0 else 1.0), what="grad-weight")
                 continue
-            self._gemm(queue, Kg, Kd, L, a, b, Op(ws, part, Kd, Kg * Kd, g.K * Kd), images=S, b_transp=True,
-                       im2col=im2col, a_fold=fold, b_panels=panels, what="grad-weight (split-K)")
+            self._gemm(queue, Kg, Kd, L, a, b, Op(ws, part, Kd, Kg * Kd, g.K * Kd), images=S,
+                       what="grad-weight (split-K)")
             n = g.K * Kd
             sum_partials(queue, self.dtype, idx, Ref(ws, part), S, n, dw, n0 > 0, "grad-weight (sum of slices)")
 
@@ -588,7 +589,8 @@ class Im2col(Algorithm):
                 L = rows * cols
                 self._im2col(queue, idx, x, n, 1, ws, 0, tile)
                 self._gemm(queue, Kg, L, Kd, Op(w.buf, w.off, Kd, Kg * Kd), Op(ws, 0, L, Kd * L),
-                           Op(y.buf, image.off + oy0 * g.OW + ox0, g.P, Kg * g.P), beta=beta, what="forward (tile)")
+                           Op(y.buf, image.off + oy0 * g.OW + ox0, g.P, Kg * g.P), Epilogue(beta=beta),
+                           what="forward (tile)")
             after_gemm(queue, self.dtype, image, bias, 1, g.K, g.P, relu)
 
     def _input_tiles(self, queue, w, dy, dx, ws):
@@ -601,9 +603,9 @@ class Im2col(Algorithm):
             for t, tile in enumerate(self._bands()):
                 oy0, rows, ox0, cols = tile
                 L = rows * cols
-                self._gemm(queue, Kd, L, Kg, Op(w.buf, w.off, Kd, Kg * Kd),
+                self._gemm(queue, Kd, L, Kg, Op(w.buf, w.off, Kd, Kg * Kd, transp=True),
                            Op(dy.buf, dy.off + n * g.K * g.P + oy0 * g.OW + ox0, g.P, Kg * g.P), Op(ws, 0, L, Kd * L),
-                           a_transp=True, what="grad-input (tile)")
+                           what="grad-input (tile)")
                 # input rows the tile's output rows read: all of them for the first tile
                 first = 0 if t == 0 else max(0, oy0 * sh - pt)
                 last = g.H if t == 0 else min(g.H, (oy0 + rows - 1) * sh - pt + (g.kh - 1) * dh + 1)
@@ -625,13 +627,13 @@ class Im2col(Algorithm):
                 S = 1 if self._short(L) else largest_divisor_at_most(L, self.max_slices)
                 self._im2col(queue, idx, x, n, 1, ws, 0, tile)
                 a = Op(dy.buf, dy.off + n * g.K * g.P + oy0 * g.OW + ox0, g.P, Kg * g.P, L // S)
-                b = Op(ws, 0, L, Kd * L, L // S)
+                b = Op(ws, 0, L, Kd * L, L // S, transp=True)
                 if S == 1:
-                    self._gemm(queue, Kg, Kd, L, a, b, Op(dw.buf, dw.off, Kd, Kg * Kd), beta=0.0 if first else 1.0,
-                               b_transp=True, what="grad-weight (tile)")
+                    self._gemm(queue, Kg, Kd, L, a, b, Op(dw.buf, dw.off, Kd, Kg * Kd),
+                               Epilogue(beta=0.0 if first else 1.0), what="grad-weight (tile)")
                 else:
                     self._gemm(queue, Kg, Kd, L // S, a, b, Op(ws, part, Kd, Kg * Kd, g.K * Kd), images=S,
-                               b_transp=True, what="grad-weight (tile, split-K)")
+                               what="grad-weight (tile, split-K)")
                     sum_partials(queue, self.dtype, idx, Ref(ws, part), S, g.K * Kd, dw, not first,
                                  "grad-weight (tile, sum of slices)")
                 first = False

@@ -8,7 +8,7 @@ one GEMM per (group, image), batched over the larger of the two. grad-weight
 sums over the images:
   grad-weight   dW[g] = sum over b of dY[b, g] @ X[b, g]^T    M=Kg  N=Cg  K=H*W per image
 On clconv's kernels that sum is the GEMM's own: its depth is one K block per image
-(:class:`clconv.gemm.KBlocks`); no layout copies, no partial sums over the images. On the GPU
+(:class:`clconv.gemm.Grid`'s blocks); no layout copies, no partial sums over the images. On the GPU
 kernel they are cut into slices of images (or, for few images, of every image's positions) that
 fill the device, whose partial sums are summed in order; over small maps (rules.POINTWISE_CONTINUOUS_BELOW) the blocks
 are read as one continuous depth and the slices of images chosen by the GEMM's tile model
@@ -33,7 +33,7 @@ long products run the GPU kernel's deep tile, split to fill the device more
 from .. import rules
 from ..bias import after_gemm, before_gemm
 from ..buffers import Ref, idx_for
-from ..gemm import (KBlocks, Operand as Op, best_slices, deep, gemm_cpu, gemm_gpu, k_slices,
+from ..gemm import (Epilogue, Operand as Op, best_slices, deep, gemm_cpu, gemm_gpu, k_slices,
                     unsplit_note)
 from ..programs import INT32_MAX
 from .base import Algorithm, split_rules
@@ -198,13 +198,13 @@ class Pointwise(Algorithm):
                     rules=rules_, notes=tuple(notes))
 
     def _columns(self):
-        """(columns, images, GEMM options) of forward and grad-input, whose B is the input or
+        """(columns, images, fold of B and C) of forward and grad-input, whose B is the input or
         grad_output: folded, one GEMM's columns are every image's positions, B read and C stored
-        image by image; otherwise a GEMM per image."""
+        image by image; otherwise a GEMM per image (fold 0)."""
         g = self.g
         if not self.fold:
-            return g.P, g.N, {}
-        return g.N * g.P, 1, dict(b_fold=g.P, c_fold=g.P)
+            return g.P, g.N, 0
+        return g.N * g.P, 1, g.P
 
     def forward(self, queue, x, w, bias, y, ws, relu=False):
         g, S = self.g, self.split["forward"]
@@ -212,17 +212,17 @@ class Pointwise(Algorithm):
         if S > 1:   # slice s: W[:, s-th K/S channels] @ X[those channels]; one group
             ks, n = g.C // S, g.N * g.K * g.P
             cols, images, fold = self._columns()
-            self._gemm(queue, g.K, cols, ks, Op(w.buf, w.off, g.C, ks), Op(x.buf, x.off, g.P, ks * g.P, g.C * g.P),
-                       Op(ws, 0, g.P, n, g.K * g.P), images=images, slices=S, deep=self.deep,
-                       what="forward (1x1, split-K)", **fold)
+            self._gemm(queue, g.K, cols, ks, Op(w.buf, w.off, g.C, ks),
+                       Op(x.buf, x.off, g.P, ks * g.P, g.C * g.P, fold=fold), Op(ws, 0, g.P, n, g.K * g.P, fold=fold),
+                       images=images, slices=S, deep=self.deep, what="forward (1x1, split-K)")
             sum_partials(queue, self.dtype, idx_for(self.dtype, x, w, y, bias, Ref(ws, 0)), Ref(ws, 0), S, n, y,
                          beta != 0, "forward (1x1, sum of slices)")
         else:
             cols, images, fold = self._columns()
             self._gemm(queue, g.Kg, cols, g.Cg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
-                       Op(x.buf, x.off, g.P, g.Cg * g.P, g.C * g.P), Op(y.buf, y.off, g.P, g.Kg * g.P, g.K * g.P),
-                       images=images, beta=beta, b_panels=self._panels("forward", ws), deep=self.deep,
-                       what="forward (1x1)", **fold)
+                       Op(x.buf, x.off, g.P, g.Cg * g.P, g.C * g.P, fold=fold, pack=self._panels("forward", ws)),
+                       Op(y.buf, y.off, g.P, g.Kg * g.P, g.K * g.P, fold=fold), Epilogue(beta=beta), images=images,
+                       deep=self.deep, what="forward (1x1)")
         after_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
 
     def backward_input(self, queue, w, dy, dx, ws):
@@ -230,22 +230,21 @@ class Pointwise(Algorithm):
         if S > 1:   # slice s: W[s-th K/S filters]^T @ dY[those filters]; one group
             ks, n = g.K // S, g.N * g.C * g.P
             cols, images, fold = self._columns()
-            self._gemm(queue, g.C, cols, ks, Op(w.buf, w.off, g.C, ks * g.C),
-                       Op(dy.buf, dy.off, g.P, ks * g.P, g.K * g.P), Op(ws, 0, g.P, n, g.C * g.P), images=images,
-                       slices=S, a_transp=True, what="grad-input (1x1, split-K)", **fold)
+            self._gemm(queue, g.C, cols, ks, Op(w.buf, w.off, g.C, ks * g.C, transp=True),
+                       Op(dy.buf, dy.off, g.P, ks * g.P, g.K * g.P, fold=fold), Op(ws, 0, g.P, n, g.C * g.P, fold=fold),
+                       images=images, slices=S, what="grad-input (1x1, split-K)")
             sum_partials(queue, self.dtype, idx_for(self.dtype, w, dy, dx, Ref(ws, 0)), Ref(ws, 0), S, n, dx, False,
                          "grad-input (1x1, sum of slices)")
             return
         if self.transposed:   # dX^T (P x Cg) = dY^T (P x Kg) @ W (Kg x Cg), dY and dX transposed in place
-            self._gemm(queue, g.P, g.Cg, g.Kg, Op(dy.buf, dy.off, g.P, g.Kg * g.P, g.K * g.P),
-                       Op(w.buf, w.off, g.Cg, g.Kg * g.Cg), Op(dx.buf, dx.off, g.P, g.Cg * g.P, g.C * g.P),
-                       images=g.N, a_transp=True, c_transp=True, what="grad-input (1x1, transposed)")
+            self._gemm(queue, g.P, g.Cg, g.Kg, Op(dy.buf, dy.off, g.P, g.Kg * g.P, g.K * g.P, transp=True),
+                       Op(w.buf, w.off, g.Cg, g.Kg * g.Cg), Op(dx.buf, dx.off, g.P, g.Cg * g.P, g.C * g.P, transp=True),
+                       images=g.N, what="grad-input (1x1, transposed)")
             return
         cols, images, fold = self._columns()
-        self._gemm(queue, g.Cg, cols, g.Kg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
-                   Op(dy.buf, dy.off, g.P, g.Kg * g.P, g.K * g.P), Op(dx.buf, dx.off, g.P, g.Cg * g.P, g.C * g.P),
-                   images=images, a_transp=True, a_packed=Op(ws, 0, 0), b_panels=self._panels("backward_input", ws),
-                   what="grad-input (1x1)", **fold)
+        self._gemm(queue, g.Cg, cols, g.Kg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg, transp=True, pack=Op(ws, 0, 0)),
+                   Op(dy.buf, dy.off, g.P, g.Kg * g.P, g.K * g.P, fold=fold, pack=self._panels("backward_input", ws)),
+                   Op(dx.buf, dx.off, g.P, g.Cg * g.P, g.C * g.P, fold=fold), images=images, what="grad-input (1x1)")
 
     def backward_weight(self, queue, x, dy, dw, ws):
         if self._weight is not None:
@@ -257,11 +256,10 @@ class Pointwise(Algorithm):
             nb, ps = (g.N // S, g.P) if self.by_images else (g.N, g.P // S)
             step_y, step_x = (nb * g.K * g.P, nb * g.C * g.P) if self.by_images else (ps, ps)
             c = Op(dw.buf, dw.off, g.Cg, g.Kg * g.Cg) if S == 1 else Op(ws, 0, g.Cg, g.Kg * g.Cg, n)
-            self._gemm(queue, g.Kg, g.Cg, ps, Op(dy.buf, dy.off, g.P, g.Kg * g.P, step_y),
-                       Op(x.buf, x.off, g.P, g.Cg * g.P, step_x), c, images=S, b_transp=True,
-                       k_blocks=KBlocks(nb, g.K * g.P, g.C * g.P, self.continuous),
-                       b_panels=self._panels("backward_weight", ws), deep=self.deep_weight,
-                       what="grad-weight (1x1, K blocks)")
+            self._gemm(queue, g.Kg, g.Cg, ps, Op(dy.buf, dy.off, g.P, g.Kg * g.P, step_y, k_step=g.K * g.P),
+                       Op(x.buf, x.off, g.P, g.Cg * g.P, step_x, k_step=g.C * g.P, transp=True,
+                          pack=self._panels("backward_weight", ws)), c, images=S, blocks=nb,
+                       continuous=self.continuous, deep=self.deep_weight, what="grad-weight (1x1, K blocks)")
             if S > 1:
                 sum_partials(queue, self.dtype, idx_for(self.dtype, x, dy, dw, Ref(ws, 0)), Ref(ws, 0), S, n, dw,
                              False, "grad-weight (1x1, sum of slices)")
@@ -271,7 +269,7 @@ class Pointwise(Algorithm):
             nb = min(B, g.N - n0)
             dy0, x0 = dy.off + n0 * g.K * g.P, x.off + n0 * g.C * g.P
             self._gemm(queue, g.Kg, g.Cg, g.P, Op(dy.buf, dy0, g.P, g.Kg * g.P, g.K * g.P),
-                       Op(x.buf, x0, g.P, g.Cg * g.P, g.C * g.P), Op(ws, 0, g.Cg, g.Kg * g.Cg, n),
-                       images=nb, b_transp=True, what="grad-weight (1x1)")
+                       Op(x.buf, x0, g.P, g.Cg * g.P, g.C * g.P, transp=True), Op(ws, 0, g.Cg, g.Kg * g.Cg, n),
+                       images=nb, what="grad-weight (1x1)")
             sum_partials(queue, self.dtype, idx, Ref(ws, 0), nb, n, dw, n0 > 0, "grad-weight (1x1, sum of images)")
 

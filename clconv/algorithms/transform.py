@@ -7,7 +7,7 @@ grad_output with flipped filters); the workspace holds regions at aligned offset
 chunk of images, as many images as the budget allows (or, where one image is above it and
 the algorithm can cut it, for a piece of one image: see ``_cut``).
 """
-from ..gemm import grid_gemm
+from ..gemm import PLAIN, Grid, grid_gemm
 from ..programs import INT32_MAX
 from .base import Algorithm
 
@@ -78,16 +78,16 @@ class Transform(Algorithm):
         raise ValueError(f"one image of input {list(g.input_shape)} with weight {list(g.weight_shape)} needs "
                          f"{whole * size} {self.kind} workspace bytes, above the limit of {limit * size} bytes")
 
-    def _position_gemm(self, queue, G, count, m, n, k, a, b, c, **kw):
+    def _position_gemm(self, queue, G, count, m, n, k, a, b, c, epilogue=PLAIN, **kw):
         """The ``count`` x G GEMMs (one per transformed position and group) on
         :class:`clconv.gemm.Operand` s in the workspace, whose ``per_group`` is the step from one
         group to the next and ``per_image`` from one position to the next, G groups later:
         without per-group queues (position, group) is one evenly strided batch."""
         if self.per_group and G > 1:
-            grid_gemm(queue, self.gemm, self.dtype, G, count, m, n, k, a, b, c, per_group=True, **kw)
+            grid_gemm(queue, self.gemm, self.dtype, Grid(G, count, m, n, k), a, b, c, epilogue, per_group=True, **kw)
         else:
             flat = (x._replace(per_group=0, per_image=x.per_group) for x in (a, b, c))
-            grid_gemm(queue, self.gemm, self.dtype, 1, count * G, m, n, k, *flat, **kw)
+            grid_gemm(queue, self.gemm, self.dtype, Grid(1, count * G, m, n, k), *flat, epilogue, **kw)
 
     def forward(self, queue, x, w, bias, y, ws, relu=False):
         self._convolve(queue, "forward", x, w, bias, y, ws, f"forward ({self.kind})", relu)

@@ -34,7 +34,7 @@ from ..bias import flags
 from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width, vectorizes_work_items
 from ..explanation import Reason
-from ..gemm import Operand as Op, gemm_cpu
+from ..gemm import Epilogue, Operand as Op, gemm_cpu
 from ..programs import INT32_MAX, get_kernel, launch, reduction_work_group, work_group_limit
 from .partials import largest_divisor_at_most, max_slices, sum_partials
 from .transform import Transform, aligned, little_gpu_work, pass_geometry
@@ -330,9 +330,9 @@ class Winograd(Transform):
                             L, what="grad-weight (Winograd): grad_output transform")
             # GEMM (slice, t, group) at index (s * TT + t) * G + g: into dU, or its partial sums
             self._position_gemm(queue, t.groups, S * self.tt, Kg, Cg, L, Op(ws, z, L, Kg * L, t.K * L),
-                                Op(ws, 0, L, Cg * L, t.C * L), Op(ws, du if S == 1 else part, Cg, Kg * Cg, t.K * Cg),
-                                beta=1.0 if S == 1 and i > 0 else 0.0, b_transp=True,
-                                b_panels=self._panels("backward_weight", ws), what="grad-weight (Winograd)")
+                                Op(ws, 0, L, Cg * L, t.C * L, transp=True, pack=self._panels("backward_weight", ws)),
+                                Op(ws, du if S == 1 else part, Cg, Kg * Cg, t.K * Cg),
+                                Epilogue(beta=1.0 if S == 1 and i > 0 else 0.0), what="grad-weight (Winograd)")
             if S > 1:
                 sum_partials(queue, self.dtype, idx, Ref(ws, part), S, n, Ref(ws, du), i > 0,
                              "grad-weight (Winograd): sum of slices")

@@ -8,39 +8,26 @@
 :func:`choose` picks one for a device ("auto": clconv's own kernel for the device's type,
 CLBlast where no GPU tile fits; ``CLCONV_GEMM`` or a plan's ``gemm=`` can force one, "clconv"
 meaning clconv's kernel for the device's type); a plan fixes it when it is built and names it
-in ``explain()``. Every call site passes its matrices as :class:`Operand`\\ s.
+in ``explain()``. Every call site passes its grid as a :class:`Grid`, its matrices as
+:class:`Operand`\\ s and what becomes of the product as an :class:`Epilogue` (:mod:`.operands`).
 """
 import os
-from typing import NamedTuple
 
 import pyopencl as cl
 from pyopencl.tools import context_dependent_memoize
 
 from .. import rules
-from ..programs import ClconvError, not_capturable
+from ..programs import ClconvError
+from ..recording import not_capturable
 from . import clblast, gemm_cpu, gemm_gpu
-from .gemm_gpu import Im2colB, KBlocks, best_slices
+from .gemm_gpu import Im2colB, best_slices
+from .operands import PLAIN, Epilogue, Grid, Operand
 
-__all__ = ["CHOICES", "ENGINES", "Im2colB", "KBlocks", "Operand", "best_slices", "choose", "deep", "grid_gemm",
-           "group_queues", "k_slices"]
+__all__ = ["CHOICES", "ENGINES", "PLAIN", "Epilogue", "Grid", "Im2colB", "Operand", "best_slices", "choose", "deep",
+           "grid_gemm", "group_queues", "k_slices"]
 
 ENGINES = ("cpu", "gpu", "clblast")
 CHOICES = ("auto", "clconv") + ENGINES
-
-
-class Operand(NamedTuple):
-    """One matrix operand of a grid of GEMMs: its buffer, the element offset of its first
-    matrix, its leading dimension, and the elements from one matrix to the next along the
-    grid's group and image axes (0: the same matrix for all)."""
-    buf: object
-    off: int
-    ld: int
-    per_group: int = 0
-    per_image: int = 0
-
-    def at(self, group=0, image=0):
-        """The element offset of matrix (group, image)."""
-        return self.off + group * self.per_group + image * self.per_image
 
 
 def choose(device, requested="auto"):
@@ -125,69 +112,49 @@ def group_queues(queue, count):
     return pool[:count]
 
 
-def grid_gemm(queue, engine, dtype, groups, images, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False,
-              b_transp=False, c_transp=False, per_group=False, im2col=None, k_blocks=None, c_fold=0, b_fold=0,
-              a_fold=0, a_packed=None, b_panels=None, deep=False, what=""):
-    """C[g, i] = alpha * op(A[g, i]) @ op(B[g, i]) + beta * C[g, i] for every (group g, image i),
-    row-major; ``a``, ``b``, ``c`` are :class:`Operand` s, op(A) M x K, op(B) K x N.
+def grid_gemm(queue, engine, dtype, grid, a, b, c, epilogue=PLAIN, *, per_group=False, deep=False, what=""):
+    """C[g, i] = alpha * op(A[g, i]) @ op(B[g, i]) + beta * C[g, i] for every (group g < grid.gi,
+    image i < grid.gj), row-major; ``a``, ``b``, ``c`` are :class:`Operand` s, op(A) M x K,
+    op(B) K x N, of the :class:`Grid` ``grid``; alpha and beta are the :class:`Epilogue`'s.
 
     clconv's kernels run the whole grid as one launch. CLBlast's strided-batched call covers one
     axis: the smaller becomes a (host-side, non-blocking) loop and the larger the batch (the
     other way round where only that batch is one CLBlast reads correctly, see
-    :func:`.clblast._in_place`). ``im2col`` (an :class:`Im2colB`): B is read in place through
-    im2col; ``c_fold``, ``b_fold``: C's or B's columns are the positions of several images,
-    ``a_fold``: A's depth, the images' products split-K slices of it (:func:`.gemm_gpu.grid_gemm`);
-    these on the GPU kernel only, as is ``deep`` (its deep tile, :func:`deep`). ``k_blocks`` (a :class:`KBlocks`,
-    continuous on the GPU kernel only): each product sums over blocks of K, on clconv's kernels.
-    ``a_packed`` (an :class:`Operand` in the caller's workspace, of
-    :func:`.gemm_cpu.packed_size` elements): where op(A) = A^T alone, clconv's CPU kernel packs
-    A^T there first (reading A^T in place costs it 1.5x); ``b_panels`` (of
-    :func:`.gemm_cpu.panels_size` elements): it packs B in panels there first. The other engines
-    and per-group queues ignore both. ``c_transp``: C is stored transposed, on clconv's CPU kernel
-    only, with op(A) = A^T read in place (:func:`.gemm_cpu.grid_gemm`).
+    :func:`.clblast._in_place`). What each operand's fields ask of an engine (an im2col B, folded
+    operands, a transposed C, packing, K blocks) is in :class:`Operand` and :class:`Grid`; one an
+    engine cannot do raises. ``deep``: clconv's GPU kernel runs its deep tile (:func:`deep`).
 
     With ``per_group`` each group's GEMMs (batched over the images) run on an in-order queue of
     their own: those queues wait for a marker of everything enqueued on ``queue`` so far, and
     ``queue`` waits for all of them before going on (CLBlast takes no wait list). On clconv's GPU
     kernel each group's launch takes the tile and planes of the whole grid, so its sums are those
-    of one launch over all groups, bit for bit.
+    of one launch over all groups, bit for bit. Operands are not packed there.
     """
-    folded = c_fold or b_fold or a_fold
-    if ((im2col is not None or folded or deep) and engine != "gpu" or k_blocks is not None and engine == "clblast"
-            or c_transp and engine != "cpu"):
+    if ((b.im2col is not None or a.fold or b.fold or c.fold or deep) and engine != "gpu"
+            or (grid.blocks > 1 or grid.continuous) and engine == "clblast" or c.transp and engine != "cpu"):
         raise ClconvError(f"clconv: {what}: an implicit im2col operand, a folded operand or the deep tile need "
                           "clconv's GPU GEMM kernel, a transposed C its CPU kernel, K blocks one of clconv's kernels")
-    flags = dict(alpha=alpha, beta=beta, a_transp=a_transp, b_transp=b_transp, what=what)
-    if deep:
-        flags["deep"] = True
-    if c_transp:
-        flags["c_transp"] = True
-    ops = (a, b, c)
-    if per_group and groups > 1:
+    if per_group and grid.gi > 1:
         not_capturable(what="per-group queues")
         ready = cl.enqueue_marker(queue)
         queue.flush()   # other queues wait on this marker: it must reach the device
         done = []
-        for g, q in enumerate(group_queues(queue, groups)):
+        one = grid._replace(gi=1)
+        for g, q in enumerate(group_queues(queue, grid.gi)):
             cl.enqueue_barrier(q, wait_for=[ready])
-            one = [x._replace(off=x.at(g), per_group=0) for x in ops]
-            _run(q, engine, dtype, 1, images, m, n, k, *one, im2col, k_blocks, c_fold, b_fold, a_fold, None,
-                 None, flags, share=groups)
+            ops = [x._replace(off=x.at(g), per_group=0, pack=None) for x in (a, b, c)]
+            _run(q, engine, dtype, one, *ops, epilogue, deep, what, share=grid.gi)
             done.append(cl.enqueue_marker(q))
             q.flush()
         cl.enqueue_barrier(queue, wait_for=done)
     else:
-        _run(queue, engine, dtype, groups, images, m, n, k, *ops, im2col, k_blocks, c_fold, b_fold, a_fold,
-             a_packed, b_panels, flags)
+        _run(queue, engine, dtype, grid, a, b, c, epilogue, deep, what)
 
 
-def _run(queue, engine, dtype, groups, images, m, n, k, a, b, c, im2col, k_blocks, c_fold, b_fold, a_fold, a_packed,
-         b_panels, flags, share=1):
+def _run(queue, engine, dtype, grid, a, b, c, epilogue, deep, what, share=1):
     if engine == "cpu":
-        gemm_cpu.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, a_packed=a_packed, b_panels=b_panels,
-                           k_blocks=k_blocks, **flags)
+        gemm_cpu.grid_gemm(queue, dtype, grid, a, b, c, epilogue, what=what)
     elif engine == "gpu":
-        gemm_gpu.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, im2col=im2col, k_blocks=k_blocks,
-                           c_fold=c_fold, b_fold=b_fold, a_fold=a_fold, share=share, **flags)
+        gemm_gpu.grid_gemm(queue, dtype, grid, a, b, c, epilogue, deep=deep, share=share, what=what)
     else:
-        clblast.grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, **flags)
+        clblast.grid_gemm(queue, dtype, grid, a, b, c, epilogue, what=what)

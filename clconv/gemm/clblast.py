@@ -9,14 +9,15 @@ import pyclblast
 import pyopencl as cl
 import pyopencl.array as cla
 
-from ..programs import ClconvError, not_capturable, record
+from ..programs import ClconvError
+from ..recording import not_capturable, record
 from .clblast_params import apply_tuned
+from .operands import PLAIN
 
 
 class _Operand(cla.Array):
     """A raw buffer as pyclblast wants it: it reads only ``dtype``, a 2-D ``shape`` and
-    ``base_data``. Building a full ``Array`` per operand costs ~16 us a GEMM call on
-    the host; this costs under 1 us."""
+    ``base_data``. A full ``Array`` per operand would cost far more host time per GEMM call."""
 
     def __init__(self, buf, dtype):  # the Array constructor is skipped on purpose
         self.base_data, self.dtype, self.shape = buf, dtype, (1, 1)
@@ -100,12 +101,14 @@ def gemm_strided_batched(queue, dtype, m, n, k, count, a, a_off, lda, a_stride, 
     return event
 
 
-def grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False,
-              b_transp=False, what=""):
-    """The (group, image) grid of GEMMs on :class:`clconv.gemm.Operand` s as strided-batched
-    calls: one axis is a (host-side, non-blocking) loop, the other the batch, the loop over the
-    smaller one unless its batch has strides CLBlast would misread (:func:`_in_place`; such a
-    batch runs one GEMM at a time): then over the other one."""
+def grid_gemm(queue, dtype, grid, a, b, c, epilogue=PLAIN, *, what=""):
+    """The (group, image) grid of GEMMs (a :class:`clconv.gemm.Grid` of one K block) on
+    :class:`clconv.gemm.Operand` s as strided-batched calls: one axis is a (host-side,
+    non-blocking) loop, the other the batch, the loop over the smaller one unless its batch has
+    strides CLBlast would misread (:func:`_in_place`; such a batch runs one GEMM at a time): then
+    over the other one. The operands' ``pack`` is ignored."""
+    groups, images, m, n, k = grid.gi, grid.gj, grid.m, grid.n, grid.k
+    a_transp, b_transp = a.transp, b.transp
     lds = (a.ld, b.ld, c.ld)
     gemmk = _gemmk(queue.device, dtype)
     ways = [(groups, "per_group", images, "per_image"), (images, "per_image", groups, "per_group")]
@@ -116,4 +119,5 @@ def grid_gemm(queue, dtype, groups, images, m, n, k, a, b, c, *, alpha=1.0, beta
         a_off, b_off, c_off = (x.off + i * getattr(x, loop_axis) for x in (a, b, c))
         gemm_strided_batched(queue, dtype, m, n, k, count, a.buf, a_off, a.ld, getattr(a, batch_axis),
                              b.buf, b_off, b.ld, getattr(b, batch_axis), c.buf, c_off, c.ld, getattr(c, batch_axis),
-                             alpha=alpha, beta=beta, a_transp=a_transp, b_transp=b_transp, what=what)
+                             alpha=epilogue.alpha, beta=epilogue.beta, a_transp=a_transp, b_transp=b_transp,
+                             what=what)

@@ -17,7 +17,7 @@ import numpy as np
 from .. import rules
 from ..device import cpu_vector_width
 from ..programs import get_kernel, index_type, launch
-from .gemm_gpu import KBlocks
+from .operands import PLAIN
 
 SLICE_BYTES = 16 << 10   # a K slice of B's columns for one block: half a 32 KiB first-level cache
 PACK_ROWS = 8            # rows of B per work-item of pack_b_panels
@@ -49,7 +49,7 @@ def tile(device, m, n, k, count, itemsize, b_transp, k_blocks=1):
     over ``k_blocks`` blocks of K."""
     vw = vector_width(device, itemsize)
     if b_transp:   # dot products: 4 x 3 vector sums and 3 vectors of B fill 16 registers with A's
-        # (PoCL on AVX2: 4 x 3 ran at 150-170 GFLOP/s, 4 x 4 spilled: 80-110); 4 x 6 fill 32
+        # (4 x 4 spills); 4 x 6 fill 32
         inner, mr, nv = True, 4, 1
         cols = rules.CPU_GEMM_WIDE_INNER_COLS if vw * itemsize >= 64 else 3
     else:          # outer products: 2 vectors of columns, rows to fill the registers (6 x 2 of 16)
@@ -95,53 +95,54 @@ def packed_size(gi, gj, m, k, a):
     return (gi if a.per_group else 1) * (gj if a.per_image else 1) * m * k
 
 
-def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False, b_transp=False,
-              c_transp=False, a_packed=None, b_panels=None, k_blocks=None, what=""):
-    """C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j] for i < gi, j < gj, in one
-    launch; ``a``, ``b``, ``c``: :class:`clconv.gemm.Operand` s (matrix (i, j) at ``at(i, j)``),
-    C matrices must not overlap. op(A) = A^T with op(B) = B^T runs as C^T = op(B)^T op(A)^T,
-    stored transposed. ``c_transp``: C is stored transposed (element (r, s) of C[i, j] at
-    ``c.at(i, j) + s * c.ld + r``), for op(A) = A^T read in place and B untransposed, neither
-    packed, one K block. With op(A) = A^T alone and ``a_packed`` (an Operand of
-    :func:`packed_size` elements in the caller's workspace), A^T is packed there first
-    (pack_a_transposed, one launch more) and the GEMM reads the copy. With ``b_panels`` (an
-    Operand of :func:`panels_size` elements in the caller's workspace), B is packed there in panels
-    first (pack_b_panels, or for op(B) = B^T alone pack_bt_panels; one launch more). ``k_blocks`` (a
-    :class:`clconv.gemm.KBlocks`, not continuous): op(A[i, j]) @ op(B[i, j]) is the sum over
-    its blocks, each M x K by K x N."""
+def grid_gemm(queue, dtype, grid, a, b, c, epilogue=PLAIN, *, what=""):
+    """C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j] for i < gi, j < gj of ``grid``
+    (a :class:`clconv.gemm.Grid`), in one launch; ``a``, ``b``, ``c``: :class:`clconv.gemm.Operand` s
+    (matrix (i, j) at ``at(i, j)``), C matrices must not overlap; alpha and beta: ``epilogue``'s.
+    op(A) = A^T with op(B) = B^T runs as C^T = op(B)^T op(A)^T, stored transposed. ``c.transp``:
+    C is stored transposed (element (r, s) of C[i, j] at ``c.at(i, j) + s * c.ld + r``), for
+    op(A) = A^T read in place and B untransposed, neither packed, one K block. With op(A) = A^T
+    alone and ``a.pack`` (an Operand of :func:`packed_size` elements in the caller's workspace),
+    A^T is packed there first (pack_a_transposed, one launch more) and the GEMM reads the copy.
+    With ``b.pack`` (an Operand of :func:`panels_size` elements in the caller's workspace), B is
+    packed there in panels first (pack_b_panels, or for op(B) = B^T alone pack_bt_panels; one
+    launch more). ``grid.blocks`` (not continuous): op(A[i, j]) @ op(B[i, j]) is the sum over
+    that many blocks of K, each M x K by K x N, the operands' ``k_step`` apart."""
+    gi, gj, m, n, k = grid.gi, grid.gj, grid.m, grid.n, grid.k
+    alpha, beta = epilogue
+    a_transp, b_transp, c_transp, a_packed, b_panels = a.transp, b.transp, c.transp, a.pack, b.pack
+    kblocks, steps = grid.blocks, (a.k_step, b.k_step)
     assert (gi == 1 or c.per_group) and (gj == 1 or c.per_image), "GEMMs into one C would race"
-    kb = k_blocks or KBlocks(1, 0, 0)
-    assert not kb.continuous and (kb.count == 1 or a_packed is None), "K blocks are read block by block, unpacked"
+    assert not grid.continuous and (kblocks == 1 or a_packed is None), "K blocks are read block by block, unpacked"
     assert not c_transp or (a_transp and not b_transp and a_packed is None and b_panels is None
-                            and kb.count == 1), "C stored transposed: A^T read in place, B untransposed, unpacked"
+                            and kblocks == 1), "C stored transposed: A^T read in place, B untransposed, unpacked"
     if a_transp and not b_transp and a_packed is not None:
         a = _pack(queue, dtype, gi, gj, m, k, a, a_packed, what)
         a_transp = False
     panels = b_panels is not None
     assert not (panels and a_transp and b_transp), "B in panels: op(A) = A^T with op(B) = B^T runs transposed, unpacked"
-    steps = (kb.a_step, kb.b_step)
     if a_transp and b_transp:   # C^T (N x M) = B (stored N x K) @ A (stored K x M): both untransposed
         m, n, a, b, a_transp, b_transp, steps, c_transp = n, m, b, a, False, False, steps[::-1], True
     itemsize = np.dtype(dtype).itemsize
     # B^T in panels runs as outer products on them, not dot products
-    t = tile(queue.device, m, n, k, gi * gj, itemsize, b_transp and not panels, kb.count)
+    t = tile(queue.device, m, n, k, gi * gj, itemsize, b_transp and not panels, kblocks)
     ops = (a, b, c)
     shapes = ((k, m) if a_transp else (m, k), (n, k) if b_transp else (k, n), (n, m) if c_transp else (m, n))
-    size = -(-n // t.cols) * t.cols * k * kb.count   # of one matrix in panels
+    size = -(-n // t.cols) * t.cols * k * kblocks   # of one matrix in panels
     idx = index_type(panels and b_panels.off + size * (gi if b.per_group else 1) * (gj if b.per_image else 1),
-                     *(x.at(gi - 1, gj - 1) + (kb.count - 1) * step + (rows - 1) * x.ld + cols
+                     *(x.at(gi - 1, gj - 1) + (kblocks - 1) * step + (rows - 1) * x.ld + cols
                        for x, step, (rows, cols) in zip(ops, (*steps, 0), shapes)))
     defines = dict(IDX=idx, VW=t.vw, INNER=int(t.inner), MR=t.mr, NV=t.nv, NR=t.cols, KC=t.kc,
                    A_TRANSP=int(a_transp), C_TRANSP=int(c_transp))
     if panels:
-        b = _pack_b(queue, dtype, gi, gj, n, k, kb.count, b, steps[1], b_panels, size, t.cols, defines, b_transp,
+        b = _pack_b(queue, dtype, gi, gj, n, k, kblocks, b, steps[1], b_panels, size, t.cols, defines, b_transp,
                     what)
         b_transp = False
         steps, ops = (steps[0], 0), (a, b, c)
     kernel = get_kernel(queue.context, "gemm_cpu.cl", "gemm_cpu", dtype, **defines)
     blocks = -(-m // t.mr)
     return launch(queue, kernel, (-(-blocks // t.tm), -(-n // t.cols), gi * gj), (1, 1, 1), m, n, k, alpha, beta, gj,
-                  kb.count, *(v for x, step in zip(ops[:2], steps) for v in (x.buf, x.off, x.ld, x.per_group,
+                  kblocks, *(v for x, step in zip(ops[:2], steps) for v in (x.buf, x.off, x.ld, x.per_group,
                                                                                x.per_image, step)),
                   c.buf, c.off, c.ld, c.per_group, c.per_image, int(panels), t.tm, what=what)
 

@@ -12,8 +12,9 @@ from typing import NamedTuple
 import numpy as np
 import pyopencl as cl
 
-from .. import rules
+from .. import limits, rules
 from ..programs import ClconvError, get_kernel, index_type, launch, work_group_limit
+from .operands import PLAIN
 
 class Tile(NamedTuple):
     """One shape of kernels/gemm_gpu.cl: TM x TN of C per work-group, RM x RN per work-item,
@@ -78,7 +79,7 @@ def _cost(device, option, m, n, count, k=None):
     return groups * t.tm * t.tn * depth / (speed * busy) if groups else 0.0   # (empty: any tile)
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=limits.GPU_TILES_KEPT)
 def tile(device, m, n, count, itemsize=4):
     """The :class:`Tile` for ``count`` M x N products: least time in the model of :func:`_cost`
     (for any long K); None when no tile fits the device."""
@@ -185,44 +186,40 @@ class Im2colB(NamedTuple):
         return tuple((f"IM_{name.upper()}", value) for name, value in self._asdict().items() if name != "span")
 
 
-class KBlocks(NamedTuple):
-    """Products whose depth is ``count`` blocks of K: block q of A starts ``a_step`` values after
-    block 0, of B ``b_step`` (images summed over, whose positions are not one stride apart).
-    ``continuous``: the kernel reads them as one depth of count x K values (the K_FOLD define),
-    not block by block, each block's last slice padded with zeros (which wastes most of a
-    slice where K is short: 25 or 49 positions)."""
-    count: int
-    a_step: int
-    b_step: int
-    continuous: bool = False
-
-
-def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_transp=False, b_transp=False,
-              im2col=None, k_blocks=None, c_fold=0, b_fold=0, a_fold=0, deep=False, share=1, what=""):
-    """C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j] for i < gi, j < gj, in one launch.
+def grid_gemm(queue, dtype, grid, a, b, c, epilogue=PLAIN, *, deep=False, share=1, what=""):
+    """C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j] for i < gi, j < gj of ``grid``
+    (a :class:`clconv.gemm.Grid`), in one launch; alpha and beta: ``epilogue``'s.
 
     ``a``, ``b``, ``c``: :class:`clconv.gemm.Operand` s (matrix (i, j) at ``at(i, j)``); C
-    matrices must not overlap. ``im2col`` (an :class:`Im2colB`): B is the im2col matrix of the
-    input at B's offsets, read in place (its leading dimension is unused). ``k_blocks`` (a
-    :class:`KBlocks`): op(A[i, j]) @ op(B[i, j]) is the sum over its blocks, each M x K by K x N.
-    ``c_fold`` (gj == 1): C's N columns are n / c_fold images of c_fold positions, image q's
-    rows starting at ``c.per_image`` * q (an NCHW output, its batch in the GEMM's N). ``b_fold``
-    (gj == 1, B stored K x N, read as it is): the same for B's columns. ``a_fold`` (A stored
-    M x K, read as it is): the same for A's depth, where the gj products along j are split-K
-    slices of one depth of gj * K values (product j's depth k is j * K + k; an NCHW operand,
-    its batch in the GEMM's K). ``deep``: the grid runs EIGHT_BY_FOUR, the tile its caller's
-    split was counted in (:func:`deep`). ``share``: this launch is one of ``share`` alike that
-    together make the grid (per-group queues): its tile and planes are chosen for the whole grid,
-    as one launch of it would take them, so that its sums are the same bit for bit.
+    matrices must not overlap. ``b.im2col`` (an :class:`Im2colB`): B is the im2col matrix of the
+    input at B's offsets, read in place (its leading dimension is unused). ``grid.blocks``:
+    op(A[i, j]) @ op(B[i, j]) is the sum over that many blocks of K, each M x K by K x N, the
+    operands' ``k_step`` apart; ``grid.continuous``: read as one depth (the K_FOLD define), not
+    block by block, each block's last slice padded with zeros (which wastes most of a slice where
+    K is short: 25 or 49 positions). ``c.fold`` (gj == 1): C's N columns are n / c.fold images
+    of c.fold positions, image q's rows starting at ``c.per_image`` * q (an NCHW output, its
+    batch in the GEMM's N). ``b.fold`` (gj == 1, B stored K x N, read as it is): the same for
+    B's columns. ``a.fold`` (A stored M x K, read as it is): the same for A's depth, where the
+    gj products along j are split-K slices of one depth of gj * K values (product j's depth k is
+    j * K + k; an NCHW operand, its batch in the GEMM's K). ``deep``: the grid runs
+    EIGHT_BY_FOUR, the tile its caller's split was counted in (:func:`deep`). ``share``: this
+    launch is one of ``share`` alike that together make the grid (per-group queues): its tile
+    and planes are chosen for the whole grid, as one launch of it would take them, so that its
+    sums are the same bit for bit.
     """
-    if im2col is not None and k_blocks is not None:
+    gi, gj, m, n, k = grid.gi, grid.gj, grid.m, grid.n, grid.k
+    alpha, beta = epilogue
+    a_transp, b_transp, im2col = a.transp, b.transp, b.im2col
+    a_fold, b_fold, c_fold = a.fold, b.fold, c.fold
+    blocked = grid.blocks > 1 or grid.continuous
+    kblocks, continuous = grid.blocks, grid.continuous
+    if im2col is not None and blocked:
         raise ClconvError(f"clconv: {what}: an im2col B is not read in K blocks")
     assert not (deep and im2col is not None), "the deep tile is not run over an im2col B (see launched)"
-    kb = k_blocks or KBlocks(1, 0, 0)
     assert not c_fold or (gj == 1 and n % c_fold == 0), "a folded C is one matrix of whole images along j"
-    assert not b_fold or (gj == 1 and n % b_fold == 0 and not b_transp and im2col is None and k_blocks is None), \
+    assert not b_fold or (gj == 1 and n % b_fold == 0 and not b_transp and im2col is None and not blocked), \
         "a folded B is one K x N matrix of whole images along j, read as it is"
-    assert not a_fold or ((gj * k) % a_fold == 0 and not (a_transp or b_fold or c_fold) and k_blocks is None), \
+    assert not a_fold or ((gj * k) % a_fold == 0 and not (a_transp or b_fold or c_fold) and not blocked), \
         "a folded A is one M x (gj * K) matrix of whole images, read as it is"
     ops = (a, b, c)
     assert (gi == 1 or c.per_group) and (gj == 1 or c.per_image or c_fold), "GEMMs into one C would race"
@@ -237,7 +234,7 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
         chosen = launched(queue.device, chosen, im2col is not None, itemsize)
     tm, tn = chosen.tm, chosen.tn
     groups = -(-m // tm) * -(-n // tn) * gi * gj
-    depth, blocks = (k * kb.count, 1) if kb.continuous else (k, kb.count)   # (continuous: one depth)
+    depth, blocks = (k * kblocks, 1) if continuous else (k, kblocks)   # (continuous: one depth)
     chosen = sliced(queue.device, chosen, groups * share, depth, blocks, itemsize)
     shapes = ((k, m) if a_transp else (m, k), (n, k) if b_transp else (k, n), (m, n))   # as stored, row-major
     spans = [(rows - 1) * x.ld + cols for (rows, cols), x in zip(shapes, ops)]
@@ -248,14 +245,14 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
             spans[i] = (cols // fold - 1) * x.per_image + (rows - 1) * x.ld + fold
     if a_fold:   # (one matrix per group: its j products are slices of it)
         spans[0] -= (gj - 1) * a.per_image
-    steps = (kb.a_step, kb.b_step, 0)
-    idx = index_type(*(x.at(gi - 1, gj - 1) + (kb.count - 1) * step + span for x, step, span in zip(ops, steps, spans)))
+    steps = (a.k_step, b.k_step, 0)
+    idx = index_type(*(x.at(gi - 1, gj - 1) + (kblocks - 1) * step + span for x, step, span in zip(ops, steps, spans)))
     # an im2col B is gathered one value at a time; a continuous depth is read four-wide only where
     # its blocks are whole vectors (K a multiple of 4), a folded B where its images' rows are
     scalar_b = im2col is not None or (b_fold and (b_fold % 4 or b.per_image % 4))
     # a folded A where its images' rows and its slices are whole vectors (and its image stride)
     scalar_a = a_fold and (a_fold % 4 or k % 4 or a.per_image % 4)
-    va, vb = (1 if (x is b and scalar_b) or (x is a and scalar_a) or (kb.continuous and k % 4)
+    va, vb = (1 if (x is b and scalar_b) or (x is a and scalar_a) or (continuous and k % 4)
               else read_width(queue.device, itemsize, x.off, x.per_group, x.per_image, x.ld, gi, gj, step)
               for x, step in zip((a, b), steps))
     # C is written four-wide where its rows (and a fold's images) are whole aligned vectors
@@ -264,7 +261,7 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
     def build(t):
         return get_kernel(queue.context, "gemm_gpu.cl", "gemm_gpu", dtype, TM=tm, TN=tn, RM=t.rm, RN=t.rn, TK=t.tk,
                           KS=t.ks, PAD=PAD, A_TRANSP=int(a_transp), B_TRANSP=int(b_transp), VA=va, VB=vb, VC=vc,
-                          IDX=idx, IM2COL=int(im2col is not None), K_FOLD=k if kb.continuous else 0, C_FOLD=c_fold,
+                          IDX=idx, IM2COL=int(im2col is not None), K_FOLD=k if continuous else 0, C_FOLD=c_fold,
                           B_FOLD=b_fold, A_FOLD=a_fold, **dict(im2col.defines() if im2col else ()))
     kernel = build(chosen)
     if chosen.ks > 1 and chosen.work_items > work_group_limit(kernel, queue.device):
@@ -273,6 +270,6 @@ def grid_gemm(queue, dtype, gi, gj, m, n, k, a, b, c, *, alpha=1.0, beta=0.0, a_
         kernel = build(chosen)
     wx, wy = tn // chosen.rn, tm // chosen.rm
     return launch(queue, kernel, (groups * wx, wy, chosen.ks), (wx, wy, chosen.ks), m, n, depth, alpha, beta, gj, blocks,
-                  a.buf, a.off, a.ld, a.per_group, a.per_image, kb.a_step,
-                  b.buf, b.off, b.ld, b.per_group, b.per_image, kb.b_step,
+                  a.buf, a.off, a.ld, a.per_group, a.per_image, a.k_step,
+                  b.buf, b.off, b.ld, b.per_group, b.per_image, b.k_step,
                   c.buf, c.off, c.ld, c.per_group, c.per_image, what=what)
