@@ -49,15 +49,15 @@ def test_grouped_1x1_batches_what_clblast_reads_correctly(groups, images, queue,
     from clconv import reference
     from clconv.gemm import clblast as blas
     monkeypatch.setenv("CLCONV_GEMM", "clblast")   # clconv's own kernels would run otherwise
+    xs, ws = (images, 8 * groups, 32, 32), (16 * groups, 8, 1, 1)
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    p = clconv.plan(xs, ws, groups=groups, queue=queue)   # (its known-answer check's GEMMs not counted)
+    assert p.algorithms["forward"] == "1x1"
     calls = []
     for name in ("gemm", "gemmStridedBatched"):
         original = getattr(blas.pyclblast, name)
         monkeypatch.setattr(blas.pyclblast, name, lambda *a, _f=original, **k: calls.append(1) or _f(*a, **k))
-    xs, ws = (images, 8 * groups, 32, 32), (16 * groups, 8, 1, 1)
-    rng = np.random.default_rng(0)
-    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
-    p = clconv.plan(xs, ws, groups=groups, queue=queue)
-    assert p.algorithms["forward"] == "1x1"
     y = p.forward(x, w)
     assert len(calls) == images
     assert_close(y, reference.conv2d(x, w, groups=groups), np.float32, "forward")
