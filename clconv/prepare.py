@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
+from tqdm import tqdm
 
 from .functional import conv2d, conv2d_bias, conv2d_input, conv2d_weight
 from .geometry import conv_geometry
@@ -72,7 +73,7 @@ def prepare(layers, *, dtype=np.float32, queue=None, workers=None, progress=Fals
     def run(input_shape, weight_shape, options, layer_dtype, home, module):
         if module is not None:   # its own steps on zeros, which leave its gradients as they are
             x = cla.zeros(module.queue, input_shape, layer_dtype)
-            module.backward(x, module.forward(x))
+            module.backward(x, cla.zeros_like(module.forward(x)))
             module.queue.finish()
             return
         if getattr(local, "context", None) != queue_context(home):   # each worker its own queue (context kept)
@@ -86,10 +87,7 @@ def prepare(layers, *, dtype=np.float32, queue=None, workers=None, progress=Fals
         conv2d_bias(y, queue=q)
         q.finish()
 
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=len(work), desc="clconv.prepare", unit="layer")
+    bar = tqdm(total=len(work), desc="clconv.prepare", unit="layer") if progress else None
     try:
         with ThreadPoolExecutor(workers) as pool:
             for done in as_completed([pool.submit(run, *layer) for layer in work.values()]):

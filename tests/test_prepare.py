@@ -48,6 +48,7 @@ def test_prepare_a_module(queue):
     q = new_queue(queue)
     conv = clconv.nn.Conv2d(4, 6, (3, 2), stride=(1, 2), padding=1, queue=q)
     assert clconv.prepare([(conv, (3, 4, 10, 7))]) == 1
+    assert not conv.grad_weight.get().any() and not conv.grad_bias.get().any(), "prepare changed the gradients"
     built = len(builds())
     x = np.random.default_rng(1).standard_normal((3, 4, 10, 7)).astype(np.float32)
     y = conv(x)
