@@ -215,9 +215,9 @@ def cpu_vector_width(device, itemsize, max_bits=256):
 def vectorizes_work_items(device):
     """Whether the device's compiler vectorises a scalar kernel across work-items well enough
     that clconv's per-tile Winograd transforms beat their CPU row forms: Intel's CPU runtime
-    (AlexNet conv4 transforms 1.3-2x faster per tile than in rows there); not PoCL 3.0, whose
-    cost model keeps those kernels scalar (rows 1.3-1.7x faster there on the workloads' 3x3
-    and 5x5 shapes); GPUs run work-items in lanes anyway. (A 7x1 filter takes the row forms on
+    (per-tile transforms measured faster than rows there); not PoCL 3.0, whose cost model
+    keeps those kernels scalar (rows measured faster there on the workloads' 3x3 and 5x5
+    shapes); GPUs run work-items in lanes anyway. (A 7x1 filter takes the row forms on
     every CPU: its tiles load as runs of rows, see clconv.algorithms.winograd.)"""
     return bool(device.type & cl.device_type.GPU) or device.platform.name.startswith("Intel(R) OpenCL")
 
@@ -226,9 +226,9 @@ def vectorizes_work_items(device):
 def scalar_work_items(device):
     """Whether a simple one-value-per-work-item kernel runs faster on the device written with
     explicit vectors: PoCL's CPU device (measured on PoCL 3.0). Four values per work-item in the
-    split-K sum (sum_partials4) took 0.35-0.55x the time of one on PoCL, but 3-8x on Intel's CPU
-    runtime and 1.7-2.6x on rusticl's llvmpipe (2-core AVX-512 Xeon), whose compilers vectorise
-    such a kernel across work-items. (A different threshold from :func:`vectorizes_work_items`,
+    split-K sum (sum_partials4) measured faster than one on PoCL, but slower on Intel's CPU
+    runtime and on rusticl's llvmpipe, whose compilers vectorise such a kernel across
+    work-items. (A different threshold from :func:`vectorizes_work_items`,
     which asks whether the per-tile Winograd transforms, with their gathers, vectorise well
     enough to beat the row forms: rusticl's do not.)"""
     return bool(device.type & cl.device_type.CPU) and device.platform.name == "Portable Computing Language"

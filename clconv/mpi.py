@@ -20,8 +20,8 @@ computes the earlier layers' backward; :meth:`DataParallel.finish` waits for the
 copies the sums back. That pays only where a layer's reduction takes long against the
 backward of what follows: by default (``overlap="auto"``) layers of at least
 OVERLAP_MIN_BYTES of gradients are reduced on the thread, smaller ones in ``finish``
-(``mpiexec -n 2 python -m bench mpi`` on two ranks of this project's 2-core PoCL machine: 4 layers of 32
-to 256 channels, overlapped and not within 5 % of each other, reductions 1-3 % of a step).
+(``mpiexec -n 2 python -m bench mpi`` on two PoCL ranks: small layers ran about as fast overlapped
+as not, their reductions a small share of a step).
 """
 import queue as queues
 import sys

@@ -48,9 +48,9 @@ struct gemm_result { IDX off; int ld; IDX si, sj; };
 
 // p[i] for 0 <= i < n, else zero: the load clamped into the row and always made, so that the
 // compiler selects rather than branches on each value. Used where that measured no slower on
-// either CPU runtime (batch 4): im2col_rows' edges, 0.91-0.97x the time on PoCL's strided layers,
-// 0.94-1.04x on Intel's. direct_rows keeps the branch: with the select its vector-by-vector edges
-// took 1.6-1.7x on PoCL, its short rows 0.8x on PoCL but 1.25-1.35x on Intel's runtime.
+// either CPU runtime: im2col_rows' edges. direct_rows keeps the branch: with the select its
+// vector-by-vector edges measured slower on PoCL, its short rows faster on PoCL but slower on
+// Intel's runtime.
 inline REAL at_or_zero(const __global REAL* restrict p, const int i, const int n)
 {
     const REAL v = p[i < 0 ? 0 : i < n ? i : n - 1];

@@ -280,7 +280,7 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
 // (iy, ix) of w[k, c % CG, i, j] * dy[n, k, oy, ox]. Overwrites dx; fixed order.
 // Work-group: a TX x TY tile of plane (n, c) = group id 2. Only a fraction of the
 // taps meets the output grid when strided, so dy is read from global memory
-// directly (staging it measured slower on an H200).
+// directly (staging it measured slower on GPUs).
 #if BUILDS(DIRECT_INPUT)
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void direct_input(__global const REAL* restrict w, const IDX w_off,
@@ -667,9 +667,8 @@ void direct_weight_rows(__global const REAL* restrict x, const IDX x_off,
 #endif
 
 // Columns px + (u0 + q) * SW of row rb from lanes q of out, up to the phase's count columns: a
-// whole vector's unrolled, without a test per lane (PoCL, batch 4: the networks' strided depthwise
-// and grouped grad-inputs on 56x56 and larger maps 0.81-0.90x the time, the direct grad-inputs
-// 0.96x count-weighted; Intel's runtime unchanged).
+// whole vector's unrolled, without a test per lane (measured faster on PoCL for strided depthwise
+// and grouped grad-inputs on large maps; no change on Intel's runtime).
 #define STORE_PHASE(rb, out, px, u0, count)                                                     \
     do {                                                                                        \
         if ((u0) + VW <= (count)) {                                                             \

@@ -36,13 +36,9 @@
 // The filter and output transforms take the layer's shapes as constants: their loops unroll
 // around them and their index arithmetic folds (the filter transform's row twiddle indices among
 // it; the column ones still depend on the work-item's column frequency). Against the same shapes
-// as arguments, device time on an H100, inception_v3's 5x5 layer, AlexNet's conv2 and a 7x7 layer
-// on 13x13 maps at batch 32 (the image transform specialised too then): the filter transform
-// 0.52-0.88x, whole passes 0.82-0.96x (0.92x in sum); in networks runs inception_v3's 5x5 output
-// transform 13.5 -> 10.6 us, its image transform 16.3 -> 15.5-18.8, within the hosts' spread, so
-// the image transform keeps its arguments and one build per frame size (every shape's own build
-// of it made a cold make test about 3 minutes longer on rusticl). On PoCL (2-core Xeon) forward
-// and grad-input 0.21-0.34x, grad-weight 0.81-0.90x.
+// as arguments this measured faster on GPUs (filter and output transforms, whole passes) and on
+// PoCL; the image transform's gain was within noise, so it keeps its arguments and one build per
+// frame size (every shape's own build of it made a cold make test minutes longer on rusticl).
 // A build compiles the one kernel the host names in ONLY (its upper-case name), with its own
 // shapes, or all of them without ONLY: the transforms' unrolled FFTs make most of a build's time.
 #define FFT_IMAGE 1
@@ -240,14 +236,10 @@ __kernel void fft_image(__global const REAL* restrict x, const IDX x_off,
 // `flip`: of the transposed convolution (filter k, channel ci read from filter ci of k's group,
 // channel k % Ko, taps reversed). Direct sums, separable: per filter row u, its taps' sum at
 // column frequency fx, then that times exp(-2 pi i fy u DH / FH) into each row frequency fy.
-// 3-D range: ci, fx (HW), k. Each work-item reads its own taps. On an H100 (device time, 3072
-// to 12288 5x5 and 7x7 filters, 32x32 frames) this form took 0.77-0.83x the time of one that
-// staged a work-group's taps in local memory and took the column DFT as an FFT (1.0x on
-// inception_v3's 48 -> 64 read flipped), 0.77-0.84x on an H200. Not kept, against this form:
-// 2-16 work-items per (ci, fx, k), each some of the row frequencies, 1.0-5.8x (with staged taps
-// 1.1-2.8x); work-groups of 2, 4 or 8 column frequencies 0.90-1.02x, 0.95-1.31x, 1.25-1.56x
-// (2: faster on four of the six, slower on two, 0.97x on average: left for a measurement on
-// the H200 itself).
+// 3-D range: ci, fx (HW), k. Each work-item reads its own taps: measured faster on GPUs than
+// staging a work-group's taps in local memory with the column DFT as an FFT, than several
+// work-items per (ci, fx, k) each taking some of the row frequencies, and than work-groups of
+// 4 or 8 column frequencies (2 was mixed, about even on average).
 __kernel void fft_filter(__global const REAL* restrict w, const IDX w_off,
                          __global REAL* restrict ws, const IDX ws_off,
                          const int K, const int Ko, const int Ci, const int flip)

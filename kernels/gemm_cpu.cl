@@ -292,7 +292,7 @@ void gemm_cpu(const struct gemm_sizes sizes, __global const REAL* restrict a, co
 // lda), matrix (i, j) of each at off + i * si + j * sj. Work-item (row block of MR rows, i * GJ + j)
 // reads MR consecutive values of each of src's K rows and writes them down MR rows of dst. The
 // GEMM reading A^T in place walks one of A's rows per k, lda apart (a new page per k for wide
-// weights): 1.5x slower on PoCL and Intel's runtime than on the packed copy.
+// weights): measured slower on PoCL and Intel's runtime than on the packed copy.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void pack_a_transposed(const int M, const int K, const int GJ,
                        __global const REAL* restrict src, const IDX src_off, const int lda, const IDX s_si,

@@ -17,8 +17,8 @@
 // few work-groups. TK-deep slices of A and B pass through local memory, double buffered:
 // the next slice's global loads are in flight while the current one is multiplied. Where
 // the host finds an operand's offsets and leading dimension multiples of 4 (VA, VB = 4),
-// its global reads are four-wide vectors along its stored rows: on an H200 that took a
-// 4096^3 product from 26-29 to 42-44 TFLOP/s.
+// its global reads are four-wide vectors along its stored rows (measured much faster on GPUs
+// for large products).
 //
 // With KS > 1 the work-group has KS such planes of work-items along its third dimension: they
 // stage each slice together and each multiplies a TK/KS-deep part of it, their sums added in
@@ -330,9 +330,9 @@ void gemm_gpu(const struct gemm_sizes sizes, __global const REAL* restrict a, co
 
     // A work-item's values of one row lie in runs of 4 neighbouring columns (its quadrants):
     // with VC == 4 each whole run is one four-wide write, so that neighbouring work-items write
-    // neighbouring vectors (a run cut by C's last column is written value by value). H200, batch
-    // 32, resnet50's GEMMs against value-by-value writes in one run: 24.2 against 24.4 ms in all,
-    // the short-K ones that write most 0.87-0.92x (1x1 C64 -> K256 56x56 forward 0.168 -> 0.155 ms).
+    // neighbouring vectors (a run cut by C's last column is written value by value). Against
+    // value-by-value writes on GPUs: about even over a network's GEMMs, faster for the short-K
+    // ones that write most.
 #if C_FOLD
 #define C_AT(m, n) ((IDX)((n) / C_FOLD) * c_sj + (IDX)(m) * ldc + (n) % C_FOLD)
 #else

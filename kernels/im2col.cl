@@ -43,8 +43,7 @@ struct col_geometry { int b, c, h, w, kh, kw, oh, ow, sh, sw, pt, pl, dh, dw; };
 // the index arithmetic is paid once per pixel, not per tap, neighbouring work-items write
 // neighbouring columns, and the columns of all images form one range (no work-group runs past
 // the end of each image's pixels). Geometry as constants and several channels per work-item,
-// as in col2im below: H200, the networks' im2col launches at batch 32 (weighted by the layers'
-// counts) 3.91 -> 2.83 ms of device time; inception_v3's 1x7 C160 12x12 forward 0.049 -> 0.022.
+// as in col2im below: measured faster on GPUs over the networks' im2col launches.
 __kernel void im2col(__global const REAL* restrict x, const IDX x_off,
                      __global REAL* restrict col, const IDX col_off,
                      const int B, const int C, const int H, const int W,
@@ -78,10 +77,8 @@ __kernel void im2col(__global const REAL* restrict x, const IDX x_off,
 // blocks of channels, images. The taps, strides and dilations are compile-time constants
 // (COL_*), so that the remainders and quotients by the strides are shifts and multiplies, and a
 // work-item covers several channels, so that the GPU starts fewer work-groups of so little work
-// each. H200, the networks' im2col grad-inputs at batch 32, col2im's device time: resnet50's
-// 3x3 stride-2 C128 56x56 0.206 ms with runtime strides, 0.131 with them built in, 0.116 with 4
-// channels per work-item; its 1x1 stride-2 C256 56x56 (at most one tap per pixel) 0.245, 0.245,
-// 0.079; the 40 layers' sum 2.19, 1.43 ms with both.
+// each: both measured faster on GPUs over the networks' im2col grad-inputs (built-in strides for
+// strided 3x3 layers, several channels per work-item most for 1x1 stride-2 ones).
 __kernel void col2im(__global const REAL* restrict col, const IDX col_off,
                      __global REAL* restrict dx, const IDX dx_off,
                      const int B, const int C, const int H, const int W,
@@ -195,17 +192,13 @@ void im2col_rows(__global const REAL* restrict x, const IDX x_off,
                 if (y < 0 || y >= H) {
                     for (int q = 0; q < VW; ++q) v.s[q] = 0;
                 } else if (SW == 1 && x0 >= 0 && x0 + VW - 1 < W) {
-                    // strides 1 and 2 as constants: contiguous loads, not gathers (PoCL, batch 4:
-                    // RegNet's grouped 3x3 stride-2 grad-weights 0.88-0.92x the time)
+                    // strides 1 and 2 as constants: contiguous loads, not gathers (measured faster
+                    // on PoCL for grouped strided grad-weights)
                     for (int q = 0; q < VW; ++q) v.s[q] = xr[x0 + q];
                 } else if (SW == 2 && x0 >= 0 && x0 + 2 * VW - 1 < W) {
-                    // one load of 2 VW values, its even lanes. Written as 2 VW scalar reads with
-                    // every other one kept, im2col wrote col at 6-8 GB/s on both CPU runtimes
-                    // (PoCL 3.0, LLVM 14, and Intel's) on a 2-core Xeon, this way at 9-21 on maps
-                    // of 56x56 and larger (in direct.cl's row reads it measured slower); batch 4,
-                    // device time of im2col's stride-2 forwards and grad-weights over the
-                    // networks: 0.91x on PoCL, 0.89x on Intel's runtime count-weighted (RegNet's
-                    // grouped 3x3 on 112x112 0.65x and 0.57x, the 3-channel stems 0.67-0.83x)
+                    // one load of 2 VW values, its even lanes: measured faster than 2 VW scalar
+                    // reads with every other one kept on both CPU runtimes (PoCL and Intel's),
+                    // most on large maps (in direct.cl's row reads it measured slower)
                     const REALV lo = CAT(vload, VW)(0, xr + x0), hi = CAT(vload, VW)(0, xr + x0 + VW);
                     v.v = EVEN_LANES(lo, hi);
                 } else if (x0 >= 0 && x0 + (VW - 1) * SW < W) {
@@ -227,7 +220,7 @@ void im2col_rows(__global const REAL* restrict x, const IDX x_off,
 // v mod S (0 ... S - 1, for v of either sign) and v / S where S divides v: strides of 1, 2 and 4,
 // the networks' all, without a division. col2im_rows worked out a few per tap and VW pixels: with
 // them, and the stride-2 taps' lanes set two apart from a contiguous read, PoCL's im2col grad-inputs
-// of the networks took 0.93x the time count-weighted (strided stems 0.69-0.81x, batch 4).
+// measured faster, strided stems most.
 #define MOD_S(v, S) ((S) == 1 ? 0 : (S) == 2 ? (v) & 1 : (S) == 4 ? (v) & 3 : (((v) % (S)) + (S)) % (S))
 #define DIV_S(v, S) ((S) == 1 ? (v) : (S) == 2 ? (v) >> 1 : (S) == 4 ? (v) >> 2 : (v) / (S))
 
@@ -236,7 +229,7 @@ void im2col_rows(__global const REAL* restrict x, const IDX x_off,
 // input row y of channel c of image b, VW pixels at a time, each the sum of the column entries
 // that read it in col2im's order (tap rows, then tap columns, ascending). The taps that reach the
 // row, and per tap column the first lane it reaches, are worked out once per row and VW pixels:
-// no division per pixel, which made col2im 10x slower than its memory traffic on CPUs.
+// no division per pixel, which made col2im far slower than its memory traffic on CPUs.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void col2im_rows(__global const REAL* restrict col, const IDX col_off,
                  __global REAL* restrict dx, const IDX dx_off,
@@ -290,7 +283,7 @@ void col2im_rows(__global const REAL* restrict col, const IDX col_off,
 
 // The layout kernels for CPU devices: work-item b * K + k, a single-work-item group, moves plane
 // (b, k), whose P values are contiguous on both sides (the GPU forms' work-item per value
-// paid a division each, 3 ms for 3.2 million values on PoCL).
+// paid a division each, measured slow on PoCL).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void nchw_to_cnhw_rows(__global const REAL* restrict src, const IDX src_off,
                        __global REAL* restrict dst, const IDX dst_off,

@@ -473,7 +473,7 @@ inline void store_tiles(REALV v[TT], __global REAL* restrict out, const int p0, 
 
 // v[t] = src[t * step + q] for the VW lanes q, zero from lane n on: VW consecutive
 // values of each of TT planes `step` apart, one vector each where n >= VW (value by value, each
-// tested, they took the output transform 1.1-1.2x the time on PoCL).
+// tested, they made the output transform slower on PoCL).
 inline void load_planes(REALV v[TT], const __global REAL* restrict src, const IDX step, const int n)
 {
     if (n >= VW) {
@@ -515,8 +515,8 @@ inline REAL value_or_zero(const __global REAL* restrict plane, const int y, cons
 
 // dst[j] (j < COUNT) = the lanes' j-th values along row y of an H x W plane, lane q's from column
 // x0 + TMW * q on (zeros outside the plane), for VW tiles side by side in a tile row: the row's
-// TMW * (VW - 1) + COUNT values loaded once, in order, not VW * COUNT gathered lane by lane (PoCL,
-// inception_v3's 109x109 maps: the input and grad_output transforms 0.59-0.67x the time).
+// TMW * (VW - 1) + COUNT values loaded once, in order, not VW * COUNT gathered lane by lane
+// (measured faster on PoCL for the input and grad_output transforms).
 #define ROW_LANES(dst, plane, y, x0, H, W, COUNT)                                               \
     {                                                                                           \
         REAL r_[TMW * (VW - 1) + (COUNT)];                                                      \

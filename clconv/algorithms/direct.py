@@ -43,8 +43,8 @@ def _patch(g, tx, ty, ry):
 def _patches(g, staged=True):
     """{pass: (TX, TY, PH, PW, RY)}: work-group tiles, the forward's staged input patch and
     its output rows per work-item: when staging, the most of 4, 2, 1 whose patch fits
-    MAX_PATCH (4 rows made depthwise forward 2.3x faster on an H200); otherwise 1 (more
-    rows made PoCL up to 1.8x slower)."""
+    MAX_PATCH (more rows measured faster for depthwise forward on GPUs); otherwise 1 (more
+    rows measured slower on PoCL)."""
     tx, ty = _tile(g.OW, g.OH)
     for ry in (4, 2, 1) if staged else (1,):
         ph, pw = _patch(g, tx, ty, ry)
@@ -56,9 +56,9 @@ def _patches(g, staged=True):
 def _filters_per_item(g, tile, compute_units):
     """KB, filters per work-item of the forward kernel: as many of a group's filters as keep
     KB * RY accumulators at most MAX_ACC and a work-group per compute unit, so each staged
-    patch value is read once for them all (ResNeXt groups: forward 2x faster on an H200
-    than one filter per work-item; a 7x7 stem 1.2x, where 16 filters, 112 work-groups on
-    132 units, was slower than 8)."""
+    patch value is read once for them all (measured faster than one filter per work-item on
+    GPUs; on a 7x7 stem 16 filters, leaving fewer work-groups than compute units, measured
+    slower than 8)."""
     tx, ty, _, _, ry = tile
     planes = -(-g.OW // tx) * -(-g.OH // (ty * ry)) * g.N * g.K
     return next(kb for kb in (16, 8, 4, 2, 1)
@@ -94,8 +94,8 @@ def _rows_per_item(g, compute_units):
 def _input_rows_per_item(g, compute_units):
     """(CB, RB) of the CPU strided grad-input kernel (direct_input_rows) over geometry ``g``:
     input channels per work-item, the most of 8, 4, 2, 1 dividing a group's channels (each
-    grad_output vector feeds CB sums; PoCL, batch 4, RegNet's grouped 3x3 stride-2 grad-inputs
-    against one channel per work-item: 0.23-0.25x the time), and input rows per work-item
+    grad_output vector feeds CB sums; measured faster than one channel per work-item on PoCL
+    for grouped strided grad-inputs), and input rows per work-item
     (:func:`_band`)."""
     cb = next(b for b in (rules.DIRECT_CPU_MAX_FILTERS, 4, 2, 1) if g.Cg % b == 0)
     return cb, _band(g.H, g.N * g.C // cb, compute_units)
@@ -164,8 +164,8 @@ class Direct(Algorithm):
         self.local_mem = device.local_mem_size
         self.tiles = _patches(g, self.staged)
         # stride 1: grad-input is a forward pass over dy (rotated, transposed weights), so it
-        # gets the forward's staged patch and rows per work-item (depthwise grad-input 5x
-        # faster on an H200); strided grad-input keeps its own kernel, which skips off-grid taps
+        # gets the forward's staged patch and rows per work-item (measured faster for depthwise
+        # grad-input on GPUs); strided grad-input keeps its own kernel, which skips off-grid taps
         self.transposed = g.transposed() if g.stride == (1, 1) else None
         if self.transposed:
             self.tiles["backward_input"] = _patches(self.transposed, self.staged)["forward"]
@@ -396,15 +396,14 @@ class Direct(Algorithm):
         tx, ty, ph, pw, ry = tile or self.tiles["forward"]
         constants = self.specs[id(g)][1]
         # the forward's weights staged in local memory where a filter has several channels
-        # (H200: 7x7 stem forward 0.030 -> 0.024 ms, ResNeXt grad-input 0.193 -> 0.161 ms);
-        # depthwise filters are too small to pay for it (strided depthwise forward 2-3% slower)
+        # (measured faster on GPUs for stems and grouped layers); depthwise filters are too
+        # small to pay for it (measured slightly slower)
         # (all within the plan's device's local memory, LOCAL_SPARE bytes kept free)
         item, weights = self.dtype.itemsize, kb * g.Cg * g.kh * g.kw
         room = self.local_mem - LOCAL_SPARE - ph * pw * item
         stage = self.staged and not form[0]
         wstage = stage and g.Cg > 1 and weights <= MAX_WEIGHTS and weights * item <= room
-        # four filters' staged weights read at once (H200: 7x7 stem forward 0.026 -> 0.021 ms,
-        # ResNeXt forward 0.126 -> 0.110 ms)
+        # four filters' staged weights read at once (measured faster on GPUs)
         wvec = wstage and kb % 4 == 0
         # ONLY: the build compiles this one kernel of direct.cl
         return (get_kernel(queue.context, "direct.cl", name, self.dtype, ONLY=name.upper(), IDX=idx, TAPS=self.taps,

@@ -124,8 +124,8 @@ class FFT(Transform):
         # images per work-group of the image and of the output transforms (FH/2 work-items
         # each): within MAX_GROUP work-items and the device's local memory (each frame's half
         # spectrum, real and imaginary parts). More images per group make longer runs in the
-        # spectra's rows (H200, AlexNet conv2: image transforms 3-4x faster with 8 than 4);
-        # the output transforms take at most 8 (8 and 4 within 10%).
+        # spectra's rows (image transforms measured faster with 8 than 4 on GPUs); the output
+        # transforms take at most 8 (8 and 4 measured about even there).
         spectrum = 2 * self.fh * (self.fw // 2 + 1) * dtype.itemsize
         fits = [nb for nb in (16, 8, 4, 2, 1) if nb == 1 or (
             nb * self.fh // 2 <= min(MAX_GROUP, device.max_work_group_size) and nb * spectrum <= device.local_mem_size)]

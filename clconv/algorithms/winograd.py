@@ -39,7 +39,7 @@ from ..programs import INT32_MAX, get_kernel, launch, reduction_work_group, work
 from .partials import largest_divisor_at_most, max_slices, sum_partials
 from .transform import Transform, aligned, little_gpu_work, pass_geometry
 
-LOCAL = 256               # transform kernels' work-group, at most (H200, AlexNet conv2: passes 2-4 % faster than 64)
+LOCAL = 256               # transform kernels' work-group, at most (measured slightly faster than 64 on GPUs)
 
 
 def _tiles(size, dilation, tile):
@@ -131,8 +131,8 @@ class Winograd(Transform):
         # CPU devices whose compiler keeps per-tile kernels scalar, and a column of taps (7x1) on every
         # CPU: the transforms' _rows forms, this many tiles (or channels) per vector. A column's tiles
         # lie one per column, so a vector of them loads as a run of a row; on Intel's runtime, which
-        # vectorises the per-tile kernels itself, inception_v3's 7x1 layers' passes took 0.75-0.84x their
-        # time with the per-tile transforms this way, its 1x7 layers' 1.07-1.23x (2-core Xeon, batch 4)
+        # vectorises the per-tile kernels itself, 7x1 layers' passes measured faster this way than with
+        # the per-tile transforms, 1x7 layers' slower
         self.rows = (cpu_vector_width(device, dtype.itemsize) if not device.type & cl.device_type.GPU
                      and (_column(g) or not vectorizes_work_items(device)) else 0)
         # tiles (TH, TW) per image along the pass's output rows and columns

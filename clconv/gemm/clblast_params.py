@@ -1,7 +1,7 @@
 """CLBlast GEMM parameters: candidate sets, their validity rules, and applying tuned ones.
 
 CLBlast picks its GEMM kernels' tile sizes from a database keyed by device; for a
-device it does not know (an H200, say) it falls back to a vendor default.
+device it does not know (a GPU newer than its database, say) it falls back to a vendor default.
 ``python -m clconv tune-gemm`` times the candidates below on the convolution
 workloads (:func:`clconv.tuner.tune_gemm` finds the passes, :func:`search` times the
 sets) and stores the fastest in the tuning cache (:mod:`clconv.tuning`);
@@ -21,23 +21,23 @@ from .. import tuning
 from ..programs import ClconvError
 from ..reference import TOLERANCE, normalised_error
 
-# A search stores its sets only when they score below this: on a busy 2-core CPU a set that
-# scored 0.91 in the search ran no faster in a fresh process (per-pass noise of 10-20 %)
+# A search stores its sets only when they score below this: on a busy CPU a set scoring just
+# above it in the search ran no faster in a fresh process (the per-pass noise is that large)
 GEMM_GAIN = 0.9
 
 # Kernel -> its parameter names, and candidate sets in that order. The starting points are
 # CLBlast's own tuned sets for recent NVIDIA GPUs (its database, generic NVIDIA, Ampere,
 # Ada), plus a 128x128 tile for large GEMMs; then GEMMK=1 sets (CLBlast's second tiled
 # kernel: no local memory, KREG values of k in registers): the first ran a pointwise-sized
-# GEMM 1.3x faster than CLBlast's own choice on an H200 in one experiment, though over all
-# the workloads' GEMM passes no GEMMK=1 set won there.
+# GEMM faster than CLBlast's own choice on a GPU in one experiment, though over all the
+# workloads' GEMM passes no GEMMK=1 set won there.
 PARAMETERS = {
     "Xgemm": ("GEMMK", "KREG", "KWG", "KWI", "MDIMA", "MDIMC", "MWG", "NDIMB", "NDIMC", "NWG", "SA", "SB",
               "STRM", "STRN", "VWM", "VWN"),
     "XgemmDirect": ("KWID", "MDIMAD", "MDIMCD", "NDIMBD", "NDIMCD", "PADA", "PADB", "VWMD", "VWND", "WGD"),
 }
 # Not searched: "GemmRoutine" XGEMM_MIN_INDIRECT_SIZE, the size where CLBlast switches
-# between the two kernels. Lowering it to 256 made a tiled kernel fault on an H200
+# between the two kernels. Lowering it to 256 made a tiled kernel fault on a GPU
 # (OUT_OF_RESOURCES), which loses the whole context.
 CANDIDATES = {
     "Xgemm": [
