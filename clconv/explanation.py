@@ -4,7 +4,7 @@ A :class:`PassRecord` holds what a program may read of a pass's plan (algorithm,
 engine, chunks, split-K slices, workspace, launches) and names the rules that decided it; each
 rule's story is told once, in the docs' algorithms page under ``rule-<name>``
 (docs/guide/algorithms.md), never in the record. An :class:`Explanation` is the records with the
-plan's header; as a string it is the table, at most :data:`WIDTH` columns a line.
+plan's header; as a string it is the table, at most ``WIDTH`` columns a line.
 """
 from dataclasses import asdict, dataclass
 
@@ -40,7 +40,7 @@ class PassRecord:
     the stored one, where they differ); ``workspace``: bytes; ``launches``: the kernels the latest
     full run enqueued, None before the first; ``rules``: names of the rules that chose and shaped
     the pass; ``passed_over``: ((algorithm, rule), ...) taken before this one and passed over;
-    ``reason``: why this algorithm, at most :data:`REASON_CHARS` characters; ``notes``: short
+    ``reason``: why this algorithm, at most ``REASON_CHARS`` characters; ``notes``: short
     flags (operands read in place, packing, per-group queues, kernel forms).
     """
     pass_name: str
@@ -60,7 +60,7 @@ class PassRecord:
     notes: tuple
 
     def lines(self):
-        """The record as table lines (:data:`WIDTH` columns at most): its row, why, the rules
+        """The record as table lines (``WIDTH`` columns at most): its row, why, the rules
         (and what they passed over, and the notes), and once the pass has run its launches."""
         gemm = "x".join(map(str, self.gemm)) if self.gemm else "-"
         chunks = (f"{self.chunks[0]}x{self.chunks[1]}" if self.chunks else

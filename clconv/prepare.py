@@ -50,7 +50,7 @@ def prepare(layers, *, dtype=np.float32, queue=None, workers=None, progress=Fals
     number of distinct layers prepared.
 
     ``layers``: ``(input_shape, weight_shape)`` or ``(input_shape, weight_shape, options)``
-    (``options``: stride, padding, dilation, groups as :func:`clconv.conv2d` takes them), or
+    (``options``: stride, padding, dilation, groups as :func:`clconv.functional.conv2d` takes them), or
     ``(module, input_shape)`` for a :class:`clconv.nn.Conv2d` (its own dtype and queue). Each
     distinct layer's forward (with a bias), grad-input, grad-weight and grad-bias run once on
     zeros (a module's forward and backward, which add nothing to its gradients), ``workers`` at a

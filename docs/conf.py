@@ -28,7 +28,7 @@ html_title = f"clconv {release}"
 # not part of the API); every other reference must resolve (-n).
 _INTERNAL = ["clconv.memory", "clconv.spread", "clconv.transpose", "clconv.selfcheck", "clconv.replay",
              "clconv.gemm", "clconv.tuner", "clconv.tuning", "clconv.planner", "clconv.algorithms.base",
-             "clconv.reference",
+             "clconv.reference", "clconv.probe",
              "clconv.tuner.tune_spread", "clconv.storage.on_float_copies", "clconv.programs.relaunch",
              "clconv.planner.tuned_choices", "clconv.planner.plan_for_call", "clconv.buffers.Ref",
              "pick_device", "Plan"]
