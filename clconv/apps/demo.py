@@ -41,7 +41,7 @@ def _demo():
         print(exc)
         return 2
     queue = clconv.default_queue()
-    print(f"default device: {device.name} ({why}; set CLCONV_DEVICE to choose)")
+    print(f"default device: {device.name}\n  ({why}; set CLCONV_DEVICE to choose)")
 
     # AlexNet conv2: 96 -> 256 channels, 5x5, padding 2, two groups (smaller batch).
     rng = np.random.default_rng(0)
