@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyopencl as cl
 
-from . import probe
+from . import probe, rules
 
 _lock = threading.Lock()
 _default = {}
@@ -58,21 +58,15 @@ def pocl_version(platform):
 
 def preference(entry):
     """The default device's order: GPUs first, then PoCL's CPU devices (the newer PoCL first:
-    :data:`PREFER_NEWER_POCL`), then Intel's CPU runtime (whose builds are the quickest of the
+    ``rules.PREFER_NEWER_POCL``), then Intel's CPU runtime (whose builds are the quickest of the
     CPU runtimes), then the others, each in the platforms' order."""
     _, _, platform, device = entry
     version = pocl_version(platform)
     if device.type & cl.device_type.GPU:
         return (0,)
     if version is not None:
-        return (1, tuple(-v for v in version) if PREFER_NEWER_POCL else ())
+        return (1, tuple(-v for v in version) if rules.PREFER_NEWER_POCL else ())
     return (2,) if platform.name.startswith("Intel(R) OpenCL") else (3,)
-
-
-# Where two PoCL platforms are installed (PyPI's wheel and Debian's), the newer is taken first:
-# the older may not know the CPU (see clconv.probe) and the newer measured no slower on the
-# networks benchmark (docs: performance, "PoCL versions").
-PREFER_NEWER_POCL = True
 
 
 def _matching(devices, spec):

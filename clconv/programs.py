@@ -122,8 +122,9 @@ def _build(context, filename, dtype, defines):
     try:
         program = cl.Program(context, source).build(options=options)
     except cl.Error as exc:
-        raise BuildError(f"clconv: building {path.name} failed: {compiler_lines(exc)} (dtype {dtype}, defines "
-                         f"{dict(defines)}, options {options}, source {path})\n{exc}", compiler_lines(exc)) from exc
+        words = compiler_lines(exc)
+        raise BuildError(f"clconv: building {path.name} failed: {words} (dtype {dtype}, defines {dict(defines)}, "
+                         f"options {options}, source {path})\n{exc}", words) from exc
     with _building_lock:
         _built.append((filename, time.perf_counter() - start))
     signatures = kernel_signatures(source, dtype, dict(defines))

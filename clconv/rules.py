@@ -89,3 +89,6 @@ IM2COL_CPU_IMAGE_POSITIONS = 3136    # CPU forwards of this many positions an im
 IM2COL_CPU_IMAGE_WORK = 8e6          # where an image's GEMM has this much work per compute unit
 IM2COL_CPU_SPLIT_BELOW = 1 << 16     # CPU grad-weight split-K only for results of fewer values
 IM2COL_CPU_COL_BYTES = 4 << 20       # CPU col per image above this: tiles of output rows within the caches
+
+# -- the default device (docs: guide/devices.md, "Choosing a device") --------------------------
+PREFER_NEWER_POCL = True   # of two PoCLs that build, the newer: it knows newer CPUs and measured faster
