@@ -12,7 +12,6 @@ from .device import has_fp16, has_fp64, pocl_version
 from .gemm import choose as choose_gemm, clblast_params
 from .geometry import PASSES
 from .plan import Plan
-from .programs import ClconvError
 
 NothingToTune = clblast_params.NothingToTune   # raised by tune_gemm() where there is nothing to tune
 GEMM_GAIN = clblast_params.GEMM_GAIN           # tune_gemm() keeps parameters whose time ratio is below this
@@ -54,9 +53,8 @@ def check(queue, dtype):
     an iterator of (label, pass name, normalised error or None, ok, message), one per case and
     pass, each computed as it is taken. Raises ``clconv.ClconvError`` where the device does not
     build kernels."""
-    builds, line, name = probe_device(queue.device)
-    if not builds:
-        raise ClconvError(f"clconv: {name} cannot build kernels: {line}")
+    probe.check(queue.device, fresh=True)   # asked anew, as the verdicts below are taken anew
+    probe.require(queue.device)
     dtype = np.dtype(dtype)
     own, _ = choose_gemm(queue.device)
     unchecked = functools.partial(Plan, selfcheck=False)
