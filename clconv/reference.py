@@ -13,6 +13,23 @@ from .geometry import check_grad_output, conv_geometry
 # once to half (unit roundoff 2**-11 = 4.9e-4); a module's accumulated gradient is rounded
 # three times, hence 4 roundoffs. Used by the tests and by ``python -m clconv check``.
 TOLERANCE = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}
+# Unit roundoff of the operands' format in each matrix-unit mode (clconv.precision): TF32 and
+# FP16 keep 10 explicit mantissa bits, BF16 7.
+ROUNDOFF = {"tf32": 2.0 ** -11, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+
+
+def tolerance(dtype, math="strict"):
+    """How close a result of ``dtype`` arrays computed in math mode ``math`` must be to this
+    reference: ``TOLERANCE`` for "strict", else four unit roundoffs of the operands' format
+    (``ROUNDOFF``: 2.0e-3 for tf32 and fp16, 1.6e-2 for bf16), never below the dtype's own.
+
+    It does not grow with the depth K of the products: each operand is rounded once, the
+    products of rounded operands are exact in float32 and summed in float32, so each term carries
+    a relative error of at most two roundoffs, of either sign. Those errors add like a random walk,
+    as the sqrt(K) of the terms, and the error is normalised by the largest result, which grows at
+    least as fast (as sqrt(K) for terms of either sign, as K for terms of one)."""
+    own = TOLERANCE[np.dtype(dtype)]
+    return own if math == "strict" else max(own, 4 * ROUNDOFF[math])
 
 
 def normalised_error(actual, expected):

@@ -25,6 +25,14 @@
 // local memory at the end. A product of few tiles and a long K then runs 1/KS of the slices one
 // after another, in one launch (no partial results in global memory).
 //
+// With MMA, the products run on NVIDIA's matrix units (mma.sync through inline PTX, compute
+// capability 8.0 on; the host checks with a probe): the slices are staged as above, then each
+// warp of 32 work-items multiplies a WTM x WTN block of the tile as 16 x 8 fragments, 8 deep,
+// its operands rounded to TF32, FP16 or BF16 as they are read from local memory, its sums
+// in float. Where RM x RN values per work-item make 64 the warps' blocks are 64 x 32, else 32 x
+// (RM * RN); PAD 8 (TF32) or 4 (two-value FP16 and BF16 reads) keeps a warp's fragment reads on
+// 32 different banks.
+//
 // Specialised by the host with prepended #defines; the defaults below are for reading.
 #ifndef TM             // rows of C per work-group: a multiple of RM (see the checks below)
 #define TM 128
@@ -75,6 +83,13 @@
 #define A_FOLD 0       // are split-K slices of one depth, product j's depth k being d = j * K + k, position
 #endif                 // d % A_FOLD of image d / A_FOLD, whose rows start a_sj values apart
 
+#ifndef MMA            // 0: float or double FMAs; 1: TF32, 2: FP16, 3: BF16 products on the matrix units
+#define MMA 0
+#endif
+#ifndef MMA_EMULATED   // 1: the matrix units emulated (the tests' stand-in, below)
+#define MMA_EMULATED 0
+#endif
+
 #define WX (TN / RN)                // work-items along N
 #define WY (TM / RM)                // work-items along M
 #define WXY (WX * WY)               // work-items of one plane
@@ -102,6 +117,15 @@
 #endif
 #if TK % KS || (KS > 1 && WXY * RM * RN > 2 * TK * (TM + PAD))
 #error "KS divides TK, and one plane's sums fit where A's slices were staged"
+#endif
+#if MMA
+#define WTM (RM * RN == 64 ? 64 : 32)   // rows of C per warp
+#define WTN (32 * RM * RN / WTM)        // columns of C per warp
+#define MI (WTM / 16)                   // 16 x 8 fragments per warp: MI x NI
+#define NI (WTN / 8)
+#if TM % WTM || TN % WTN || (TM / WTM) * (TN / WTN) * 32 != WXY || (TK / KS) % 8
+#error "the warps' blocks tile TM x TN, and each plane's part of a slice is whole 8-deep steps"
+#endif
 #endif
 #if (VA != 1 && VA != 4) || (VB != 1 && VB != 4) || (VC != 1 && VC != 4) || (IM2COL && VB != 1)
 #error "VA, VB and VC are 1 or 4; an im2col B is read one value at a time"
@@ -220,6 +244,106 @@ inline REAL im2col_at(__global const REAL* x, const int r, const int p)
 #define B_READ(k, n) read4(bp + B_AT(k, n), (k) < K ? N - (n) : 0)
 #endif
 
+#if MMA && MMA_EMULATED
+// The tests' stand-in for the matrix units where there are none (CPU runtimes): the same
+// fragments, rounded alike (normal numbers; smaller ones flushed to zero), each warp's product
+// formed through local memory. With it the tests check this file's fragment layouts, warps and
+// stores on every runtime; on NVIDIA's GPUs the PTX below runs instead.
+inline uint fragment(const float x)   // TF32: to nearest, ties away
+{
+    return (as_uint(x) + 0x1000u) & 0xffffe000u;
+}
+inline uint bits16(const float x)   // FP16 or BF16 bits of x, to nearest even
+{
+    const uint u = as_uint(x);
+#if MMA == 2
+    const uint r = u + 0xfffu + ((u >> 13) & 1u);
+    const int e = (int)((r >> 23) & 0xffu) - 112;
+    return ((r >> 16) & 0x8000u) | (e > 0 ? ((uint)e << 10) | ((r >> 13) & 0x3ffu) : 0u);
+#else
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+#endif
+}
+inline float value16(const uint h)   // the float of FP16 or BF16 bits h
+{
+#if MMA == 2
+    const uint e = (h >> 10) & 0x1fu;
+    return as_float(((h & 0x8000u) << 16) | (e ? ((e + 112u) << 23) | ((h & 0x3ffu) << 13) : 0u));
+#else
+    return as_float(h << 16);
+#endif
+}
+inline uint fragment2(const float lo, const float hi)
+{
+    return bits16(lo) | (bits16(hi) << 16);
+}
+#define A_REGS (MMA == 1 ? 4 : 2)
+#define B_REGS (MMA == 1 ? 2 : 1)
+// the 16 x 8 A and 8 x 8 B of one warp's product, row-major, in ab[0 .. 127] and ab[128 ..]
+inline void emulated_mma(float* d, const uint* a, const uint* b, __local float* ab, const int g, const int q)
+{
+    __local float* bb = ab + 128;
+#if MMA == 1
+    for (int h = 0; h < 4; ++h)
+        ab[(g + (h & 1) * 8) * 8 + q + (h >> 1) * 4] = as_float(a[h]);
+    bb[q * 8 + g] = as_float(b[0]);
+    bb[(q + 4) * 8 + g] = as_float(b[1]);
+#else
+    for (int h = 0; h < 2; ++h) {
+        ab[(g + h * 8) * 8 + 2 * q] = value16(a[h] & 0xffffu);
+        ab[(g + h * 8) * 8 + 2 * q + 1] = value16(a[h] >> 16);
+    }
+    bb[2 * q * 8 + g] = value16(b[0] & 0xffffu);
+    bb[(2 * q + 1) * 8 + g] = value16(b[0] >> 16);
+#endif
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int i = 0; i < 4; ++i) {
+        const int row = g + (i >> 1) * 8, col = 2 * q + (i & 1);
+        float sum = 0;
+        for (int k = 0; k < 8; ++k)
+            sum += ab[row * 8 + k] * bb[k * 8 + col];
+        d[i] += sum;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+#define MMA_SYNC(d, a, b) emulated_mma((d), (a), (b), emulated[t / 32], g, q)
+#elif MMA == 1
+inline uint fragment(const float x)   // rounded to TF32, to nearest, ties away (as cuBLAS rounds)
+{
+    uint u;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(x));
+    return u;
+}
+#define A_REGS 4
+#define B_REGS 2
+#define MMA_SYNC(d, a, b) asm volatile(                                                         \
+    "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};" \
+    : "+f"((d)[0]), "+f"((d)[1]), "+f"((d)[2]), "+f"((d)[3])                                    \
+    : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "r"((b)[0]), "r"((b)[1]))
+#elif MMA
+inline uint fragment2(const float lo, const float hi)   // two values in one register, lo in its lower half
+{
+    uint u;
+#if MMA == 2
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(hi), "f"(lo));
+#endif
+    return u;
+}
+#define A_REGS 2
+#define B_REGS 1
+#if MMA == 2
+#define MMA_TYPE "f16"
+#else
+#define MMA_TYPE "bf16"
+#endif
+#define MMA_SYNC(d, a, b) asm volatile(                                                         \
+    "mma.sync.aligned.m16n8k8.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};" \
+    : "+f"((d)[0]), "+f"((d)[1]), "+f"((d)[2]), "+f"((d)[3])                                    \
+    : "r"((a)[0]), "r"((a)[1]), "r"((b)[0]))
+#endif
+
 __kernel __attribute__((reqd_work_group_size(WX, WY, KS)))
 void gemm_gpu(const struct gemm_sizes sizes, __global const REAL* restrict a, const struct gemm_operand a_at,
               __global const REAL* restrict b, const struct gemm_operand b_at,
@@ -229,6 +353,9 @@ void gemm_gpu(const struct gemm_sizes sizes, __global const REAL* restrict a, co
     // typed as vectors so that the reads in the inner loop are single 16-byte loads
     __local REAL4 As[2][TK][(TM + PAD) / 4];
     __local REAL4 Bs[2][TK][(TN + PAD) / 4];
+#if MMA && MMA_EMULATED
+    __local float emulated[WG / 32][16 * 8 + 8 * 8];
+#endif
     const int tx = get_local_id(0), ty = get_local_id(1), kz = get_local_id(2), t = (kz * WY + ty) * WX + tx;
     // work-groups in one row: (matrix, tile row, tile column), the tile column fastest
     const int NT = (N + TN - 1) / TN, MT = (M + TM - 1) / TM, id = get_group_id(0);
@@ -245,11 +372,11 @@ void gemm_gpu(const struct gemm_sizes sizes, __global const REAL* restrict a, co
     __global const REAL* restrict ap = a;
     __global const REAL* restrict bp = b;
 #define FETCH()                                                                     \
-    for (int q = 0; q < A_PER; ++q) {                                               \
+    _Pragma("unroll") for (int q = 0; q < A_PER; ++q) {                             \
         const int e = t + q * WG, m = m0 + A_M(e), k = k0 + A_K(e);                \
         ra[q] = A_READ(m, k);                                                       \
     }                                                                               \
-    for (int q = 0; q < B_PER; ++q) {                                               \
+    _Pragma("unroll") for (int q = 0; q < B_PER; ++q) {                             \
         const int e = t + q * WG, n = n0 + B_N(e), k = k0 + B_K(e);                \
         rb[q] = B_READ(k, n);                                                       \
     }                                                                               \
@@ -260,19 +387,29 @@ void gemm_gpu(const struct gemm_sizes sizes, __global const REAL* restrict a, co
         bp += b_kb;                                                                 \
     }
 #define STAGE(s)                                                                    \
-    for (int q = 0; q < A_PER; ++q) {                                               \
+    _Pragma("unroll") for (int q = 0; q < A_PER; ++q) {                             \
         const int e = t + q * WG;                                                   \
         STORE_A((__local REAL*)As[s] + A_K(e) * (TM + PAD) + A_M(e), ra[q]);        \
     }                                                                               \
-    for (int q = 0; q < B_PER; ++q) {                                               \
+    _Pragma("unroll") for (int q = 0; q < B_PER; ++q) {                             \
         const int e = t + q * WG;                                                   \
         STORE_B((__local REAL*)Bs[s] + B_K(e) * (TN + PAD) + B_N(e), rb[q]);        \
     }
 
+#if MMA
+    // fragment (mi, ni) of the warp's block in acc[(mi * NI + ni) * 4 ...]: rows g and g + 8 of
+    // it, columns 2 * q and 2 * q + 1 (the fragments' layout in PTX)
+    REAL acc[RM * RN];
+#define ACC(f) acc[f]
+    const int tp = ty * WX + tx, lane = tp % 32, warp = tp / 32, g = lane / 4, q = lane % 4;
+    const int wm = warp % (TM / WTM) * WTM, wn = warp / (TM / WTM) * WTN;
+#else
     REAL acc[RM][RN];
-    for (int r = 0; r < RM; ++r)
-        for (int s = 0; s < RN; ++s)
-            acc[r][s] = 0;
+#define ACC(f) acc[(f) / RN][(f) % RN]
+#endif
+#pragma unroll
+    for (int f = 0; f < RM * RN; ++f)
+        ACC(f) = 0;
 
     const int slices = (K + TK - 1) / TK * KB;
     FETCH()
@@ -284,6 +421,41 @@ void gemm_gpu(const struct gemm_sizes sizes, __global const REAL* restrict a, co
         if (more) {
             FETCH()
         }
+#if MMA
+        for (int kk = 0; kk < TK / KS; kk += 8) {
+            const int k = kz * (TK / KS) + kk;
+            __local const REAL* as = (__local const REAL*)As[cur] + k * (TM + PAD) + wm + g;
+            __local const REAL* bs = (__local const REAL*)Bs[cur] + k * (TN + PAD) + wn + g;
+            uint fa[MI][A_REGS], fb[NI][B_REGS];
+            #pragma unroll
+            for (int mi = 0; mi < MI; ++mi)
+                #pragma unroll
+                for (int h = 0; h < 2; ++h) {   // rows g and g + 8 of the fragment
+                    __local const REAL* p = as + mi * 16 + h * 8;
+#if MMA == 1
+                    fa[mi][h] = fragment(p[q * (TM + PAD)]);
+                    fa[mi][h + 2] = fragment(p[(q + 4) * (TM + PAD)]);
+#else
+                    fa[mi][h] = fragment2(p[2 * q * (TM + PAD)], p[(2 * q + 1) * (TM + PAD)]);
+#endif
+                }
+            #pragma unroll
+            for (int ni = 0; ni < NI; ++ni) {
+                __local const REAL* p = bs + ni * 8;
+#if MMA == 1
+                fb[ni][0] = fragment(p[q * (TN + PAD)]);
+                fb[ni][1] = fragment(p[(q + 4) * (TN + PAD)]);
+#else
+                fb[ni][0] = fragment2(p[2 * q * (TN + PAD)], p[(2 * q + 1) * (TN + PAD)]);
+#endif
+            }
+            #pragma unroll
+            for (int mi = 0; mi < MI; ++mi)
+                #pragma unroll
+                for (int ni = 0; ni < NI; ++ni)
+                    MMA_SYNC(acc + (mi * NI + ni) * 4, fa[mi], fb[ni]);
+        }
+#else
         for (int kk = 0; kk < TK / KS; ++kk) {
             const int k = kz * (TK / KS) + kk;
             // quadrant q of a work-item's rows starts q * WY vectors (q * TM / 2 rows) on
@@ -304,6 +476,7 @@ void gemm_gpu(const struct gemm_sizes sizes, __global const REAL* restrict a, co
                 for (int s = 0; s < RN; ++s)
                     acc[r][s] += av[r] * bv[s];
         }
+#endif
         if (more) {
             STAGE(cur ^ 1)
         }
@@ -314,14 +487,14 @@ void gemm_gpu(const struct gemm_sizes sizes, __global const REAL* restrict a, co
     __local REAL* sums = (__local REAL*)As;
     for (int p = 1; p < KS; ++p) {
         if (kz == p)
-            for (int r = 0; r < RM; ++r)
-                for (int s = 0; s < RN; ++s)
-                    sums[(r * RN + s) * WXY + ty * WX + tx] = acc[r][s];
+#pragma unroll
+            for (int f = 0; f < RM * RN; ++f)
+                sums[f * WXY + ty * WX + tx] = ACC(f);
         barrier(CLK_LOCAL_MEM_FENCE);
         if (kz == 0)
-            for (int r = 0; r < RM; ++r)
-                for (int s = 0; s < RN; ++s)
-                    acc[r][s] += sums[(r * RN + s) * WXY + ty * WX + tx];
+#pragma unroll
+            for (int f = 0; f < RM * RN; ++f)
+                ACC(f) += sums[f * WXY + ty * WX + tx];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     if (kz != 0)
@@ -338,6 +511,25 @@ void gemm_gpu(const struct gemm_sizes sizes, __global const REAL* restrict a, co
 #else
 #define C_AT(m, n) ((IDX)(m) * ldc + (n))
 #endif
+#if MMA
+    #pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int m = m0 + wm + mi * 16 + h * 8 + g;
+            if (m >= M) continue;
+            #pragma unroll
+            for (int ni = 0; ni < NI; ++ni) {
+                const int n = n0 + wn + ni * 8 + 2 * q;
+                #pragma unroll
+                for (int s = 0; s < 2 && n + s < N; ++s) {
+                    const IDX o = C_AT(m, n + s);
+                    const REAL v = alpha * acc[(mi * NI + ni) * 4 + 2 * h + s];
+                    c[o] = beta == (REAL)0 ? v : v + beta * c[o];
+                }
+            }
+        }
+#else
     for (int r = 0; r < RM; ++r) {
         const int m = m0 + ty * 4 + (r & 3) + (r >> 2) * (TM / 2);
         if (m >= M) continue;
@@ -358,4 +550,5 @@ void gemm_gpu(const struct gemm_sizes sizes, __global const REAL* restrict a, co
             }
         }
     }
+#endif
 }

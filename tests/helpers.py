@@ -3,17 +3,18 @@ import numpy as np
 import pyopencl as cl
 
 from clconv import reference
-from clconv.reference import TOLERANCE, normalised_error
+from clconv.reference import normalised_error, tolerance
 
 
-def assert_close(actual, expected, dtype, what=""):
-    """The normalised max error against the float64 reference is within TOLERANCE[dtype]."""
+def assert_close(actual, expected, dtype, what="", math="strict"):
+    """The normalised max error against the float64 reference is within the tolerance of ``dtype``
+    in math mode ``math`` (clconv.reference.tolerance: TOLERANCE[dtype] for "strict")."""
     actual = np.asarray(actual, np.float64)
     expected = np.asarray(expected, np.float64)
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
     assert np.all(np.isfinite(actual)), f"{what}: non-finite values in the result"
-    err = normalised_error(actual, expected)
-    assert err <= TOLERANCE[np.dtype(dtype)], f"{what}: normalised max error {err:.3g} > {TOLERANCE[np.dtype(dtype)]}"
+    err, most = normalised_error(actual, expected), tolerance(dtype, math)
+    assert err <= most, f"{what}: normalised max error {err:.3g} > {most}"
 
 
 def kernel_kind(name):
@@ -121,3 +122,23 @@ REPLAYED = [  # one case per algorithm whose passes a plan replays (clconv's own
     (Case("fc", 5, 8, 3, 2, 12, 3, 2, groups=4), "fc"),
     (Case("pointwise", 5, 6, 13, 7, 9, 1, 1, groups=3), "1x1"),
 ]
+
+
+def matrix_units(queue, monkeypatch, mode):
+    """The matrix units for ``mode`` in what the test runs: the device's where clconv uses them
+    (NVIDIA), else the GPU GEMM kernel's emulation of them (its MMA_EMULATED form: the same
+    fragments, rounded alike, multiplied through local memory), which checks the kernel's
+    fragment layouts, warps and stores and everything above them on every runtime. Returns
+    "device" or "emulated"."""
+    from clconv import gemm
+    from clconv.gemm import gemm_gpu
+    if mode in gemm_gpu.matrix_units(queue.device):
+        return "device"
+    build = gemm_gpu.get_kernel
+
+    def emulated(context, filename, name, dtype, **defines):
+        return build(context, filename, name, dtype, **defines, **({"MMA_EMULATED": 1} if defines.get("MMA") else {}))
+    monkeypatch.setattr(gemm_gpu, "get_kernel", emulated)
+    monkeypatch.setattr(gemm, "matrix_units", lambda device: frozenset({mode}))
+    return "emulated"
+

@@ -1,14 +1,17 @@
 """clconv's GEMM engines against NumPy (clconv.gemm): its GPU and CPU kernels and CLBlast on
 grids of products at odd offsets, and which engine a plan uses."""
+import shutil
+import subprocess
 from collections import namedtuple
 
 import numpy as np
 import pyopencl as cl
 import pytest
 
-from clconv import gemm, rules
+from clconv import gemm, rules, tuning
 from clconv.gemm import Epilogue, Grid, Operand, gemm_cpu, gemm_gpu
-from helpers import QueueAs, assert_close
+from clconv.programs import program_source
+from helpers import QueueAs, assert_close, matrix_units
 
 GI, GJ = 2, 3   # a 2 x 3 grid of products
 
@@ -35,7 +38,7 @@ LAYOUTS = dict(argnames="a_transp,b_transp", argvalues=[(False, False), (True, F
                ids=["nn", "tn", "nt", "tt"])
 
 
-def check_grid(queue, run, dtype, reads, a_transp, b_transp, m=67, n=130, k=29, seed=1):
+def check_grid(queue, run, dtype, reads, a_transp, b_transp, m=67, n=130, k=29, seed=1, math="strict"):
     """``run(buf, a, b, c, alpha, beta)`` (Operands into one buffer) against NumPy on a GI x GJ
     grid: odd sizes (no dimension a multiple of a tile or of 4, K not of a slice depth), padded
     leading dimensions, gaps between matrices, alpha and beta; C outside the products stays as
@@ -83,7 +86,7 @@ def check_grid(queue, run, dtype, reads, a_transp, b_transp, m=67, n=130, k=29, 
     for i in range(GI):
         for j in range(GJ):
             view("C", touched, i, j)[...] = True
-    assert_close(got[touched], want[touched], dtype, "grid GEMM")
+    assert_close(got[touched], want[touched], dtype, "grid GEMM", math=math)
     assert np.array_equal(got[~touched], host[~touched], equal_nan=True), "written outside the C matrices"
     return ops
 
@@ -112,6 +115,103 @@ def test_gpu_kernel_grid_of_products_at_offsets(tile, dtype, reads, a_transp, b_
                            b._replace(transp=b_transp), c, Epilogue(alpha, beta), what="test")
     m, n, k = 67, 130, 157 if tile.ks > 1 else 29   # (planes: several slices, the last one cut short)
     check_grid(queue, run, dtype, reads, a_transp, b_transp, m, n, k)
+
+
+# every tile a launch runs on the matrix units, as :func:`gemm_gpu.on_matrix_units` deepens it, and
+# split among planes (each plane's part of a slice 8 or 16 deep); TF32 with reads four-wide and value
+# by value and both operands transposed or not, FP16 and BF16 (the same staging, their fragments two
+# values a register) with one of these
+UNIT_TILES = [t for t, _ in gemm_gpu.TILES] + [gemm_gpu.EIGHT_BY_FOUR, gemm_gpu.Tile(64, 64, 8, 4, 32, 2),
+                                               gemm_gpu.Tile(32, 64, 4, 4, 32, 2)]
+UNIT_CASES = ([("tf32", t, r, at, at) for t in UNIT_TILES for r in ("scalar", "vector") for at in (False, True)]
+              + [(mode, t, "vector", False, False) for mode in ("fp16", "bf16") for t in UNIT_TILES])
+
+
+@pytest.mark.gpu_form
+@pytest.mark.parametrize("math,tile,reads,a_transp,b_transp", UNIT_CASES,
+                         ids=[f"{mode}-{t.tm}x{t.tn}_by_{t.rm}x{t.rn}_tk{t.tk}" + (f"_ks{t.ks}" if t.ks > 1 else "")
+                              + f"-{r}-{'tt' if at else 'nn'}" for mode, t, r, at, _ in UNIT_CASES])
+def test_gpu_kernel_on_matrix_units(math, tile, reads, a_transp, b_transp, queue, monkeypatch):
+    """The kernel's products on the matrix units (its MMA form) with each tile, within the mode's
+    tolerance of float64 on a grid of odd sizes at odd offsets (fragments cut by every edge), and
+    not bit for bit the float32 products (the units ran)."""
+    matrix_units(queue, monkeypatch, math)
+    if not gemm_gpu.fits(queue.device, tile, 4, gemm_gpu.MMA[math][2]):
+        pytest.skip("the tile does not fit this device")
+    monkeypatch.setattr(gemm_gpu, "TILES", ((tile, 1.0),))
+    for rule in ("launched", "sliced", "on_matrix_units"):   # the tile itself, as given
+        monkeypatch.setattr(gemm_gpu, rule, lambda device, t, *args: t)
+
+    def run(mode):
+        def enqueue(a, b, c, alpha, beta):
+            gemm_gpu.grid_gemm(queue, np.dtype(np.float32), Grid(GI, GJ, m, n, k), a._replace(transp=a_transp),
+                               b._replace(transp=b_transp), c, Epilogue(alpha, beta), math=mode, what="test")
+        return enqueue
+    m, n, k = 67, 130, 157 if tile.ks > 1 else 45
+    ops = {mode: check_grid(queue, run(mode), np.float32, reads, a_transp, b_transp, m, n, k, math=mode)
+           for mode in ("strict", math)}
+    got = {}
+    for mode, (_, _, c) in ops.items():
+        host = np.empty(c.buf.size // 4, np.float32)
+        cl.enqueue_copy(queue, host, c.buf)
+        got[mode] = host[c.off:c.off + m * c.ld]
+    assert not np.array_equal(got["strict"], got[math]), f"{math} gave float32's products bit for bit"
+
+
+@pytest.mark.gpu_form
+def test_units_check_passes_the_units_and_fails_a_wrong_rounding(queue, monkeypatch, tmp_path):
+    """The check behind :func:`gemm_gpu.matrix_units`: the kernel in a mode passes on the units
+    (here the device's or the emulated ones) and is kept in the tuning cache; a kernel rounding
+    to BF16 where TF32 was asked fails it with its error (the check can fail), and is asked again."""
+    monkeypatch.setenv("CLCONV_CACHE_DIR", str(tmp_path))
+    if matrix_units(queue, monkeypatch, "tf32") == "device":
+        assert "tf32" in gemm_gpu.matrix_units(queue.device)
+    else:
+        assert gemm_gpu.matrix_units(queue.device) == frozenset()   # no NVIDIA compute capability
+    assert gemm_gpu.units_check(queue.device, "tf32") == (True, "")
+    assert tuning.load()[gemm_gpu._units_key(queue.device, "tf32")]["ok"] is True
+    tuning.store({gemm_gpu._units_key(queue.device, "tf32"): {"ok": False, "why": ""}})
+    build = gemm_gpu.get_kernel
+
+    def bf16(context, filename, name, dtype, **defines):
+        if defines.get("MMA") == 1:
+            defines.update(MMA=3, PAD=4)
+        return build(context, filename, name, dtype, **defines)
+    monkeypatch.setattr(gemm_gpu, "get_kernel", bf16)
+    ok, why = gemm_gpu.units_check(queue.device, "tf32")
+    assert not ok and why.startswith("a 45x37x53 product's normalised max error is "), why
+
+
+PTX_TYPES = {"tf32": "tf32.tf32", "fp16": "f16.f16", "bf16": "bf16.bf16"}
+
+
+@pytest.mark.parametrize("math", list(PTX_TYPES))
+def test_matrix_unit_forms_compile_to_ptx(math, tmp_path):
+    """The kernel's MMA forms, every tile and the folded and im2col reads, through clang's NVPTX
+    back end for compute capability 8.0 (where this machine has it, as Debian's PoCL brings it):
+    the inline PTX is taken, each mma.sync is of the mode's types, and nothing spills to local
+    memory. What the emulation cannot check (the PTX itself); NVIDIA's own compiler builds it on
+    its GPUs, where test_gpu_kernel_on_matrix_units runs it."""
+    clang = shutil.which("clang-15") or shutil.which("clang")
+    if clang is None:
+        pytest.skip("no clang here")
+    im2col = gemm_gpu.Im2colB(9, 11, 3 * 99, 45, 9, 3, 3, 1, 1, 1, 1, 1, 1, 0, 0)
+    forms = [dict(t=t) for t in UNIT_TILES] + [dict(t=UNIT_TILES[0], C_FOLD=7), dict(t=UNIT_TILES[1], K_FOLD=9),
+                                               dict(t=UNIT_TILES[2], IM2COL=1, **dict(im2col.defines()))]
+    for i, form in enumerate(forms):
+        t = form.pop("t")
+        defines = dict(TM=t.tm, TN=t.tn, RM=t.rm, RN=t.rn, TK=t.tk, KS=t.ks, PAD=gemm_gpu.MMA[math][2],
+                       MMA=gemm_gpu.MMA[math][0], IDX="int", **form)
+        src = tmp_path / f"form{i}.cl"
+        src.write_text(program_source("gemm_gpu.cl", np.dtype(np.float32), tuple(sorted(defines.items()))))
+        out = subprocess.run([clang, "-x", "cl", "-cl-std=CL1.2", "-target", "nvptx64-nvidia-nvcl", "-march=sm_80",
+                              "-Xclang", "-finclude-default-header", "-fgnu-keywords", "-O2", "-S", "-o", "-", str(src)],
+                             capture_output=True, text=True)
+        if "unknown target" in out.stderr or "No available targets" in out.stderr:
+            pytest.skip("this clang has no NVPTX back end")
+        assert out.returncode == 0, f"{math} {t} {form}: {out.stderr[-2000:]}"
+        assert f"mma.sync.aligned.m16n8k8.row.col.f32.{PTX_TYPES[math]}.f32" in out.stdout, f"{math} {t} {form}"
+        assert "st.local" not in out.stdout and "ld.local" not in out.stdout, f"{math} {t} {form}: spills"
 
 
 CPU_VARIANTS = {   # the CPU kernel's block as its host sizes it, and forced other ways
@@ -301,11 +401,14 @@ def planes(request, monkeypatch):
 
 @pytest.mark.gpu_form
 @pytest.mark.parametrize("positions", [7, 8], ids=["7_positions", "8_positions"])   # scalar, four-wide reads
-def test_gpu_kernel_folded_c_and_continuous_k(positions, planes, queue):
+@pytest.mark.parametrize("math", ["strict", "tf32"])
+def test_gpu_kernel_folded_c_and_continuous_k(math, positions, planes, queue, monkeypatch):
     """The GPU kernel's batch modes on a buffer of NaN gaps: C stored image by image (c_fold: the
     columns of 3 images, their rows ``per_image`` apart, written four-wide where aligned) and K blocks read as one depth
     (continuous: 5 blocks of A and B at their own steps), against NumPy; nothing outside the
     images' rows is written, nothing outside the blocks read."""
+    if math != "strict":
+        matrix_units(queue, monkeypatch, math)
     rng = np.random.default_rng(4)
     m, p, images, blocks, kb = 5, positions, 3, 5, positions
     n = images * p
@@ -329,14 +432,15 @@ def test_gpu_kernel_folded_c_and_continuous_k(positions, planes, queue):
     dtype = np.dtype(np.float32)
     # C = sum over the blocks of A_q @ B_q, its columns stored image by image
     gemm_gpu.grid_gemm(queue, dtype, Grid(1, 1, m, n, kb, blocks, True), Operand(buf, a_off, kb, k_step=a_step),
-                       Operand(buf, b_off, n, k_step=b_step), Operand(buf, c_off, p, 0, c_per_image, fold=p), what="test")
+                       Operand(buf, b_off, n, k_step=b_step), Operand(buf, c_off, p, 0, c_per_image, fold=p),
+                       math=math, what="test")
     got = np.empty_like(host)
     cl.enqueue_copy(queue, got, buf)
     want = sum(a[q].astype(np.float64) @ b[q] for q in range(blocks))
     written = np.zeros(host.size, bool)
     for i in range(images):
         rows = got[c_off + i * c_per_image:][:m * p].reshape(m, p)
-        assert_close(rows, want[:, i * p:(i + 1) * p], np.float32, f"image {i}")
+        assert_close(rows, want[:, i * p:(i + 1) * p], np.float32, f"image {i}", math=math)
         written[c_off + i * c_per_image:][:m * p] = True
     assert np.array_equal(got[~written], host[~written], equal_nan=True), "written outside the images' rows"
 
@@ -344,10 +448,13 @@ def test_gpu_kernel_folded_c_and_continuous_k(positions, planes, queue):
 @pytest.mark.gpu_form
 @pytest.mark.parametrize("positions", [7, 8], ids=["7_positions", "8_positions"])   # scalar, four-wide reads
 @pytest.mark.parametrize("groups", [1, 2])
-def test_gpu_kernel_folded_b(positions, groups, planes, queue):
+@pytest.mark.parametrize("math", ["strict", "tf32"])
+def test_gpu_kernel_folded_b(math, positions, groups, planes, queue, monkeypatch):
     """B's columns over images (b_fold, as grad-input reads an NCHW grad_output): image q's K x p
     rows start ``per_image`` * q on, NaN in the gaps, each group's K rows ``per_group`` further,
     A^T stored as it is; against NumPy, with a K that is no multiple of the slices."""
+    if math != "strict":
+        matrix_units(queue, monkeypatch, math)
     rng = np.random.default_rng(5)
     m, k, p, images = 37, 37, positions, 3
     n = images * p
@@ -364,24 +471,27 @@ def test_gpu_kernel_folded_b(positions, groups, planes, queue):
     buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
     assert gemm_gpu.read_width(queue.device, 4, b_off, k * p, 0, p, groups, 1) == (4 if aligned else 1)
     gemm.grid_gemm(queue, "gpu", np.dtype(np.float32), Grid(groups, 1, m, n, k), Operand(buf, a_off, m, k * m, transp=True),
-                   Operand(buf, b_off, p, k * p, per_image, fold=p), Operand(buf, c_off, n, m * n), what="test")
+                   Operand(buf, b_off, p, k * p, per_image, fold=p), Operand(buf, c_off, n, m * n), math=math, what="test")
     got = np.empty(groups * m * n, np.float32)
     cl.enqueue_copy(queue, got, buf, src_offset=4 * c_off)
     for g in range(groups):
         want = a[g].T.astype(np.float64) @ np.concatenate([b[q, g] for q in range(images)], axis=1)
-        assert_close(got.reshape(groups, m, n)[g], want, np.float32, f"group {g}")
+        assert_close(got.reshape(groups, m, n)[g], want, np.float32, f"group {g}", math=math)
 
 
 @pytest.mark.gpu_form
 @pytest.mark.parametrize("positions,slices", [(7, 2), (8, 2), (8, 4)],
                          ids=["7_positions", "8_positions", "8_positions_4_slices"])   # scalar, four-wide reads
 @pytest.mark.parametrize("groups", [1, 2])
-def test_gpu_kernel_folded_a(positions, slices, groups, planes, queue):
+@pytest.mark.parametrize("math", ["strict", "tf32"])
+def test_gpu_kernel_folded_a(math, positions, slices, groups, planes, queue, monkeypatch):
     """A's depth over images (a_fold, as grad-weight reads an NCHW grad_output): image q's M x p
     rows start ``per_image`` * q on, NaN in the gaps, each group's M rows ``per_group`` further;
     the grid's products along j are split-K slices of that depth, which start inside an image
     (10 images of 7 positions in 2 slices of 35; 9 of 8 in 2 of 36, four-wide, or in 4 of 18,
     value by value); B^T stored as it is, its slices one after the other; against NumPy."""
+    if math != "strict":
+        matrix_units(queue, monkeypatch, math)
     rng = np.random.default_rng(6)
     m, n, p = 37, 11, positions
     images = 10 if p == 7 else 9
@@ -401,7 +511,7 @@ def test_gpu_kernel_folded_a(positions, slices, groups, planes, queue):
     buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
     gemm.grid_gemm(queue, "gpu", np.dtype(np.float32), Grid(groups, slices, m, n, k),
                    Operand(buf, a_off, p, m * p, per_image, fold=p), Operand(buf, b_off, depth, n * depth, k, transp=True),
-                   Operand(buf, c_off, n, slices * m * n, m * n), what="test")
+                   Operand(buf, c_off, n, slices * m * n, m * n), math=math, what="test")
     assert (gemm_gpu.read_width(queue.device, 4, a_off, m * p, per_image, p, groups, 1) == 4) == (p % 4 == 0)
     got = np.empty(groups * slices * m * n, np.float32).reshape(groups, slices, m, n)
     cl.enqueue_copy(queue, got, buf, src_offset=4 * c_off)
@@ -409,7 +519,8 @@ def test_gpu_kernel_folded_a(positions, slices, groups, planes, queue):
         whole = np.concatenate([a[q, g] for q in range(images)], axis=1).astype(np.float64)   # M x depth
         for j in range(slices):
             want = whole[:, j * k:(j + 1) * k] @ b[g, :, j * k:(j + 1) * k].T
-            assert_close(got[g, j], want, np.float32, f"group {g}, slice {j} ({'four-wide' if aligned else 'scalar'})")
+            assert_close(got[g, j], want, np.float32, f"group {g}, slice {j} ({'four-wide' if aligned else 'scalar'})",
+                         math=math)
 
 
 # what clconv.gemm asks of a device

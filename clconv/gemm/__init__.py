@@ -24,7 +24,7 @@ from .gemm_gpu import Im2colB, best_slices
 from .operands import PLAIN, Epilogue, Grid, Operand
 
 __all__ = ["CHOICES", "ENGINES", "PLAIN", "Epilogue", "Grid", "Im2colB", "Operand", "best_slices", "choose", "deep",
-           "grid_gemm", "group_queues", "k_slices"]
+           "grid_gemm", "group_queues", "k_slices", "matrix_units"]
 
 ENGINES = ("cpu", "gpu", "clblast")
 CHOICES = ("auto", "clconv") + ENGINES
@@ -112,7 +112,15 @@ def group_queues(queue, count):
     return pool[:count]
 
 
-def grid_gemm(queue, engine, dtype, grid, a, b, c, epilogue=PLAIN, *, per_group=False, deep=False, what=""):
+def matrix_units(device):
+    """The math modes (:mod:`clconv.precision`: "tf32", "fp16", "bf16") whose products clconv's GPU
+    kernel can run on ``device``'s matrix units (:func:`.gemm_gpu.matrix_units`); empty where it
+    has none that clconv uses."""
+    return gemm_gpu.matrix_units(device)
+
+
+def grid_gemm(queue, engine, dtype, grid, a, b, c, epilogue=PLAIN, *, per_group=False, deep=False, math="strict",
+              what=""):
     """C[g, i] = alpha * op(A[g, i]) @ op(B[g, i]) + beta * C[g, i] for every (group g < grid.gi,
     image i < grid.gj), row-major; ``a``, ``b``, ``c`` are :class:`Operand` s, op(A) M x K,
     op(B) K x N, of the :class:`Grid` ``grid``; alpha and beta are the :class:`Epilogue`'s.
@@ -123,6 +131,8 @@ def grid_gemm(queue, engine, dtype, grid, a, b, c, epilogue=PLAIN, *, per_group=
     :func:`.clblast._in_place`). What each operand's fields ask of an engine (an im2col B, folded
     operands, a transposed C, packing, K blocks) is in :class:`Operand` and :class:`Grid`; one an
     engine cannot do raises. ``deep``: clconv's GPU kernel runs its deep tile (:func:`deep`).
+    ``math``: "strict" (products in ``dtype``), or a mode of :func:`matrix_units` (clconv's GPU
+    kernel on the matrix units, operands rounded to that format, float32 sums).
 
     With ``per_group`` each group's GEMMs (batched over the images) run on an in-order queue of
     their own: those queues wait for a marker of everything enqueued on ``queue`` so far, and
@@ -131,9 +141,11 @@ def grid_gemm(queue, engine, dtype, grid, a, b, c, epilogue=PLAIN, *, per_group=
     of one launch over all groups, bit for bit. Operands are not packed there.
     """
     if ((b.im2col is not None or a.fold or b.fold or c.fold or deep) and engine != "gpu"
-            or (grid.blocks > 1 or grid.continuous) and engine == "clblast" or c.transp and engine != "cpu"):
+            or (grid.blocks > 1 or grid.continuous) and engine == "clblast" or c.transp and engine != "cpu"
+            or math != "strict" and engine != "gpu"):
         raise ClconvError(f"clconv: {what}: an implicit im2col operand, a folded operand or the deep tile need "
-                          "clconv's GPU GEMM kernel, a transposed C its CPU kernel, K blocks one of clconv's kernels")
+                          "clconv's GPU GEMM kernel, a transposed C its CPU kernel, K blocks one of clconv's kernels, "
+                          f"math={math!r} clconv's GPU kernel")
     if per_group and grid.gi > 1:
         not_capturable(what="per-group queues")
         ready = cl.enqueue_marker(queue)
@@ -143,18 +155,18 @@ def grid_gemm(queue, engine, dtype, grid, a, b, c, epilogue=PLAIN, *, per_group=
         for g, q in enumerate(group_queues(queue, grid.gi)):
             cl.enqueue_barrier(q, wait_for=[ready])
             ops = [x._replace(off=x.at(g), per_group=0, pack=None) for x in (a, b, c)]
-            _run(q, engine, dtype, one, *ops, epilogue, deep, what, share=grid.gi)
+            _run(q, engine, dtype, one, *ops, epilogue, deep, math, what, share=grid.gi)
             done.append(cl.enqueue_marker(q))
             q.flush()
         cl.enqueue_barrier(queue, wait_for=done)
     else:
-        _run(queue, engine, dtype, grid, a, b, c, epilogue, deep, what)
+        _run(queue, engine, dtype, grid, a, b, c, epilogue, deep, math, what)
 
 
-def _run(queue, engine, dtype, grid, a, b, c, epilogue, deep, what, share=1):
+def _run(queue, engine, dtype, grid, a, b, c, epilogue, deep, math, what, share=1):
     if engine == "cpu":
         gemm_cpu.grid_gemm(queue, dtype, grid, a, b, c, epilogue, what=what)
     elif engine == "gpu":
-        gemm_gpu.grid_gemm(queue, dtype, grid, a, b, c, epilogue, deep=deep, share=share, what=what)
+        gemm_gpu.grid_gemm(queue, dtype, grid, a, b, c, epilogue, deep=deep, share=share, math=math, what=what)
     else:
         clblast.grid_gemm(queue, dtype, grid, a, b, c, epilogue, what=what)

@@ -7,14 +7,15 @@ whole (groups x images) grid of GEMMs in one launch; it measured faster than CLB
 shapes the GEMM pages compare (docs/performance), so GPUs use ours wherever one of its tiles fits the device (:func:`clconv.gemm.choose`).
 """
 import functools
+import hashlib
 from typing import NamedTuple
 
 import numpy as np
 import pyopencl as cl
 
-from .. import limits, rules
-from ..programs import ClconvError, get_kernel, index_type, launch, work_group_limit
-from .operands import PLAIN
+from .. import limits, reference, rules, tuning
+from ..programs import BuildError, ClconvError, get_kernel, index_type, kernel_dir, launch, work_group_limit
+from .operands import PLAIN, Grid, Operand
 
 class Tile(NamedTuple):
     """One shape of kernels/gemm_gpu.cl: TM x TN of C per work-group, RM x RN per work-item,
@@ -58,12 +59,24 @@ def read_width(device, itemsize, offset, si, sj, ld, gi, gj, sq=0):
     return 4 if aligned else 1
 
 
-def fits(device, t, itemsize=4):
-    """Whether the device can run the :class:`Tile` ``t``: its work-group and local memory."""
+def fits(device, t, itemsize=4, pad=PAD):
+    """Whether the device can run the :class:`Tile` ``t`` with rows padded by ``pad``: its
+    work-group and local memory."""
     _, _, max_group, max_sides, local, _ = _facts(device)
     return (t.work_items <= max_group and t.tn // t.rn <= max_sides[0] and t.tm // t.rm <= max_sides[1]
-            and t.ks <= max_sides[2] and 2 * t.tk * (t.tm + t.tn + 2 * PAD) * itemsize <= local
-            and (t.ks == 1 or t.tm * t.tn <= 2 * t.tk * (t.tm + PAD)))   # (a plane's sums, where A was staged)
+            and t.ks <= max_sides[2] and 2 * t.tk * (t.tm + t.tn + 2 * pad) * itemsize <= local
+            and (t.ks == 1 or t.tm * t.tn <= 2 * t.tk * (t.tm + pad)))   # (a plane's sums, where A was staged)
+
+
+def on_matrix_units(device, t, math):
+    """The :class:`Tile` a launch in ``math`` (a mode of :data:`MMA`) runs for ``t``: its slices
+    deepened to MMA_TK where that fits the device, else to 16, the deepest that fits (a slice's
+    8-deep steps each run in a few cycles on the units: fewer, deeper slices cross fewer barriers)."""
+    pad = MMA[math][2]
+    for tk in (MMA_TK, 16):
+        if t.tk <= tk and fits(device, t._replace(tk=tk), 4, pad):
+            return t._replace(tk=tk)
+    return t
 
 
 def _cost(device, option, m, n, count, k=None):
@@ -138,7 +151,7 @@ def deep(device, m, n, k, count, itemsize=4):
 
 
 
-def sliced(device, t, groups, k, blocks=1, itemsize=4):
+def sliced(device, t, groups, k, blocks=1, itemsize=4, pad=PAD):
     """``t`` with KS planes: the most, doubling up to rules.MAX_PLANES, while the grid of ``groups``
     work-groups is short of SATURATION work-items per compute unit, the tile fits the device, and
     products of ``blocks`` K blocks ``k`` deep (each block its own slices) take fewer slices, at
@@ -147,7 +160,7 @@ def sliced(device, t, groups, k, blocks=1, itemsize=4):
     while t.ks < rules.MAX_PLANES and groups * t.work_items < want:
         deeper = t._replace(tk=t.tk * 2, ks=t.ks * 2)
         slices = -(-k // deeper.tk) * blocks
-        if slices < rules.MIN_PLANE_SLICES or slices == -(-k // t.tk) * blocks or not fits(device, deeper, itemsize):
+        if slices < rules.MIN_PLANE_SLICES or slices == -(-k // t.tk) * blocks or not fits(device, deeper, itemsize, pad):
             break
         t = deeper
     return t
@@ -159,6 +172,72 @@ def work_groups(device, m, n, count, itemsize=4, t=None):
     :func:`launched`'s smaller tile)."""
     t = t or tile(device, m, n, count, itemsize) or TILES[-1][0]
     return -(-m // t.tm) * -(-n // t.tn) * count
+
+
+# Math modes on the matrix units: the kernel's MMA define, the least compute capability whose
+# mma.sync takes the format (m16n8k8), and the row padding that keeps a warp's fragment reads on
+# 32 banks (one value per row: 8; two rows' values per register: 4).
+MMA = {"tf32": (1, (8, 0), 8), "fp16": (2, (7, 5), 4), "bf16": (3, (8, 0), 4)}
+MMA_TK = 32   # the slice depth a matrix-unit launch stages where it fits (else 16): barriers per product
+
+
+def compute_capability(device):
+    """(major, minor) of an NVIDIA device (cl_nv_device_attribute_query), else None."""
+    if "cl_nv_device_attribute_query" not in device.extensions:
+        return None
+    return device.compute_capability_major_nv, device.compute_capability_minor_nv
+
+
+@functools.lru_cache(maxsize=None)
+def matrix_units(device):
+    """The math modes of :data:`MMA` this kernel runs on ``device``'s matrix units: an NVIDIA GPU of
+    the compute capability each needs (asked of the driver, never read from the device's name)
+    whose compiler takes the inline PTX and whose products pass :func:`clconv.probe.matrix_units`'s
+    check. Asked once per process and device."""
+    cc = compute_capability(device)
+    if cc is None or not _facts(device)[0]:
+        return frozenset()
+    return frozenset(mode for mode, (_, least, _) in MMA.items() if cc >= least and units_check(device, mode)[0])
+
+
+def _units_key(device, mode):
+    """The tuning-cache key of a :func:`units_check`: matrixunits | device | driver | mode | kernel source."""
+    source = hashlib.sha256((kernel_dir() / "gemm_gpu.cl").read_bytes()).hexdigest()[:12]
+    return "|".join(("matrixunits", device.name.strip(), device.driver_version, mode, source))
+
+
+def units_check(device, mode):
+    """(ok, why not): whether this kernel in ``mode`` builds on ``device`` and computes a 45 x 37
+    product 53 deep within the mode's tolerance of float64 (its rounding, not a wrong fragment
+    layout): from the tuning cache where this driver and kernel source passed it, else run now on
+    a context of its own and kept."""
+    k = _units_key(device, mode)
+    entry = tuning.load().get(k)
+    if isinstance(entry, dict) and entry.get("ok") is True:
+        return True, ""
+    rng = np.random.default_rng(0)
+    m, n, depth = 45, 37, 53
+    a, b = rng.standard_normal((m, depth)).astype(np.float32), rng.standard_normal((depth, n)).astype(np.float32)
+    try:
+        context = cl.Context([device])
+        queue = cl.CommandQueue(context)
+        bufs = [cl.Buffer(context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=x)
+                for x in (a, b, np.zeros((m, n), np.float32))]
+        grid_gemm(queue, np.dtype(np.float32), Grid(1, 1, m, n, depth), Operand(bufs[0], 0, depth),
+                  Operand(bufs[1], 0, n), Operand(bufs[2], 0, n), math=mode, what=f"the {mode} matrix-unit check")
+        got = np.empty((m, n), np.float32)
+        cl.enqueue_copy(queue, got, bufs[2])
+        queue.finish()
+    except BuildError as exc:
+        answer = False, exc.compiler_lines
+    except (ClconvError, cl.Error) as exc:
+        answer = False, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+    else:
+        err = reference.normalised_error(got, a.astype(np.float64) @ b)
+        ok = bool(err <= reference.tolerance(np.float32, mode))   # (NaN fails)
+        answer = ok, "" if ok else f"a {m}x{n}x{depth} product's normalised max error is {err:.2g}"
+    tuning.store({k: {"ok": answer[0], "why": answer[1]}})
+    return answer
 
 
 class Im2colB(NamedTuple):
@@ -186,7 +265,7 @@ class Im2colB(NamedTuple):
         return tuple((f"IM_{name.upper()}", value) for name, value in self._asdict().items() if name != "span")
 
 
-def grid_gemm(queue, dtype, grid, a, b, c, epilogue=PLAIN, *, deep=False, share=1, what=""):
+def grid_gemm(queue, dtype, grid, a, b, c, epilogue=PLAIN, *, deep=False, share=1, math="strict", what=""):
     """C[i, j] = alpha * op(A[i, j]) @ op(B[i, j]) + beta * C[i, j] for i < gi, j < gj of ``grid``
     (a :class:`clconv.gemm.Grid`), in one launch; alpha and beta: ``epilogue``'s.
 
@@ -202,7 +281,9 @@ def grid_gemm(queue, dtype, grid, a, b, c, epilogue=PLAIN, *, deep=False, share=
     B's columns. ``a.fold`` (A stored M x K, read as it is): the same for A's depth, where the
     gj products along j are split-K slices of one depth of gj * K values (product j's depth k is
     j * K + k; an NCHW operand, its batch in the GEMM's K). ``deep``: the grid runs
-    EIGHT_BY_FOUR, the tile its caller's split was counted in (:func:`deep`). ``share``: this
+    EIGHT_BY_FOUR, the tile its caller's split was counted in (:func:`deep`). ``math``: "strict",
+    or a mode of :func:`matrix_units` (float32 only): the products on the matrix units, the tile's
+    slices deepened by :func:`on_matrix_units`. ``share``: this
     launch is one of ``share`` alike that together make the grid (per-group queues): its tile
     and planes are chosen for the whole grid, as one launch of it would take them, so that its
     sums are the same bit for bit.
@@ -224,6 +305,8 @@ def grid_gemm(queue, dtype, grid, a, b, c, epilogue=PLAIN, *, deep=False, share=
     ops = (a, b, c)
     assert (gi == 1 or c.per_group) and (gj == 1 or c.per_image or c_fold), "GEMMs into one C would race"
     itemsize = np.dtype(dtype).itemsize
+    mma, _, pad = MMA[math] if math != "strict" else (0, None, PAD)
+    assert not mma or np.dtype(dtype) == np.float32, "the matrix units take float32 operands"
     if deep:
         chosen = EIGHT_BY_FOUR
     else:
@@ -235,7 +318,9 @@ def grid_gemm(queue, dtype, grid, a, b, c, epilogue=PLAIN, *, deep=False, share=
     tm, tn = chosen.tm, chosen.tn
     groups = -(-m // tm) * -(-n // tn) * gi * gj
     depth, blocks = (k * kblocks, 1) if continuous else (k, kblocks)   # (continuous: one depth)
-    chosen = sliced(queue.device, chosen, groups * share, depth, blocks, itemsize)
+    chosen = sliced(queue.device, chosen, groups * share, depth, blocks, itemsize, pad)
+    if mma:
+        chosen = on_matrix_units(queue.device, chosen, math)
     shapes = ((k, m) if a_transp else (m, k), (n, k) if b_transp else (k, n), (m, n))   # as stored, row-major
     spans = [(rows - 1) * x.ld + cols for (rows, cols), x in zip(shapes, ops)]
     if im2col is not None:
@@ -260,7 +345,7 @@ def grid_gemm(queue, dtype, grid, a, b, c, epilogue=PLAIN, *, deep=False, share=
           if not c_fold or (c_fold % 4 == 0 and c.per_image % 4 == 0) else 1)
     def build(t):
         return get_kernel(queue.context, "gemm_gpu.cl", "gemm_gpu", dtype, TM=tm, TN=tn, RM=t.rm, RN=t.rn, TK=t.tk,
-                          KS=t.ks, PAD=PAD, A_TRANSP=int(a_transp), B_TRANSP=int(b_transp), VA=va, VB=vb, VC=vc,
+                          KS=t.ks, PAD=pad, MMA=mma, A_TRANSP=int(a_transp), B_TRANSP=int(b_transp), VA=va, VB=vb, VC=vc,
                           IDX=idx, IM2COL=int(im2col is not None), K_FOLD=k if continuous else 0, C_FOLD=c_fold,
                           B_FOLD=b_fold, A_FOLD=a_fold, **dict(im2col.defines() if im2col else ()))
     kernel = build(chosen)
