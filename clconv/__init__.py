@@ -10,6 +10,7 @@ from .geometry import ConvGeometry, conv_geometry, normalize_padding, output_siz
 from .graph import Graph, graph
 from .plan import Plan
 from .planner import plan
+from .precision import get_math, set_math
 from .prepare import prepare
 from .programs import ClconvError
 from .transpose import conv_transpose2d, conv_transpose2d_input, conv_transpose2d_weight
@@ -21,4 +22,4 @@ __all__ = ["conv2d", "conv2d_input", "conv2d_weight", "conv2d_bias", "conv_trans
            "conv_transpose2d_weight", "nn", "plan", "Plan", "prepare", "reference",
            "default_context", "default_queue", "device_queues", "sub_device_queues", "pick_device", "DeviceNotFound",
            "ClconvError", "ConvGeometry", "conv_geometry", "normalize_padding", "output_size", "free_memory",
-           "memory_pool", "memory_stats", "graph", "Graph"]
+           "memory_pool", "memory_stats", "graph", "Graph", "set_math", "get_math"]

@@ -36,8 +36,9 @@ class PassRecord:
     ``chunks``: (chunks, images each), () where images run one by one in ``pieces``; ``pieces``:
     (pieces per image, size, unit: "output rows", "output columns" or "tile rows"), () for whole
     images (printed as 5x3r: 5 pieces of 3 output rows; "c" columns, "t" tile rows); ``splits``: split-K slices whose
-    partial results are summed in order (1: none); ``math``: the dtype the pass computes in (and
-    the stored one, where they differ); ``workspace``: bytes; ``launches``: the kernels the latest
+    partial results are summed in order (1: none); ``math``: the dtype the pass computes in, or
+    the math mode its GEMMs ran in (:mod:`clconv.precision`: "tf32", "fp16"), and the stored dtype
+    where it differs; ``workspace``: bytes; ``launches``: the kernels the latest
     full run enqueued, None before the first; ``rules``: names of the rules that chose and shaped
     the pass; ``passed_over``: ((algorithm, rule), ...) taken before this one and passed over;
     ``reason``: why this algorithm, at most ``REASON_CHARS`` characters; ``notes``: short
@@ -81,7 +82,8 @@ class PassRecord:
 
 class Explanation(str):
     """A plan's records (``records``, in pass order; ``record(pass_name)``) and its header
-    (``header``: shapes, options, dtype, queues, GEMM engine and why); the string is the table."""
+    (``header``: shapes, options, dtype, math mode asked for (``math_request``) and run (``math``)
+    and why, queues, GEMM engine and why); the string is the table."""
 
     def __new__(cls, header, records):
         self = super().__new__(cls, _table(header, records))
@@ -111,7 +113,10 @@ def _table(h, records):
     shape = lambda s: "x".join(map(str, s))   # noqa: E731
     head = (f"conv2d {shape(h['input'])} * {shape(h['weight'])} -> {shape(h['output'])} s{hw(h['stride'])} "
             f"p{pad} d{hw(h['dilation'])} g{h['groups']} {h['math']}, queues {h['queues']}")
-    lines = [_fit(head), _fit(f"GEMMs on {h['gemm']}: {h['gemm_reason']}"), COLUMNS]
+    lines = [_fit(head), _fit(f"GEMMs on {h['gemm']}: {h['gemm_reason']}")]
+    if h["math_request"] != "strict":
+        lines.append(_fit(f"math {h['math_request']}: {h['math_reason']}"))
+    lines.append(COLUMNS)
     for r in records:
         lines += r.lines()
     return "\n".join(lines)

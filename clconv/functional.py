@@ -19,7 +19,7 @@ def _home(queue):
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, out=None, queue=None,
-           algorithm="auto", queues="single", gemm="auto", allocator=None, relu=False):
+           algorithm="auto", queues="single", gemm="auto", math=None, allocator=None, relu=False):
     """Grouped 2-D convolution (cross-correlation, as in PyTorch).
 
     input (N, C, H, W), weight (K, C/groups, kh, kw), bias (K,) or None
@@ -28,19 +28,20 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     ``queue``: the queue (default: the input's, else ``clconv.default_queue()``), or a list of
     queues on devices of one context to spread the call over (:mod:`clconv.spread`; the result
     on the first). ``algorithm``: "auto", "fc", "1x1", "direct", "fft", "winograd" or "im2col"; ``queues``: "single"
-    or "per-group"; ``gemm``: the GEMM engine (see :func:`clconv.plan`); ``allocator``: a pyopencl
+    or "per-group"; ``gemm``: the GEMM engine (see :func:`clconv.plan`); ``math``: the math mode,
+    None for the dtype's default (:mod:`clconv.precision`, :func:`clconv.set_math`); ``allocator``: a pyopencl
     allocator for the result and the workspace instead of clconv's pool; ``relu``: the output
     through max(., 0), fused into the pass that writes it (bias and ReLU in one pass).
     """
     check_type("input", input)
     check_type("weight", weight)
     plan = plan_for_call(input.shape, weight.shape, stride, padding, dilation, groups, input.dtype, queue,
-                         (input, weight, bias, out), algorithm, queues, gemm)
+                         (input, weight, bias, out), algorithm, queues, gemm, math)
     return plan.forward(input, weight, bias, out=out, queue=_home(queue), allocator=allocator, relu=relu)
 
 
 def conv2d_input(input_size, weight, grad_output, stride=1, padding=0, dilation=1, groups=1, *, out=None,
-                 queue=None, algorithm="auto", queues="single", gemm="auto", allocator=None):
+                 queue=None, algorithm="auto", queues="single", gemm="auto", math=None, allocator=None):
     """Gradient of conv2d with respect to its input.
 
     input_size (N, C, H, W), weight (K, C/groups, kh, kw), grad_output (N, K, OH, OW)
@@ -48,12 +49,12 @@ def conv2d_input(input_size, weight, grad_output, stride=1, padding=0, dilation=
     """
     check_type("weight", weight)
     plan = plan_for_call(input_size, weight.shape, stride, padding, dilation, groups, weight.dtype, queue,
-                         (weight, grad_output, out), algorithm, queues, gemm)
+                         (weight, grad_output, out), algorithm, queues, gemm, math)
     return plan.backward_input(weight, grad_output, out=out, queue=_home(queue), allocator=allocator)
 
 
 def conv2d_weight(input, weight_size, grad_output, stride=1, padding=0, dilation=1, groups=1, *, out=None,
-                  queue=None, algorithm="auto", queues="single", gemm="auto", allocator=None):
+                  queue=None, algorithm="auto", queues="single", gemm="auto", math=None, allocator=None):
     """Gradient of conv2d with respect to its weight.
 
     input (N, C, H, W), weight_size (K, C/groups, kh, kw), grad_output (N, K, OH, OW)
@@ -61,7 +62,7 @@ def conv2d_weight(input, weight_size, grad_output, stride=1, padding=0, dilation
     """
     check_type("input", input)
     plan = plan_for_call(input.shape, weight_size, stride, padding, dilation, groups, input.dtype, queue,
-                         (input, grad_output, out), algorithm, queues, gemm)
+                         (input, grad_output, out), algorithm, queues, gemm, math)
     return plan.backward_weight(input, grad_output, out=out, queue=_home(queue), allocator=allocator)
 
 

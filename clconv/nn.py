@@ -3,14 +3,16 @@
 Each module holds ``weight``, ``bias`` (or None), ``grad_weight`` and
 ``grad_bias`` as pyopencl arrays; ``backward`` adds into the gradients, so
 several backward calls sum until ``zero_grad()``. Results come from the queue's
-memory pool, or from the module's ``allocator``; a module keeps its plan per input size.
+memory pool, or from the module's ``allocator``; a module keeps its plan per input size. A
+module's ``math`` is the math mode of its passes (:mod:`clconv.precision`), None for the dtype's
+default at each call (:func:`clconv.set_math`).
 """
-import math
+from math import sqrt
 
 import numpy as np
 import pyopencl.array as cla
 
-from . import memory, storage
+from . import memory, precision, storage
 from .bias import relu_grad
 from .buffers import ref
 from .device import check_dtype_supported, default_queue
@@ -26,7 +28,7 @@ class _ConvBase:
     _weight_shape = None   # set by subclasses
 
     def __init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, dtype, queue,
-                 seed, allocator):
+                 seed, allocator, math):
         for name, v in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups)):
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -44,9 +46,11 @@ class _ConvBase:
         self.allocator = allocator
         self.dtype = np.dtype(dtype)
         check_dtype_supported(self.dtype, self.queue.device)
+        precision.requested(self.dtype, math)   # a mode the dtype cannot ask for fails here, not at the first call
+        self.math = math
         shape = self._weight_shape()
         fan_in = shape[1] * self.kernel_size[0] * self.kernel_size[1]   # PyTorch: weight.size(1) * kh * kw
-        bound = 1 / math.sqrt(fan_in)   # kaiming_uniform(a=sqrt(5)) bound, as PyTorch's default
+        bound = 1 / sqrt(fan_in)   # kaiming_uniform(a=sqrt(5)) bound, as PyTorch's default
         rng = np.random.default_rng(seed)
         self.weight = cla.to_device(self.queue, rng.uniform(-bound, bound, shape).astype(self.dtype))
         self.grad_weight = cla.to_device(self.queue, np.zeros(shape, self.dtype))
@@ -124,12 +128,12 @@ class Conv2d(_ConvBase):
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
-                 dtype=np.float32, queue=None, seed=None, allocator=None, relu=False):
+                 dtype=np.float32, queue=None, seed=None, allocator=None, relu=False, math=None):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, dtype,
-                         queue, seed, allocator)
+                         queue, seed, allocator, math)
         normalize_padding(padding, (1, 1), self.kernel_size, self.stride, self.dilation)   # validate the form
         self.relu = bool(relu)
-        self._plans = {}   # input size -> plan
+        self._plans = {}   # (input size, math mode asked for) -> plan
         self._output = None   # with relu: the last forward's output, for backward
 
     def _weight_shape(self):
@@ -137,16 +141,17 @@ class Conv2d(_ConvBase):
 
     def _repr_options(self):
         shown = {"padding": self.padding != 0, "dilation": self.dilation != (1, 1), "groups": self.groups != 1,
-                 "relu": self.relu}
+                 "relu": self.relu, "math": self.math is not None}
         return {k: getattr(self, k) for k, show in shown.items() if show}
 
     def _plan(self, input_shape):
-        p = self._plans.get(input_shape)
+        mode = precision.default(self.dtype) if self.math is None else self.math
+        p = self._plans.get((input_shape, mode))
         if p is None:
-            p = self._plans[input_shape] = plan_for_call(input_shape, self.weight.shape, self.stride, self.padding,
-                                                         self.dilation, self.groups, self.dtype,
-                                                         self.devices or self.queue, (),
-                                                         "auto", "single", "auto")
+            p = self._plans[input_shape, mode] = plan_for_call(input_shape, self.weight.shape, self.stride,
+                                                               self.padding, self.dilation, self.groups, self.dtype,
+                                                               self.devices or self.queue, (),
+                                                               "auto", "single", "auto", mode)
         return p
 
     def forward(self, x):
@@ -183,11 +188,11 @@ class ConvTranspose2d(_ConvBase):
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
-                 bias=True, dilation=1, dtype=np.float32, queue=None, seed=None, allocator=None):
+                 bias=True, dilation=1, dtype=np.float32, queue=None, seed=None, allocator=None, math=None):
         if is_several(queue):
             raise ValueError("ConvTranspose2d runs on one queue; got a list of queues (Conv2d spreads over several)")
         super().__init__(in_channels, out_channels, kernel_size, stride, pair(padding, "padding"), dilation, groups,
-                         bias, dtype, queue, seed, allocator)
+                         bias, dtype, queue, seed, allocator, math)
         self.output_padding = pair(output_padding, "output_padding")
 
     def _weight_shape(self):
@@ -195,12 +200,12 @@ class ConvTranspose2d(_ConvBase):
 
     def _repr_options(self):
         shown = {"padding": self.padding != (0, 0), "output_padding": self.output_padding != (0, 0),
-                 "dilation": self.dilation != (1, 1), "groups": self.groups != 1}
+                 "dilation": self.dilation != (1, 1), "groups": self.groups != 1, "math": self.math is not None}
         return {k: getattr(self, k) for k, show in shown.items() if show}
 
     def _options(self):
         return dict(stride=self.stride, padding=self.padding, output_padding=self.output_padding, groups=self.groups,
-                    dilation=self.dilation)
+                    dilation=self.dilation, math=self.math)
 
     def forward(self, x):
         """output (N, out_channels, Hout, Wout) for x (N, in_channels, H, W)."""

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import memory, probe, selfcheck, storage
+from . import memory, precision, probe, selfcheck, storage
 from .algorithms import ALGORITHMS
 from .buffers import ref
 from .device import check_dtype_supported
@@ -37,15 +37,18 @@ class Plan:
     and answered as NumPy) and return the result; ``out=`` writes in place.
     Results and workspaces come from the queue's memory pool (:mod:`clconv.memory`), or from
     ``allocator`` (the plan's, or a call's) when one is given.
-    ``tuned``: {pass: tuning-cache entry} for passes whose algorithm was measured
-    (:func:`clconv.planner.tuned_choices`); the others are chosen by the rules.
+    ``tuned``: {pass: tuning-cache entry} for passes whose algorithm was measured, or a function
+    of the plan's math mode that gives them (:func:`clconv.planner.tuned_choices`); the others are
+    chosen by the rules. ``math``: the math mode asked for (:mod:`clconv.precision`; None: the
+    dtype's default), kept as ``math_request``; the plan's ``math`` is the mode it runs, that one
+    where its GEMM engine and device can, else "strict" (``explain()`` says why).
     Only algorithms that passed their known-answer check on this device are chosen
     (:mod:`clconv.selfcheck`), on a device that builds kernels at all (:mod:`clconv.probe`);
     ``selfcheck=False`` skips both, as the check's own plans and the tests' stand-in devices do.
     """
 
     def __init__(self, geometry, dtype, queue, *, algorithm="auto", queues="single", workspace_limit=None,
-                 gemm="auto", tuned=None, allocator=None, selfcheck=True):
+                 gemm="auto", tuned=None, allocator=None, selfcheck=True, math=None):
         self.geometry, self.dtype, self.queue, self.allocator = geometry, np.dtype(dtype), queue, allocator
         self._selfcheck = selfcheck
         self.context = queue_context(queue)   # kept: the caller may drop theirs
@@ -54,17 +57,19 @@ class Plan:
             raise ValueError(f"queues must be one of {QUEUES}, got {queues!r}")
         self.queues = queues
         check_dtype_supported(self.dtype, queue.device)
+        self.math_request = precision.requested(self.dtype, math)
         _check_allocations(geometry, self.dtype, queue.device)
         if selfcheck:   # a device that builds nothing: its compiler's words, not a plan's (stand-ins skip both)
             probe.require(queue.device)
         self.gemm, self._gemm_reason = choose_gemm(queue.device, gemm)   # fixed for the plan's life
+        self.math, self._math_reason = precision.resolve(queue.device, self.gemm, self.dtype, self.math_request)
         self.workspace_limit = workspace_limit or default_workspace_limit(queue.device)
         if self.workspace_limit > queue.device.max_mem_alloc_size:
             raise ValueError(f"workspace_limit {self.workspace_limit} is above the device's largest "
                              f"allocation {queue.device.max_mem_alloc_size}")
         if algorithm not in ("auto", *ALGORITHMS):
             raise ValueError(f"unknown algorithm {algorithm!r}; expected 'auto' or one of {sorted(ALGORITHMS)}")
-        tuned = tuned or {}
+        tuned = tuned(self.math) if callable(tuned) else tuned or {}
         self._choice = {p: self._choose(p, algorithm, tuned.get(p)) for p in PASSES}
         # what each call needs, worked out once: (algorithm, name for messages, workspace bytes)
         g = geometry
@@ -86,14 +91,19 @@ class Plan:
 
     def _build(self, cls, per_group):
         return cls(self.geometry, self.compute_dtype, self.queue.device, self.workspace_limit, per_group=per_group,
-                   gemm=self.gemm)
+                   gemm=self.gemm, math=self.math)
 
     def _trusted(self, name):
         """(ok, why not) from the known-answer check of algorithm ``name`` on this plan's device,
-        GEMM engine and dtype (:func:`clconv.selfcheck.verdict`)."""
+        GEMM engine, dtype and math mode, the algorithm's own (:func:`clconv.selfcheck.verdict`)."""
         if not self._selfcheck:
             return True, ""
-        return selfcheck.verdict(functools.partial(Plan, selfcheck=False), self.queue, name, self.gemm, self.dtype)
+        return selfcheck.verdict(functools.partial(Plan, selfcheck=False), self.queue, name, self.gemm, self.dtype,
+                                 self._math_of(ALGORITHMS[name]))
+
+    def _math_of(self, cls):
+        """The math mode algorithm ``cls``'s GEMMs run in on this plan."""
+        return self.math if cls.MATRIX_UNITS else "strict"
 
     def _choose(self, pass_name, algorithm, tuned=None):
         g = self.geometry
@@ -120,7 +130,8 @@ class Plan:
                 trusted, why_not = self._trusted(name)   # asked only of what applies (and, for "auto", is preferred)
                 if not trusted and algorithm != "auto":
                     d = self.queue.device
-                    raise ClconvError(f"clconv: algorithm {name!r} (GEMMs on {self.gemm}, {self.dtype}) failed its "
+                    engine = selfcheck.engine_field(self.gemm, self._math_of(cls))
+                    raise ClconvError(f"clconv: algorithm {name!r} (GEMMs on {engine}, {self.dtype}) failed its "
                                       f"known-answer check on {d.name.strip()} ({d.platform.name.strip()}, driver "
                                       f"{d.driver_version}): {why_not}")
                 if not trusted:
@@ -177,20 +188,25 @@ class Plan:
         """The plan as data: an :class:`clconv.explanation.Explanation`, a
         :class:`~clconv.explanation.PassRecord` per pass (algorithm, GEMM shape and engine, chunks,
         splits, workspace, launches, the rules that decided and a short reason) under a header
-        (shapes, options, dtype, queues, the GEMM engine and why). As a string, a compact table;
-        each rule's story is in the docs' algorithms page under ``rule-<name>``."""
+        (shapes, options, dtype, math mode asked for and run and why, queues, the GEMM engine and
+        why). As a string, a compact table; each rule's story is in the docs' algorithms page under
+        ``rule-<name>``."""
         g = self.geometry
-        math = str(self.compute_dtype) if not self._converts else f"{self.compute_dtype} (stored {self.dtype})"
+        stored = f" (stored {self.dtype})" if self._converts else ""
+        plain = f"{self.compute_dtype}{stored}"
         header = dict(input=tuple(g.input_shape), weight=tuple(g.weight_shape), output=tuple(g.output_shape),
                       stride=tuple(g.stride), padding=tuple(g.pads), dilation=tuple(g.dilation), groups=g.groups,
-                      dtype=str(self.dtype), math=math, queues=self.queues, gemm=self.gemm,
-                      gemm_reason=self._gemm_reason)
+                      dtype=str(self.dtype), math=plain if self.math == "strict" else f"{self.math}{stored}",
+                      math_request=self.math_request, math_reason=self._math_reason, queues=self.queues,
+                      gemm=self.gemm, gemm_reason=self._gemm_reason)
         records = []
         for p, (algo, why) in self._choice.items():
             facts = algo.facts(p)
             notes, rules = list(facts.get("notes", ())), [*why.rules, *facts.get("rules", ())]
             if algo.per_group and g.groups > 1:
                 notes.append("per-group queues")
+            if facts.get("gemm") and algo.math != self.math:
+                notes.append(algo.STRICT_NOTE)
             if algo.panels.get(p, (0, 0))[1]:
                 notes.append("B^T packed in panels" if p == "backward_weight" else "B packed in panels")
                 rules.append("cpu-gemm-panels")
@@ -198,7 +214,8 @@ class Plan:
             records.append(PassRecord(
                 pass_name=p, algorithm=algo.name, engine=self.gemm if facts.get("gemm") else "",
                 gemm=tuple(facts.get("gemm", ())), batch=facts.get("batch", 0), chunks=tuple(facts.get("chunks", ())),
-                pieces=tuple(facts.get("pieces", ())), splits=facts.get("splits", 1), math=math,
+                pieces=tuple(facts.get("pieces", ())), splits=facts.get("splits", 1),
+                math=f"{algo.math}{stored}" if facts.get("gemm") and algo.math != "strict" else plain,
                 workspace=self._workspace_elements(p) * self.compute_dtype.itemsize,
                 launches=None if launches is None else tuple(launches), rules=tuple(dict.fromkeys(rules)),
                 passed_over=tuple(why.passed_over), reason=short(why.reason), notes=tuple(notes)))

@@ -45,7 +45,7 @@ def _layer(item):
     return tuple(input_shape), tuple(weight_shape), options, None, None, None
 
 
-def prepare(layers, *, dtype=np.float32, queue=None, workers=None, progress=False):
+def prepare(layers, *, dtype=np.float32, queue=None, workers=None, progress=False, math=None):
     """Make the plans and build the kernels of ``layers`` before their first calls; return the
     number of distinct layers prepared.
 
@@ -56,6 +56,8 @@ def prepare(layers, *, dtype=np.float32, queue=None, workers=None, progress=Fals
     zeros (a module's forward and backward, which add nothing to its gradients), ``workers`` at a
     time (default: the host's cores), on ``queue``'s context (default: the default queue's).
     Bad layers raise before anything runs. ``progress``: a progress bar on standard error.
+    ``math``: the math mode of the shapes' plans, as later calls pass it (:mod:`clconv.precision`;
+    None: the dtype's default); a module's plans take the module's.
     """
     work = {}
     for item in layers:
@@ -81,9 +83,9 @@ def prepare(layers, *, dtype=np.float32, queue=None, workers=None, progress=Fals
             local.queue = cl.CommandQueue(local.context, home.device)
         q = local.queue
         x, w, b = (cla.zeros(q, s, layer_dtype) for s in (input_shape, weight_shape, weight_shape[:1]))
-        y = conv2d(x, w, b, queue=q, **options)
-        conv2d_input(input_shape, w, y, queue=q, **options)
-        conv2d_weight(x, weight_shape, y, queue=q, **options)
+        y = conv2d(x, w, b, queue=q, math=math, **options)
+        conv2d_input(input_shape, w, y, queue=q, math=math, **options)
+        conv2d_weight(x, weight_shape, y, queue=q, math=math, **options)
         conv2d_bias(y, queue=q)
         q.finish()
 

@@ -3,8 +3,9 @@ reference's answers there.
 
 OpenCL compilers differ, and some get our kernels wrong without an error (a numerical library's
 worst failure). So the first time an algorithm runs on a device, with a given driver, GEMM engine,
-dtype and kernel sources, it runs every pass of its small odd-shaped :data:`CASES` against the
-float64 reference (:mod:`clconv.reference`). The verdict is kept in the tuning cache
+math mode (:mod:`clconv.precision`), dtype and kernel sources, it runs every pass of its small
+odd-shaped :data:`CASES` against the float64 reference (:mod:`clconv.reference`), within the
+mode's tolerance (:func:`clconv.reference.tolerance`). The verdict is kept in the tuning cache
 (:mod:`clconv.tuning`), so it is taken once per machine. An algorithm that fails is left out of
 ``algorithm="auto"`` with a warning naming the device and the error, and forcing it raises
 :class:`clconv.ClconvError` (:class:`clconv.plan.Plan` asks :func:`verdict`). ``python -m clconv
@@ -66,19 +67,27 @@ def sources_digest():
     return h.hexdigest()[:12]
 
 
-def key(device, algorithm, engine, dtype):
-    """The tuning-cache key of a verdict: selfcheck | device | driver | dtype | algorithm | GEMM engine | sources."""
+def engine_field(engine, math="strict"):
+    """The GEMM engine as a verdict's key and messages name it: "gpu", or "gpu+tf32" for its GEMMs
+    in a math mode other than "strict"."""
+    return engine if math == "strict" else f"{engine}+{math}"
+
+
+def key(device, algorithm, engine, dtype, math="strict"):
+    """The tuning-cache key of a verdict: selfcheck | device | driver | dtype | algorithm | GEMM
+    engine (:func:`engine_field`, with the math mode) | sources."""
     return "|".join(("selfcheck", device.name.strip(), device.driver_version, np.dtype(dtype).name, algorithm,
-                     engine, sources_digest()))
+                     engine_field(engine, math), sources_digest()))
 
 
 @outside_graph()
-def run(make_plan, queue, algorithm, engine, dtype, queues="single"):
-    """Run ``algorithm``'s cases on ``queue`` with GEMM ``engine``: a list of
+def run(make_plan, queue, algorithm, engine, dtype, queues="single", math="strict"):
+    """Run ``algorithm``'s cases on ``queue`` with GEMM ``engine`` in math mode ``math``: a list of
     (case label, pass, normalised error or None, ok, message). ``make_plan(geometry, dtype, queue,
-    algorithm=, queues=, gemm=)`` builds a plan that asks for no verdict (a
+    algorithm=, queues=, gemm=, math=)`` builds a plan that asks for no verdict (a
     :class:`clconv.plan.Plan` with ``selfcheck=False``)."""
     dtype = np.dtype(dtype)
+    tolerance = reference.tolerance(dtype, math)
     rng = np.random.default_rng(0)
     results = []
     for name, label, xs, ws, opts in CASES:
@@ -93,7 +102,7 @@ def run(make_plan, queue, algorithm, engine, dtype, queues="single"):
                 "grad-input": lambda: reference.conv2d_input(xs, w, dy, **opts),
                 "grad-weight": lambda: reference.conv2d_weight(x, ws, dy, **opts)}
         try:
-            plan = make_plan(g, dtype, queue, algorithm=algorithm, queues=queues, gemm=engine)
+            plan = make_plan(g, dtype, queue, algorithm=algorithm, queues=queues, gemm=engine, math=math)
             got = {"forward": lambda: plan.forward(x, w, b), "grad-input": lambda: plan.backward_input(w, dy),
                    "grad-weight": lambda: plan.backward_weight(x, dy)}
         except (ValueError, ClconvError, cl.Error) as exc:
@@ -105,7 +114,7 @@ def run(make_plan, queue, algorithm, engine, dtype, queues="single"):
             except (ClconvError, cl.Error) as exc:
                 results.append((label, p, None, False, _failure(exc)))
                 continue
-            ok = err <= reference.TOLERANCE[dtype]   # NaN fails
+            ok = err <= tolerance   # NaN fails
             results.append((label, p, err, ok, "" if ok else f"normalised max error {err:.2g}"))
     return results
 
@@ -127,22 +136,23 @@ def summary(results):
     return True, f"{len(results)} results match the reference"
 
 
-def store(device, algorithm, engine, dtype, results):
+def store(device, algorithm, engine, dtype, results, math="strict"):
     """Keep a :func:`run`'s verdict for this process and in the tuning cache; (ok, message).
     Where a kernel did not build and the device now fails :mod:`clconv.probe` too, the failure is
     the device's, not the algorithm's: nothing is kept, and :class:`ClconvError` says so."""
     ok, message = summary(results)
     if not ok and any(m.startswith(BUILD_FAILED) for *_, m in results) and not probe.check(device, fresh=True)[0]:
         probe.require(device)
-    k = key(device, algorithm, engine, dtype)
+    k = key(device, algorithm, engine, dtype, math)
     with _lock:
         _verdicts[k] = (ok, message)
     tuning.store({k: {"ok": ok, "message": message}})
     return ok, message
 
 
-def verdict(make_plan, queue, algorithm, engine, dtype):
-    """(ok, message) for ``algorithm`` with GEMM ``engine`` in ``dtype`` on ``queue``'s device:
+def verdict(make_plan, queue, algorithm, engine, dtype, math="strict"):
+    """(ok, message) for ``algorithm`` with GEMM ``engine`` in math mode ``math`` on ``dtype``
+    arrays on ``queue``'s device:
     from this process, else the tuning cache, else checked now (:func:`run` with ``make_plan``,
     on a new queue of ``queue``'s context and device) and kept. A failure warns once per
     process, naming the device and the error."""
@@ -150,7 +160,7 @@ def verdict(make_plan, queue, algorithm, engine, dtype):
         return True, "known-answer check off (CLCONV_SELFCHECK=0)"
     device = queue.device
     probe.require(device)   # a device that builds nothing has no verdicts to give
-    k = key(device, algorithm, engine, dtype)
+    k = key(device, algorithm, engine, dtype, math)
     with _lock:
         if k in _verdicts:
             return _verdicts[k]
@@ -166,17 +176,20 @@ def verdict(make_plan, queue, algorithm, engine, dtype):
                 found = _verdicts[k] = (entry["ok"], str(entry.get("message", "")))
         else:   # on a queue of its own: the caller's may wait on work (a user event) the check cannot see
             own = cl.CommandQueue(queue.context, device)
-            found = store(device, algorithm, engine, dtype, run(make_plan, own, algorithm, engine, dtype))
+            found = store(device, algorithm, engine, dtype, run(make_plan, own, algorithm, engine, dtype, math=math),
+                          math)
     if not found[0]:
-        warnings.warn(f"clconv: {algorithm} (GEMMs on {engine}, {np.dtype(dtype).name}) failed its known-answer check "
-                      f"on {device.name.strip()} ({device.platform.name.strip()}, driver {device.driver_version}): "
-                      f"{found[1]}; algorithm='auto' leaves it out", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"clconv: {algorithm} (GEMMs on {engine_field(engine, math)}, {np.dtype(dtype).name}) failed "
+                      f"its known-answer check on {device.name.strip()} ({device.platform.name.strip()}, driver "
+                      f"{device.driver_version}): {found[1]}; algorithm='auto' leaves it out", RuntimeWarning,
+                      stacklevel=2)
     return found
 
 
 def stored(device):
     """{(dtype, algorithm, engine): (ok, message)} of the verdicts the tuning cache holds for
-    ``device``'s driver and the current kernel sources."""
+    ``device``'s driver and the current kernel sources; ``engine`` as :func:`engine_field` names
+    it ("gpu+tf32" for a math mode other than "strict")."""
     head = f"selfcheck|{device.name.strip()}|{device.driver_version}|"
     found = {}
     for k, entry in tuning.load().items():

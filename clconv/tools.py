@@ -7,7 +7,8 @@ import functools
 import numpy as np
 import pyopencl as cl
 
-from . import probe, selfcheck, tuner, tuning
+from . import precision, probe, selfcheck, tuner, tuning
+from .algorithms import ALGORITHMS
 from .device import has_fp16, has_fp64, pocl_version
 from .gemm import choose as choose_gemm, clblast_params
 from .geometry import PASSES
@@ -46,29 +47,37 @@ def checks_enabled():
     return selfcheck.enabled()
 
 
-def check(queue, dtype):
-    """Every algorithm's known-answer cases on ``queue``'s device, anew, on the plans' GEMM engine,
-    and im2col also on CLBlast and on per-group queues; the engines' verdicts are stored as the
-    first use of an algorithm would store them. Returns (engine, rows): the plans' GEMM engine and
-    an iterator of (label, pass name, normalised error or None, ok, message), one per case and
-    pass, each computed as it is taken. Raises ``clconv.ClconvError`` where the device does not
-    build kernels."""
+def check(queue, dtype, math=None):
+    """Every algorithm's known-answer cases on ``queue``'s device, anew, on the plans' GEMM engine
+    in the math mode plans on ``dtype`` arrays run for ``math`` (:mod:`clconv.precision`; None: the
+    dtype's default), and im2col also on CLBlast and on per-group queues; the verdicts are stored as
+    the first use of an algorithm would store them. Returns (engine, rows): the plans' GEMM engine
+    (with the mode where it is not "strict": "gpu+tf32") and an iterator of (label, pass name,
+    normalised error or None, ok, message), one per case and pass, each computed as it is taken.
+    Raises ``clconv.ClconvError`` where the device does not build kernels."""
     probe.check(queue.device, fresh=True)   # asked anew, as the verdicts below are taken anew
     probe.require(queue.device)
     dtype = np.dtype(dtype)
+    request = precision.requested(dtype, math)
     own, _ = choose_gemm(queue.device)
     unchecked = functools.partial(Plan, selfcheck=False)
     runs = [(a, own, "single", "") for a in dict.fromkeys(case[0] for case in selfcheck.CASES)]
     runs += [("im2col", "clblast", "single", " CLBlast-GEMM"), ("im2col", own, "per-group", " per-group")]
 
+    def mode(algorithm, engine):
+        """The math mode a plan's ``algorithm`` runs on ``engine`` for the request."""
+        run = precision.resolve(queue.device, engine, dtype, request)[0]
+        return run if ALGORITHMS[algorithm].MATRIX_UNITS else "strict"
+
     def rows():
         for algorithm, engine, queues, suffix in runs:
-            results = selfcheck.run(unchecked, queue, algorithm, engine, dtype, queues)
+            math = mode(algorithm, engine)
+            results = selfcheck.run(unchecked, queue, algorithm, engine, dtype, queues, math)
             if queues == "single":
-                selfcheck.store(queue.device, algorithm, engine, dtype, results)
+                selfcheck.store(queue.device, algorithm, engine, dtype, results, math)
             for label, pass_name, err, ok, message in results:
                 yield label + suffix, pass_name, err, ok, message
-    return own, rows()
+    return selfcheck.engine_field(own, precision.resolve(queue.device, own, dtype, request)[0]), rows()
 
 
 def tune_steps(geometries):

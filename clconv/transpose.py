@@ -47,13 +47,14 @@ def _conv_geometry(input_shape, weight_shape, stride, padding, output_padding, g
 
 
 def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *,
-                     out=None, queue=None, allocator=None):
+                     out=None, queue=None, allocator=None, math=None):
     """Transposed convolution: input (N, Cin, H, W), weight (Cin, Cout/groups, kh, kw), bias (Cout,)
-    -> output (N, Cout, Hout, Wout), as torch.nn.functional.conv_transpose2d."""
+    -> output (N, Cout, Hout, Wout), as torch.nn.functional.conv_transpose2d. ``math``: the math
+    mode, None for the dtype's default (:mod:`clconv.precision`)."""
     check_type("input", input)
     check_type("weight", weight)
     g = _conv_geometry(input.shape, weight.shape, stride, padding, output_padding, groups, dilation)
-    plan = cached_plan(g, input.dtype, pick_queue(queue, input, weight, bias, out))
+    plan = cached_plan(g, input.dtype, pick_queue(queue, input, weight, bias, out), math=math)
     queue, dev, numpy_mode = prepare(queue, plan, {"input": input, "weight": weight, "bias": bias},
                                      {"input": g.output_shape, "weight": g.weight_shape, "bias": (g.C,)},
                                      out, g.input_shape, allocator)
@@ -66,7 +67,7 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_paddi
 
 
 def conv_transpose2d_input(input_size, weight, grad_output, stride=1, padding=0, output_padding=0, groups=1,
-                           dilation=1, *, out=None, queue=None, allocator=None):
+                           dilation=1, *, out=None, queue=None, allocator=None, math=None):
     """Gradient of conv_transpose2d for its input: weight (Cin, Cout/groups, kh, kw),
     grad_output (N, Cout, Hout, Wout) -> grad_input (N, Cin, H, W) of size ``input_size``."""
     check_type("weight", weight)
@@ -77,11 +78,11 @@ def conv_transpose2d_input(input_size, weight, grad_output, stride=1, padding=0,
                          f"{list(g.input_shape)} of conv_transpose2d of input {list(input_size)} with weight "
                          f"{list(weight.shape)}")
     return conv2d(grad_output, weight, None, stride, padding, dilation, groups, out=out, queue=queue,
-                  allocator=allocator)
+                  allocator=allocator, math=math)
 
 
 def conv_transpose2d_weight(input, weight_size, grad_output, stride=1, padding=0, output_padding=0, groups=1,
-                            dilation=1, *, out=None, queue=None, allocator=None):
+                            dilation=1, *, out=None, queue=None, allocator=None, math=None):
     """Gradient of conv_transpose2d for its weight: input (N, Cin, H, W), grad_output (N, Cout, Hout, Wout)
     -> grad_weight (Cin, Cout/groups, kh, kw) of size ``weight_size``."""
     check_type("input", input)
@@ -92,4 +93,4 @@ def conv_transpose2d_weight(input, weight_size, grad_output, stride=1, padding=0
                          f"{list(g.input_shape)} of conv_transpose2d of input {list(input.shape)} with weight "
                          f"{list(weight_size)}")
     return conv2d_weight(grad_output, weight_size, input, stride, padding, dilation, groups, out=out, queue=queue,
-                         allocator=allocator)
+                         allocator=allocator, math=math)

@@ -44,8 +44,10 @@ def _arrays(g, dtype, queue, rng):
 
 
 @outside_graph()
-def tune(g, dtype, queue, passes=PASSES, save=True, progress=None):
-    """Time every candidate for each pass on ``queue``'s device; store and return the winners.
+def tune(g, dtype, queue, passes=PASSES, save=True, progress=None, math=None):
+    """Time every candidate for each pass on ``queue``'s device, its plans asking for math mode
+    ``math`` (None: the dtype's default); store the winners under the mode the plans ran, and
+    return them.
 
     Returns {pass: {"algorithm", "queues", "ms", "timings"}}.
     """
@@ -57,10 +59,11 @@ def tune(g, dtype, queue, passes=PASSES, save=True, progress=None):
             if progress:
                 progress()
             try:
-                p = Plan(g, dtype, queue, algorithm=algorithm, queues=queues)
+                p = Plan(g, dtype, queue, algorithm=algorithm, queues=queues, math=math)
             except ValueError:   # e.g. above the workspace limit: not a candidate here
                 continue
             timings[f"{algorithm}/{queues}"] = time_ms(_passes(p, x, w, dy, outs)[pass_name], queue)
+            mode = p.math   # the same for every candidate: the device's and GEMM engine's
         if not timings:
             continue
         best = min(timings, key=timings.get)
@@ -68,7 +71,7 @@ def tune(g, dtype, queue, passes=PASSES, save=True, progress=None):
         results[pass_name] = {"algorithm": algorithm, "queues": queues, "ms": round(timings[best], 4),
                               "timings": {k: round(v, 4) for k, v in timings.items()},
                               "date": datetime.date.today().isoformat()}
-        new[entry_key(queue.device, dtype, g, pass_name)] = results[pass_name]
+        new[entry_key(queue.device, dtype, g, pass_name, mode)] = results[pass_name]
     if save:
         store(new)
     return results

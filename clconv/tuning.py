@@ -30,11 +30,13 @@ def cache_path():
     return Path(folder) / "tuning.json"
 
 
-def entry_key(device, dtype, g, pass_name):
-    """One readable key: device | driver | dtype | input | weight | stride | pads | dilation | groups | pass."""
+def entry_key(device, dtype, g, pass_name, math="strict"):
+    """One readable key: device | driver | dtype | input | weight | stride | pads | dilation | groups | pass,
+    then | math mode where it is not "strict" (:mod:`clconv.precision`)."""
     return "|".join(str(v) for v in (device.name.strip(), device.driver_version, np.dtype(dtype).name,
                                      list(g.input_shape), list(g.weight_shape), list(g.stride),
-                                     [list(p) for p in g.pads], list(g.dilation), g.groups, pass_name))
+                                     [list(p) for p in g.pads], list(g.dilation), g.groups, pass_name)
+                    + ((math,) if math != "strict" else ()))
 
 
 def spread_key(queues, dtype, g, pass_name):

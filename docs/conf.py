@@ -31,5 +31,6 @@ _INTERNAL = ["clconv.memory", "clconv.spread", "clconv.transpose", "clconv.selfc
              "clconv.reference", "clconv.probe",
              "clconv.tuner.tune_spread", "clconv.storage.on_float_copies", "clconv.programs.relaunch",
              "clconv.planner.tuned_choices", "clconv.planner.plan_for_call", "clconv.buffers.Ref",
+             "clconv.gemm.matrix_units",
              "pick_device", "Plan"]
 nitpick_ignore = [(kind, name) for name in _INTERNAL for kind in ("py:mod", "py:func", "py:class", "py:meth", "py:data")]

@@ -3,7 +3,8 @@
 An algorithm class says whether it applies to a geometry (:meth:`Algorithm.applies`) and
 whether ``algorithm="auto"`` should pick it for a pass on a device
 (:meth:`Algorithm.preferred`), each with its reason. An instance is built for one geometry,
-compute dtype, device, workspace budget, per-group-queue choice and GEMM engine; it raises
+compute dtype, device, workspace budget, per-group-queue choice, GEMM engine and math mode
+(:mod:`clconv.precision`, "strict" where ``MATRIX_UNITS`` is false); it raises
 ValueError when it cannot run within the budget. It then states the workspace each pass
 needs (``workspace``, in compute-dtype elements), states each pass's facts for ``explain()``, and
 enqueues the passes on :class:`clconv.buffers.Ref` s:
@@ -33,6 +34,8 @@ def split_rules(slices, unsplit=""):
 
 class Algorithm:
     name = None
+    MATRIX_UNITS = True   # whether its GEMMs may run in a matrix-unit mode (clconv.precision)
+    STRICT_NOTE = ""      # where not, explain()'s words on why its products stay in float32
 
     @staticmethod
     def applies(g):
@@ -45,8 +48,9 @@ class Algorithm:
         else (False, why not)."""
         return True, ""
 
-    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast", math="strict"):
         self.g, self.dtype, self.per_group, self.gemm = g, dtype, per_group, gemm
+        self.math = math if self.MATRIX_UNITS else "strict"
         self.workspace = dict.fromkeys(PASSES, 0)
         # {pass: (offset, elements)} of the workspace where its GEMM packs B in panels (clconv's CPU
         # kernel, gemm_cpu.panels_size); a pass not named, or of 0 elements, packs none. Only there,
@@ -90,10 +94,11 @@ class Algorithm:
     def _gemm(self, queue, m, n, k, a, b, c, epilogue=PLAIN, images=1, slices=None, blocks=1, continuous=False, **kw):
         """GEMMs batched over the groups (and ``images``) on this plan's engine and queues; with
         ``slices``, over split-K slices instead of the groups (one group only). ``blocks``,
-        ``continuous``: K blocks (:class:`clconv.gemm.Grid`); ``kw``: ``deep``, ``what``."""
+        ``continuous``: K blocks (:class:`clconv.gemm.Grid`); ``kw``: ``deep``, ``what``. In this
+        algorithm's math mode."""
         if slices is not None:
             grid_gemm(queue, self.gemm, self.dtype, Grid(slices, images, m, n, k, blocks, continuous), a, b, c,
-                      epilogue, **kw)
+                      epilogue, math=self.math, **kw)
             return
         grid_gemm(queue, self.gemm, self.dtype, Grid(self.g.groups, images, m, n, k, blocks, continuous), a, b, c,
-                  epilogue, per_group=self.per_group, **kw)
+                  epilogue, per_group=self.per_group, math=self.math, **kw)

@@ -44,8 +44,8 @@ class Im2col(Algorithm):
     def applies(g):
         return True, "general: any shape, stride, padding, dilation and groups"
 
-    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
-        super().__init__(g, dtype, device, workspace_limit, per_group, gemm)
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast", math="strict"):
+        super().__init__(g, dtype, device, workspace_limit, per_group, gemm, math)
         # CPU devices: im2col in rows, this many columns per vector
         self.vw = 0 if device.type & cl.device_type.GPU else cpu_vector_width(device, dtype.itemsize)
         # im2col_rows over rows narrower than one vector: the widest narrower vectors that divide

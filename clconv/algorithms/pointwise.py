@@ -53,8 +53,8 @@ class Pointwise(Algorithm):
         return False, f"needs a 1x1 kernel with stride 1 and no padding (kernel {g.kh}x{g.kw}, stride {g.stride}, " \
                       f"padding {g.pads})"
 
-    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
-        super().__init__(g, dtype, device, workspace_limit, per_group, gemm)
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast", math="strict"):
+        super().__init__(g, dtype, device, workspace_limit, per_group, gemm, math)
         item = dtype.itemsize
         fits = workspace_limit // (g.K * g.Cg * item)   # grad-weight partial sums the workspace holds
         # grad-weight on the GPU kernel: slices of whole images, or (where that fills the device

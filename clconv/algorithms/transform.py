@@ -39,9 +39,11 @@ class Transform(Algorithm):
     images; and ``_convolve(queue, pass_name, x, w, bias, y, ws, what, relu)`` for forward and
     grad-input (with ``relu``, the forward's output through max(., 0) as it is written)."""
     kind = None
+    MATRIX_UNITS = False
+    STRICT_NOTE = "products in float32: the transforms amplify the operands' rounding"
 
-    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
-        super().__init__(g, dtype, device, workspace_limit, per_group, gemm)
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast", math="strict"):
+        super().__init__(g, dtype, device, workspace_limit, per_group, gemm, math)
         self.geometry = {p: pass_geometry(g, p) for p in ("forward", "backward_input", "backward_weight")}
         self.chunk, self.layout = {}, {}
 
@@ -84,10 +86,11 @@ class Transform(Algorithm):
         group to the next and ``per_image`` from one position to the next, G groups later:
         without per-group queues (position, group) is one evenly strided batch."""
         if self.per_group and G > 1:
-            grid_gemm(queue, self.gemm, self.dtype, Grid(G, count, m, n, k), a, b, c, epilogue, per_group=True, **kw)
+            grid_gemm(queue, self.gemm, self.dtype, Grid(G, count, m, n, k), a, b, c, epilogue, per_group=True,
+                      math=self.math, **kw)
         else:
             flat = (x._replace(per_group=0, per_image=x.per_group) for x in (a, b, c))
-            grid_gemm(queue, self.gemm, self.dtype, Grid(1, count * G, m, n, k), *flat, epilogue, **kw)
+            grid_gemm(queue, self.gemm, self.dtype, Grid(1, count * G, m, n, k), *flat, epilogue, math=self.math, **kw)
 
     def forward(self, queue, x, w, bias, y, ws, relu=False):
         self._convolve(queue, "forward", x, w, bias, y, ws, f"forward ({self.kind})", relu)

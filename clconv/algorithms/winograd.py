@@ -25,7 +25,7 @@ grad-weight adds the ranges' products in order, so its sum is fixed. On CPUs for
 grad-input cut an image so also where its workspace is above rules.WINOGRAD_CPU_PIECE_BYTES (the caches).
 """
 
-import math
+from math import prod
 
 import pyopencl as cl
 
@@ -121,10 +121,10 @@ class Winograd(Transform):
             return False, Reason("winograd-cpu-tiles", f"on CPUs, tiles of which {used:.0%} of the outputs are used")
         return True, ""
 
-    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast"):
-        super().__init__(g, dtype, device, workspace_limit, per_group, gemm)
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast", math="strict"):
+        super().__init__(g, dtype, device, workspace_limit, per_group, gemm, math)
         self.tile = _side(g)    # outputs per tile along rows and columns
-        self.tt = math.prod(_alpha(g))   # transformed values per tile (TT): 36, or 8 along one axis
+        self.tt = prod(_alpha(g))   # transformed values per tile (TT): 36, or 8 along one axis
         # the kernels' form: 3, 5 or 7 taps along the transformed axes (both, or one of a 1x7 / 7x1)
         self.defines = (dict(FR=g.kh) if g.kh == g.kw else
                         dict(FR=max(g.kh, g.kw), WINO_H=int(g.kh > 1), WINO_W=int(g.kw > 1)))

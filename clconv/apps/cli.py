@@ -175,7 +175,7 @@ def cmd_check(args):
     (:func:`clconv.tools.check`), and grad-bias against the NumPy reference."""
     queue = default_queue()
     dtype = np.dtype(args.dtype)
-    own, rows = tools.check(queue, dtype)
+    own, rows = tools.check(queue, dtype, args.math)
     print(f"checking every pass in {dtype} against the NumPy reference on {queue.device.name.strip()} "
           f"(GEMMs on {own})")
     failed = 0
@@ -224,6 +224,8 @@ def main(argv=None):
     sub.add_parser("probe", help="whether the device builds and runs kernels (exit status 1 if not)")
     check = sub.add_parser("check", help="quick self-test of every pass against the NumPy reference")
     check.add_argument("--dtype", choices=["float32", "float16", "float64"], default="float32")
+    check.add_argument("--math", help="math mode (strict, tf32 for float32, fp16 for float16), where the device "
+                                      "runs it (default: the dtype's, clconv.get_math)")
     args, rest = ap.parse_known_args(argv)
     if args.command != "bench" and rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
