@@ -1,6 +1,7 @@
 """GEMM engines on the convolution workloads' GEMM shapes, against NumPy and the machine's peak.
 
-    python -m bench gemm [--repeat R] [--json PATH] [--engine NAME ...]
+    python -m bench gemm [--repeat R] [--json PATH] [--engine NAME ...] [--size cpu|gpu|square]
+                         [--math strict|tf32|fp16|bf16]
 
 Times each engine that runs on the device (clconv's CPU kernel, clconv's GPU kernel, CLBlast)
 on the products the fully-connected, pointwise and im2col passes of bench/workloads.json run
@@ -11,6 +12,10 @@ least: 16 on AVX-512 CPUs, whose 512-bit peak is about 1.8x the 256-bit one on t
 420 against 229 GFLOP/s), the FLOP/s the device's compiler can issue; beside it the figure
 derived from the clock /proc/cpuinfo reports and two FMA pipes per core of the widest vectors its
 flags list (32 single-precision FLOP per cycle with AVX2, 64 with AVX-512).
+
+--size square times one 4096 x 4096 x 4096 product. --math runs clconv's GPU kernel in that mode
+(clconv.precision; the others only in strict math) and, on a GPU, PyTorch's CUDA matmul (cuBLAS)
+in the same mode, each held to the mode's tolerance (clconv.reference.tolerance).
 """
 import argparse
 import json
@@ -27,7 +32,9 @@ import pyopencl.array as cla
 import clconv
 from clconv.gemm import Grid, Operand, clblast, gemm_cpu, gemm_gpu
 
-from .peers import matmul_peers
+from clconv.reference import normalised_error, tolerance
+
+from .peers import cuda_matmul_peer, matmul_peers
 from .run import load_workloads
 
 PEAK_SOURCE = """
@@ -89,7 +96,10 @@ def clock_peak():
 
 
 def shapes(size):
-    """(name, M, N, K, count, a_transp, b_transp): the GEMMs of the workloads' GEMM passes."""
+    """(name, M, N, K, count, a_transp, b_transp): the GEMMs of the workloads' GEMM passes, or
+    for "square" one 4096^3 product."""
+    if size == "square":
+        return [("square", 4096, 4096, 4096, 1, False, False)]
     found = []
     for w in load_workloads():
         s = w[size]
@@ -115,18 +125,20 @@ def shapes(size):
     return found
 
 
-def engines(queue, names):
-    """{name: run(m, n, k, count, a, b, c, a_transp, b_transp)} for the engines that run here."""
+def engines(queue, names, math="strict"):
+    """{name: run(m, n, k, count, a, b, c, a_transp, b_transp)} for the engines that run here, in
+    ``math`` (clconv's GPU kernel only, where that is not strict)."""
     f32 = np.dtype(np.float32)
 
-    def batched(grid):
+    def batched(grid, **kw):
         def run(m, n, k, count, a, b, c, at, bt):
             grid(queue, f32, Grid(1, count, m, n, k), Operand(a, 0, m if at else k, 0, m * k, transp=at),
-                 Operand(b, 0, k if bt else n, 0, k * n, transp=bt), Operand(c, 0, n, 0, m * n), what="bench")
+                 Operand(b, 0, k if bt else n, 0, k * n, transp=bt), Operand(c, 0, n, 0, m * n), what="bench", **kw)
         return run
-    found = {"clconv-cpu": batched(gemm_cpu.grid_gemm), "clblast": batched(clblast.grid_gemm)}
-    if gemm_gpu.tile(queue.device, 128, 128, 1) is not None:
-        found["clconv-gpu"] = batched(gemm_gpu.grid_gemm)
+    found = {"clconv-cpu": batched(gemm_cpu.grid_gemm), "clblast": batched(clblast.grid_gemm)} if math == "strict" else {}
+    if gemm_gpu.tile(queue.device, 128, 128, 1) is not None and (math == "strict"
+                                                                  or math in gemm_gpu.matrix_units(queue.device)):
+        found["clconv-gpu"] = batched(gemm_gpu.grid_gemm, math=math)
     return {k: v for k, v in found.items() if not names or k in names}
 
 
@@ -134,7 +146,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench gemm", description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5, help="rounds of interleaved runs (default 5)")
     ap.add_argument("--engine", action="append", help="only these engines (clconv-cpu, clconv-gpu, clblast)")
-    ap.add_argument("--size", choices=("cpu", "gpu"), default="cpu")
+    ap.add_argument("--size", choices=("cpu", "gpu", "square"), default="cpu")
+    ap.add_argument("--math", choices=("strict", "tf32", "fp16", "bf16"), default="strict",
+                    help="clconv's GPU kernel and PyTorch's CUDA matmul in this math mode")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     queue = clconv.default_queue()
@@ -145,7 +159,10 @@ def main(argv=None):
     print(f"measured fma peak ({peak_vector_width(device)}-wide vectors): {peak:.1f} GFLOP/s"
           + (f"; clock {clock[0]:.2f} GHz x {clock[1]} FLOP x {os.cpu_count()} cores = {clock[2]:.1f} GFLOP/s"
              if clock else ""))
-    runs = engines(queue, args.engine)
+    runs = engines(queue, args.engine, args.math)
+    if not runs:
+        ap.error(f"no engine runs math={args.math!r} on {device.name.strip()}")
+    tol = tolerance(np.float32, args.math)
     rng = np.random.default_rng(0)
     rows = []
     for name, m, n, k, count, at, bt in shapes(args.size):
@@ -156,14 +173,15 @@ def main(argv=None):
         opb = hb.transpose(0, 2, 1) if bt else hb
         want = np.matmul(opa.astype(np.float64), opb.astype(np.float64))
         flop = 2.0 * m * n * k * count
-        hosts = matmul_peers(opa, opb)
+        on_gpu = bool(device.type & cl.device_type.GPU)
+        hosts = cuda_matmul_peer(opa, opb, args.math) if on_gpu else matmul_peers(opa, opb)
         times = {e: [] for e in (*runs, *hosts)}
         outs = {e: cla.empty(queue, (count, m, n), np.float32) for e in runs}
         for e, fn in runs.items():   # warm up, and check once
             fn(m, n, k, count, a.base_data, b.base_data, outs[e].base_data, at, bt)
             queue.finish()
-            err = np.abs(outs[e].get() - want).max() / np.abs(want).max()
-            assert err < 1e-4, f"{e} {name}: normalised error {err}"
+            err = normalised_error(outs[e].get(), want)
+            assert err <= tol, f"{e} {name}: normalised error {err}"
         for fn in hosts.values():
             fn()
         for _ in range(args.repeat):   # interleaved rounds
@@ -197,7 +215,7 @@ def main(argv=None):
                        "machine": platform.machine(), "measured_peak_gflops": peak,
                        "peak_vector_width": peak_vector_width(device),
                        "clock_peak": clock and {"ghz": clock[0], "flop_per_cycle": clock[1], "gflops": clock[2]},
-                       "numpy": np.__version__, "torch": getattr(sys.modules.get("torch"), "__version__", None),
+                       "math": args.math, "numpy": np.__version__, "torch": getattr(sys.modules.get("torch"), "__version__", None),
                        "shapes": rows}, f, indent=1)
         print(f"wrote {args.json}")
     return 0

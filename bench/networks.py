@@ -2,6 +2,7 @@
 
     python -m bench networks [--networks a,b] [--batch N] [--device SPEC] [--budget S] [--rounds R]
                              [--layers PATTERNS] [--limit N] [--json PATH] [--plot PNG] [--profile] [--graph]
+                             [--math strict|tf32|fp16]
 
 The layers are bench/networks.json (made by tools/network_layers.py): each distinct Conv2d of
 resnet50, mobilenet_v2, efficientnet_b0, convnext_tiny, regnet_y_400mf and inception_v3 at a
@@ -26,6 +27,12 @@ per kind of layer; per network the convolutions' time of one training step (forw
 gradients of every layer, weighted by its count) and the first-call time (a layer shared with
 an earlier network counted there); the worst layer-passes. A table goes to stdout, JSON to
 bench/results/<device>-networks-b<batch>.json. Exit status 1 if a result was wrong.
+
+--math compares both sides in one math mode (clconv.precision): strict (the default: float32
+arrays, clconv's strict math, cuDNN with TF32 off), tf32 (float32 arrays, clconv's math="tf32",
+cuDNN with TF32 allowed, PyTorch's default) or fp16 (float16 arrays and half tensors). Errors are
+held to the mode's tolerance (clconv.reference.tolerance); results go to
+bench/results/<device>-networks-b<batch>-<mode>.json for the modes other than strict.
 
 --graph also times each pass recorded once in a clconv.graph() and replayed (its launches alone,
 as a recorded network runs them; the result checked too), in the same alternating rounds, and
@@ -61,7 +68,7 @@ from tqdm import tqdm
 import clconv
 from clconv.geometry import PASSES, conv_geometry
 from clconv.programs import builds
-from clconv.reference import TOLERANCE, normalised_error
+from clconv.reference import normalised_error, tolerance
 
 from . import peers
 from .profile import device_time
@@ -74,7 +81,7 @@ ROUNDS = 3          # alternating rounds of clconv and PyTorch per layer-pass
 MAX_BATCHES = 100   # time_it's cap on timed batches per side and round; the budget ends it sooner
 SETTLE_S = 0.05     # pause after a PyTorch CPU run (its threads spin a while); 519 layer-passes x rounds
 WORST = 15          # the slowest layer-passes (by ratio) listed
-TOL = TOLERANCE[np.dtype(np.float32)]
+MODES = {"strict": np.float32, "tf32": np.float32, "fp16": np.float16}   # --math: the arrays' dtype
 KINDS = ("1x1 on >7x7", "1x1 on <=7x7", "dense 3x3", "asymmetric 1xn/nx1", "other dense", "grouped",
          "depthwise 3x3", "depthwise 5x5", "depthwise 7x7")
 
@@ -152,25 +159,31 @@ def record_and_replay(call):
     return recorded, result
 
 
-def run_layer(layer, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, profile_queue=None, graph=False):
+def run_layer(layer, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, profile_queue=None, graph=False, math="strict"):
     """({pass: measurements}, the peer's label) of one layer: first calls and the correctness
     check, then timing in rounds; with ``profile_queue``, each pass's device time by kernel; with
-    ``graph``, each pass recorded in a clconv.graph() and its replay timed too."""
+    ``graph``, each pass recorded in a clconv.graph() and its replay timed too; both sides in the
+    math mode ``math`` (see --math)."""
     g = geometry(layer, batch)
     opts = options(layer)
+    dtype = MODES[math]
+    tol = tolerance(dtype, math)
     rng = np.random.default_rng(0)
     host = {"x": rng.standard_normal(g.input_shape, np.float32),
             "w": (rng.standard_normal(g.weight_shape, np.float32) / np.sqrt(g.Kd)).astype(np.float32),
             "dy": rng.standard_normal(g.output_shape, np.float32)}
+    host = {k: v.astype(dtype) for k, v in host.items()}
     dev = {k: cla.to_device(queue, v) for k, v in host.items()}
     shape = {"N": batch, **{k: layer[k] for k in ("C", "H", "W", "K", "kh", "kw", "groups")}, **opts}
-    torch = peers.torch_peer(shape, queue.device, host)
+    torch = peers.torch_peer(shape, queue.device, host, tf32=math == "tf32")
+    opts = {**opts, "math": math}   # (clconv's calls; PyTorch's peer has its own)
     if isinstance(torch, str):
         raise RuntimeError(f"the networks benchmark needs PyTorch as its peer: {torch}")
     theirs, torch_sync, label = torch
     # the correctness check's answer: the same PyTorch calls in float64 (both sides' errors are
     # measured against it, so a disagreement says which side is off)
-    exact, _, _ = peers.torch_peer(shape, queue.device, {k: v.astype(np.float64) for k, v in host.items()})
+    exact, _, _ = peers.torch_peer(shape, queue.device, {k: v.astype(np.float64) for k, v in host.items()},
+                                   tf32=math == "tf32")
     # clconv's plain public calls, looked up on the module at call time (the test perturbs one)
     ours = {"forward": lambda: clconv.conv2d(dev["x"], dev["w"], **opts),
             "backward_input": lambda: clconv.conv2d_input(g.input_shape, dev["w"], dev["dy"], **opts),
@@ -205,7 +218,7 @@ def run_layer(layer, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, profile_que
         torch_ms = statistics.median(t[1] for t in torch_times) * 1e3
         passes[p] = {"clconv_ms": ms, "clconv_min_ms": min(t[0] for t in times) * 1e3,
                      "torch_ms": torch_ms, "torch_min_ms": min(t[0] for t in torch_times) * 1e3,
-                     "ratio": ms / torch_ms, "error": error, "torch_error": torch_error, "ok": bool(error <= TOL),
+                     "ratio": ms / torch_ms, "error": error, "torch_error": torch_error, "ok": bool(error <= tol),
                      "first_call_ms": first_ms, "torch_first_call_ms": torch_first_ms}
         if graph:
             graph_ms = statistics.median(t[1] for t in graph_times) * 1e3
@@ -216,13 +229,14 @@ def run_layer(layer, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, profile_que
             passes[p].update(device_ms=device_ms, launches=launches, kernels=kernels)
     # the plan the calls used comes from the functional API's cache; one made with the same
     # arguments chooses the same algorithms (no kernels built: those are cached per context)
-    chosen = clconv.plan(g.input_shape, g.weight_shape, queue=queue, **opts).algorithms
+    chosen = clconv.plan(g.input_shape, g.weight_shape, queue=queue, dtype=dtype, **opts).algorithms
     for p in PASSES:
         passes[p]["algorithm"] = chosen[p]
     return passes, label
 
 
-def run_layers(layers, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, progress=True, profile=False, graph=False):
+def run_layers(layers, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, progress=True, profile=False, graph=False,
+               math="strict"):
     """[{"id", "kind", "shape", "layer", "count", "peer", "passes"}] for ``layers``."""
     profile_queue = (cl.CommandQueue(queue.context, queue.device,
                                      properties=cl.command_queue_properties.PROFILING_ENABLE) if profile else None)
@@ -230,7 +244,7 @@ def run_layers(layers, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, progress=
     with tqdm(layers, desc="layers", unit="layer", file=sys.stderr, disable=not progress) as bar:
         for layer in bar:
             bar.set_postfix_str(layer["id"])
-            passes, peer = run_layer(layer, batch, queue, budget_s, rounds, profile_queue, graph)
+            passes, peer = run_layer(layer, batch, queue, budget_s, rounds, profile_queue, graph, math)
             results.append({"id": layer["id"], "kind": kind(layer), "shape": describe(layer),
                             "layer": {k: v for k, v in layer.items() if k not in ("id", "count")},
                             "count": layer["count"], "peer": peer, "passes": passes})
@@ -341,7 +355,8 @@ def summarise(results, networks, info):
                        "torch_ms": d["torch_ms"], "algorithm": d["algorithm"]} for r, p, d in worst],
             "faster": {"clconv": sum(d["ratio"] < 1 for _, _, d in rows),
                        "torch": sum(d["ratio"] >= 1 for _, _, d in rows)},
-            "failures": [f"{r['id']} {p}: error {d['error']:.2e} > {TOL} (PyTorch's {d['torch_error']:.1e})" for r, p, d in rows if not d["ok"]]}
+            "failures": [f"{r['id']} {p}: error {d['error']:.2e}, above the tolerance (PyTorch's {d['torch_error']:.1e})"
+                         for r, p, d in rows if not d["ok"]]}
 
 
 def report(record):
@@ -357,7 +372,8 @@ def report(record):
                          f"{d['clconv_ms']:10.3f} {d['torch_ms']:10.3f} {d['ratio']:6.2f} {d['error']:8.1e} "
                          f"{d['first_call_ms']:8.1f}{flag}")
     lines.append(f"ratio = clconv median / {peer} median (lower is better for clconv); clconv: plain calls, a new "
-                 f"result each; 1st ms: clconv's first call (plan, kernel builds, one run)")
+                 f"result each; 1st ms: clconv's first call (plan, kernel builds, one run); math "
+                 f"{record.get('math', 'strict')}, errors within {record['tolerance']:.2g}")
     lines.append("")
     lines.append(f"geometric mean of the ratio over {s['overall']['layer_passes']} layer-passes: "
                  f"{s['overall']['geomean_ratio']:.2f}   (" +
@@ -459,6 +475,8 @@ def main(argv=None):
                     "clconv.prepare() and warm, each in a new process (see above)")
     ap.add_argument("--first-calls-child", metavar="JSON", help=argparse.SUPPRESS)
     ap.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--math", choices=list(MODES), default="strict",
+                    help="both sides' math mode: strict (default), tf32 or fp16 (see above)")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="instead of measuring, combine runs of network subsets "
                     "on one device and batch (one device call each, say) into one record (--json, --plot)")
     args = ap.parse_args(argv)
@@ -502,15 +520,18 @@ def main(argv=None):
         ap.error("PyTorch, the peer this benchmark compares with, is not installed (pip install clconv[bench])")
     print(f"device: {device.platform.name} / {device.name}; batch {batch}; {len(layers)} layers x 3 passes; "
           f"networks: {', '.join(networks)}", flush=True)
-    results = run_layers(layers, batch, queue, args.budget, args.rounds, profile=args.profile, graph=args.graph)
+    results = run_layers(layers, batch, queue, args.budget, args.rounds, profile=args.profile, graph=args.graph,
+                         math=args.math)
     today = datetime.date.today().isoformat()
     record = {"date": today, "device": device.name, "platform": device.platform.name,
               "driver": device.driver_version, "machine": platform.machine(), "python": sys.version.split()[0],
               "clconv": clconv.__version__, "torch": torch.__version__, "peer": results[0]["peer"], "batch": batch,
-              "budget_s": args.budget, "rounds": args.rounds, "tolerance": TOL, "networks": networks,
+              "budget_s": args.budget, "rounds": args.rounds, "math": args.math,
+              "tolerance": tolerance(MODES[args.math], args.math), "networks": networks,
               "layers": results, "summary": summarise(results, networks, data["networks"])}
     return write(record, Path(args.json) if args.json else
-                 HERE / "results" / f"{slug(device.name)}-networks-b{batch}.json", args.plot)
+                 HERE / "results" / f"{slug(device.name)}-networks-b{batch}{'' if args.math == 'strict' else '-' + args.math}.json",
+                 args.plot)
 
 
 def write(record, path, plot_path=None):

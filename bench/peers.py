@@ -24,13 +24,14 @@ def _pair(value):
     return (int(value[0]), int(value[1])) if isinstance(value, (tuple, list)) else (int(value),) * 2
 
 
-def torch_peer(w, ocl_device, arrays):
+def torch_peer(w, ocl_device, arrays, tf32=False):
     """{pass: fn} running PyTorch, the synchronize function, and a label; or a reason string.
 
     ``w``: the sizes (N, C, H, W, K, kh, kw, groups) and stride, padding, dilation, each an int
     or an (h, w) pair (symmetric padding per axis, as PyTorch's); ``arrays``: NumPy x, w, dy.
     Each fn returns PyTorch's result: the output, or convolution_backward's (grad_input,
-    grad_weight, grad_bias) with only the asked-for gradient computed.
+    grad_weight, grad_bias) with only the asked-for gradient computed. On a GPU, cuDNN with TF32
+    allowed where ``tf32`` (PyTorch's own default), else off; float16 arrays run as half tensors.
     """
     try:
         import torch
@@ -39,8 +40,8 @@ def torch_peer(w, ocl_device, arrays):
     on_gpu = bool(ocl_device.type & cl.device_type.GPU) and torch.cuda.is_available()
     dev = torch.device("cuda" if on_gpu else "cpu")
     if on_gpu:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
         torch.backends.cudnn.benchmark = True
     x, wt, dy = (torch.from_numpy(a).to(dev) for a in (arrays["x"], arrays["w"], arrays["dy"]))
     s, p, d, g = _pair(w["stride"]), _pair(w["padding"]), _pair(w["dilation"]), w["groups"]
@@ -49,7 +50,7 @@ def torch_peer(w, ocl_device, arrays):
         return lambda: torch.ops.aten.convolution_backward(dy, x, wt, None, s, p, d, False, (0, 0), g, mask)
 
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-    label = f"torch-{'cudnn' if on_gpu else 'cpu'}"
+    label = f"torch-{'cudnn' if on_gpu else 'cpu'}" + ("-tf32" if tf32 and on_gpu else "")
     fns = {"forward": lambda: torch.nn.functional.conv2d(x, wt, None, s, p, d, g),
            "backward_input": backward([True, False, False]),
            "backward_weight": backward([False, True, False])}
@@ -67,6 +68,26 @@ def matmul_peers(opa, opb):
     ta, tb = torch.from_numpy(opa), torch.from_numpy(opb)
     found["torch"] = lambda: torch.matmul(ta, tb)
     return found
+
+
+def cuda_matmul_peer(opa, opb, math="strict"):
+    """{"torch-cuda": fn}: op(A) @ op(B) through PyTorch on CUDA (cuBLAS) in the math mode
+    ``math`` (TF32 allowed for "tf32", half or bfloat16 tensors for "fp16" or "bf16"), each call
+    synchronised; {} where PyTorch has no CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    if not torch.cuda.is_available():
+        return {}
+    torch.backends.cuda.matmul.allow_tf32 = math == "tf32"
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(math, torch.float32)
+    ta, tb = (torch.from_numpy(x.copy()).to("cuda", dtype) for x in (opa, opb))
+
+    def run():
+        torch.matmul(ta, tb)
+        torch.cuda.synchronize()
+    return {"torch-cuda": run}
 
 
 def numpy_peer(w, arrays):

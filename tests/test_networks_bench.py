@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import clconv
+from clconv.reference import TOLERANCE, tolerance
 from clconv.rules import POINTWISE_FOLD_BELOW as FOLD_BELOW
 from clconv.bench import networks as nb
 
@@ -57,11 +58,12 @@ def test_benchmark_writes_its_json(tiny, data, tmp_path):
     assert status == 0
     record = json.loads(out.read_text())
     assert record["batch"] == 1 and record["networks"] == nets and record["peer"].startswith("torch-")
+    assert record["math"] == "strict"
     assert sorted(r["id"] for r in record["layers"]) == sorted(lay["id"] for lay in tiny)
     for r in record["layers"]:
         assert set(r["passes"]) == {"forward", "backward_input", "backward_weight"}
         for d in r["passes"].values():
-            assert d["ok"] and d["error"] <= nb.TOL
+            assert d["ok"] and d["error"] <= record["tolerance"] == TOLERANCE[np.dtype(np.float32)]
             assert d["clconv_ms"] > 0 and d["torch_ms"] > 0 and d["first_call_ms"] > 0
             assert d["ratio"] == pytest.approx(d["clconv_ms"] / d["torch_ms"])
             assert d["algorithm"] in ("fc", "1x1", "direct", "fft", "winograd", "im2col")
@@ -97,8 +99,25 @@ def test_a_wrong_result_fails_the_check(tiny, queue, monkeypatch):
     real = clconv.conv2d
     monkeypatch.setattr(clconv, "conv2d", lambda *args, **kw: real(*args, **kw) * np.float32(1.001))
     passes, _ = nb.run_layer(tiny[0], 1, queue, budget_s=0.01, rounds=1)
-    assert not passes["forward"]["ok"] and passes["forward"]["error"] > nb.TOL
+    assert not passes["forward"]["ok"] and passes["forward"]["error"] > TOLERANCE[np.dtype(np.float32)]
     assert passes["backward_input"]["ok"] and passes["backward_weight"]["ok"]
+
+
+@pytest.mark.whole_program
+@pytest.mark.parametrize("math", ["tf32", "fp16"])
+def test_benchmark_compares_in_a_math_mode(math, tiny, tmp_path):
+    """--math: both sides in the mode (float16 arrays and half tensors for fp16), held to its
+    tolerance, the mode in the record."""
+    pytest.importorskip("torch")
+    out = tmp_path / "run.json"
+    lay = tiny[0]
+    status = nb.main(["--networks", next(iter(lay["count"])), "--layers", lay["id"], "--batch", "1", "--budget", "0.01",
+                      "--rounds", "1", "--math", math, "--json", str(out)])
+    assert status == 0
+    record = json.loads(out.read_text())
+    dtype = np.float16 if math == "fp16" else np.float32
+    assert record["math"] == math and record["tolerance"] == tolerance(dtype, math)
+    assert all(d["ok"] and d["error"] <= record["tolerance"] for d in record["layers"][0]["passes"].values())
 
 
 @pytest.mark.whole_program
