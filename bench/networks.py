@@ -41,7 +41,8 @@ reports its ratio against PyTorch's plain call beside the plain call's.
 --first-calls measures only clconv's first calls, as a network's first step pays them: each
 selected layer's three passes once, in order, in new processes: cold (empty caches: clconv's
 tuning cache with its known-answer verdicts, pyopencl's binary cache, PoCL's and NVIDIA's kernel
-caches), cold after clconv.prepare() over the layers, and warm (the first run's caches). It
+caches), cold after clconv.prepare() over the layers in threads, cold after clconv.prepare() with
+a worker process per host core first, and warm (the first run's caches). It
 reports each run's total, the programs built and their build time, per kernel file, and writes
 bench/results/<device>-networks-b<batch>-first-calls.json.
 """
@@ -251,7 +252,9 @@ def run_layers(layers, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, progress=
     return results
 
 
-FIRST_CALL_RUNS = (("cold", False), ("cold, prepared", True), ("warm", False))   # (caches, clconv.prepare first)
+# (caches, clconv.prepare first: None, or its worker processes, 0 for threads alone)
+FIRST_CALL_RUNS = (("cold", None), ("cold, prepared", 0), ("cold, prepared in processes", os.cpu_count() or 1),
+                   ("warm", None))
 
 
 def cache_env(folder):
@@ -265,13 +268,13 @@ def layer_shapes(layer, batch):
     return g.input_shape, g.weight_shape, options(layer)
 
 
-def first_calls_run(layers, batch, queue, prepared):
+def first_calls_run(layers, batch, queue, processes=None):
     """One process's first calls: {"prepare_s", "first_calls_s", "total_s", "builds", "build_s",
     "by_file"} over ``layers`` (each layer's passes once, in order), with clconv.prepare() over
-    them first where ``prepared``."""
+    them first unless ``processes`` is None (its worker processes: 0 for threads alone)."""
     start = time.perf_counter()
-    if prepared:
-        clconv.prepare([layer_shapes(layer, batch) for layer in layers], queue=queue)
+    if processes is not None:
+        clconv.prepare([layer_shapes(layer, batch) for layer in layers], queue=queue, processes=processes)
     prepare_s = time.perf_counter() - start
     first_s = 0.0
     for layer in layers:
@@ -297,15 +300,15 @@ def first_calls(argv, device_name, batch):
     runs = []
     with tempfile.TemporaryDirectory(prefix="clconv-first-calls-") as folder:
         for caches, prepared in FIRST_CALL_RUNS:
-            where = Path(folder) / ("prepared" if prepared else "plain")
+            where = Path(folder) / ("plain" if prepared is None else f"prepared-{prepared}")
             out = Path(folder) / f"run-{len(runs)}.json"
             child = [sys.executable, "-m", f"{__package__}.networks", *argv, "--first-calls-child", str(out), "--batch", str(batch)]
-            if prepared:
-                child.append("--prepare")
+            if prepared is not None:
+                child += ["--prepare", str(prepared)]
             subprocess.run(child, check=True, env={**os.environ, **cache_env(where)})
             runs.append({"caches": caches, "prepared": prepared, **json.loads(out.read_text())})
             r = runs[-1]
-            print(f"{caches:15s} prepare {r['prepare_s']:7.1f} s  first calls {r['first_calls_s']:7.1f} s  "
+            print(f"{caches:28s} prepare {r['prepare_s']:7.1f} s  first calls {r['first_calls_s']:7.1f} s  "
                   f"total {r['total_s']:7.1f} s  {r['builds']:4d} programs built in {r['build_s']:6.1f} s", flush=True)
     return runs
 
@@ -474,7 +477,7 @@ def main(argv=None):
     ap.add_argument("--first-calls", action="store_true", help="only clconv's first calls, cold, cold after "
                     "clconv.prepare() and warm, each in a new process (see above)")
     ap.add_argument("--first-calls-child", metavar="JSON", help=argparse.SUPPRESS)
-    ap.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--prepare", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--math", choices=list(MODES), default="strict",
                     help="both sides' math mode: strict (default), tf32 or fp16 (see above)")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="instead of measuring, combine runs of network subsets "

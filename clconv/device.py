@@ -49,6 +49,14 @@ def _all_devices():
     return found
 
 
+def spec_of(device):
+    """The ``"P:D"`` indices :func:`pick_device` takes for ``device`` (another process finds it by them)."""
+    for pi, di, _, d in _all_devices():
+        if d == device:
+            return f"{pi}:{di}"
+    raise DeviceNotFound(f"clconv: {device.name.strip()} is not among this process's OpenCL devices")
+
+
 def pocl_version(platform):
     """PoCL's version as a tuple ((3, 1) from "OpenCL 3.0 PoCL 3.1+debian ..."), None for another
     platform."""

@@ -8,10 +8,20 @@ worker threads (each on a queue of its own, of the same context), so that the co
 independent programs run side by side where the runtime lets them. The plans it makes are the
 ones later calls on that context find (:func:`clconv.planner.cached_plan`), and the kernels are
 cached per context and on disk (pyopencl's binary cache, the driver's).
+
+Where a runtime compiles one program at a time per process whatever the threads (NVIDIA's
+OpenCL), ``processes`` deals the layers to worker processes first: each runs its layers the same
+way on the same device, in a context of its own, and the caches on disk it fills (pyopencl's
+binaries, the driver's own, the known-answer verdicts in the tuning cache) are what this
+process's threads then read instead of compiling.
 """
+import json
 import os
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
 
 import numpy as np
 import pyopencl as cl
@@ -19,8 +29,11 @@ import pyopencl.array as cla
 from tqdm import tqdm
 
 from .functional import conv2d, conv2d_bias, conv2d_input, conv2d_weight
+from . import precision
+from .device import pick_device, spec_of
 from .geometry import conv_geometry
 from .nn import Conv2d
+from .programs import ClconvError
 from .validate import pick_queue, queue_context
 
 OPTIONS = ("stride", "padding", "dilation", "groups")
@@ -45,7 +58,7 @@ def _layer(item):
     return tuple(input_shape), tuple(weight_shape), options, None, None, None
 
 
-def prepare(layers, *, dtype=np.float32, queue=None, workers=None, progress=False, math=None):
+def prepare(layers, *, dtype=np.float32, queue=None, workers=None, processes=0, progress=False, math=None):
     """Make the plans and build the kernels of ``layers`` before their first calls; return the
     number of distinct layers prepared.
 
@@ -55,7 +68,8 @@ def prepare(layers, *, dtype=np.float32, queue=None, workers=None, progress=Fals
     distinct layer's forward (with a bias), grad-input, grad-weight and grad-bias run once on
     zeros (a module's forward and backward, which add nothing to its gradients), ``workers`` at a
     time (default: the host's cores), on ``queue``'s context (default: the default queue's).
-    Bad layers raise before anything runs. ``progress``: a progress bar on standard error.
+    Bad layers raise before anything runs. ``processes``: how many worker processes run the layers
+    first (0: none; see above). ``progress``: a progress bar on standard error.
     ``math``: the math mode of the shapes' plans, as later calls pass it (:mod:`clconv.precision`;
     None: the dtype's default); a module's plans take the module's.
     """
@@ -89,6 +103,13 @@ def prepare(layers, *, dtype=np.float32, queue=None, workers=None, progress=Fals
         conv2d_bias(y, queue=q)
         q.finish()
 
+    if processes:
+        # (a module's layer as its shapes, dtype and math: its own steps build nothing a shape's do
+        # not; the math mode as this process's defaults resolve it)
+        shares = [(spec_of(home.device), input_shape, weight_shape, options, layer_dtype.name,
+                   precision.requested(layer_dtype, module.math if module is not None else math))
+                  for input_shape, weight_shape, options, layer_dtype, home, module in work.values()]
+        _in_processes(shares, min(processes, len(shares)), progress)
     bar = tqdm(total=len(work), desc="clconv.prepare", unit="layer") if progress else None
     try:
         with ThreadPoolExecutor(workers) as pool:
@@ -100,3 +121,50 @@ def prepare(layers, *, dtype=np.float32, queue=None, workers=None, progress=Fals
         if bar is not None:
             bar.close()
     return len(work)
+
+
+def _in_processes(layers, count, progress):
+    """``layers`` dealt to ``count`` worker processes (``python -m clconv.prepare``, each reading
+    its layers as JSON and saying "done" after each); ClconvError with a worker's last words where
+    one fails."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH"))))
+    workers = [subprocess.Popen([sys.executable, "-m", "clconv.prepare"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env) for _ in range(count)]
+    bar = tqdm(total=len(layers), desc="clconv.prepare (processes)", unit="layer") if progress else None
+
+    def follow(worker, share):
+        worker.stdin.write(json.dumps(share))
+        worker.stdin.close()
+        for _ in worker.stdout:
+            if bar is not None:
+                bar.update()
+        return worker.wait(), worker.stderr.read()
+    try:
+        with ThreadPoolExecutor(count) as pool:
+            ends = list(pool.map(follow, workers, [layers[i::count] for i in range(count)]))
+    finally:
+        if bar is not None:
+            bar.close()
+    for status, words in ends:
+        if status:
+            lines = words.strip().splitlines()
+            raise ClconvError(f"clconv: a prepare worker process failed (exit status {status}): "
+                              f"{lines[-1] if lines else 'no message'}")
+
+
+def _worker():
+    """A worker process of :func:`prepare`: the layers on standard input (JSON), each on the device
+    its spec names, "done" on standard output after each."""
+    queues = {}   # a queue per device spec (its context kept)
+    for spec, input_shape, weight_shape, options, dtype, math in json.load(sys.stdin):
+        queue = queues.get(spec)
+        if queue is None:
+            device = pick_device(spec)[0]
+            queue = queues[spec] = cl.CommandQueue(cl.Context([device]), device)
+        prepare([(input_shape, weight_shape, options)], dtype=dtype, queue=queue, workers=1, math=math)
+        print("done", flush=True)
+
+
+if __name__ == "__main__":
+    _worker()

@@ -165,7 +165,8 @@ def first_calls_section(runs):
            "`python -m bench networks --first-calls` runs only clconv's first calls, each selected layer's three "
            "passes once in order, as a network's first step pays them, in new processes: with empty caches "
            "(clconv's tuning cache and known-answer verdicts, pyopencl's binary cache, the driver's kernel "
-           "cache), with empty caches after `clconv.prepare()` over the layers, and warm.\n\n"]
+           "cache), with empty caches after `clconv.prepare()` over the layers (in threads, and, in runs since "
+           "its worker processes came, with a worker process per host core first), and warm.\n\n"]
     for device, variant, name, r in runs:
         out.append(f"### {device}, batch {r['batch']}\n\n{source(name, r)}; {r['layer_passes']} layer-passes, "
                    f"{r['host_cores']} host cores.\n\n")

@@ -58,6 +58,36 @@ def test_prepare_a_module(queue):
     assert len(builds()) == built
 
 
+def test_prepare_in_processes_fills_the_caches_first(queue, tmp_path, monkeypatch):
+    """processes=2: worker processes run the layers first, on the same device, into the caches
+    on disk (here empty ones): the known-answer verdicts they took are in the tuning cache; then
+    this process's calls give the reference's answers."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CLCONV_CACHE_DIR", str(tmp_path / "clconv"))
+    clconv.selfcheck.forget()
+    calls = []
+    real = clconv.prepare.__globals__["_in_processes"]
+    monkeypatch.setitem(clconv.prepare.__globals__, "_in_processes",
+                        lambda *args: (calls.append(args), real(*args))[1])
+    q = new_queue(queue)
+    assert clconv.prepare(LAYERS, queue=q, processes=2) == 3
+    (layers, count, _), = calls
+    assert count == 2 and len(layers) == 3 and {spec for spec, *_ in layers} == {clconv.device.spec_of(q.device)}
+    verdicts = [k for k in clconv.tuning.load() if k.startswith("selfcheck|")]
+    assert verdicts, "the workers took no known-answer check"
+    rng = np.random.default_rng(2)
+    for xs, ws, opts in LAYERS[1:]:
+        x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+        assert_close(clconv.conv2d(x, w, queue=q, **opts), reference.conv2d(x, w, **opts), np.float32, f"{xs} {ws}")
+
+
+def test_a_failing_worker_process_raises_its_last_words(queue, monkeypatch):
+    monkeypatch.setitem(clconv.prepare.__globals__, "spec_of", lambda device: "99:99")
+    with pytest.raises(clconv.ClconvError, match=r"a prepare worker process failed \(exit status 1\): "
+                                                 r"clconv\.device\.DeviceNotFound: .*99:99"):
+        clconv.prepare(LAYERS[2:], queue=new_queue(queue), processes=1)
+
+
 @pytest.mark.parametrize("layer, error", [
     (((2, 6, 9, 9), (4, 4, 3, 3), {}), ValueError),                  # channels: 6 against the weight's 4
     (((2, 6, 9, 9), (4, 6, 3, 3), dict(stride=0)), ValueError),
