@@ -223,17 +223,18 @@ def test_verdicts_and_tunings_are_kept_per_mode(queue, tmp_path, monkeypatch):
 
 # -- on the matrix units: the device's, or the GPU kernel's emulation of them ---------------------
 
-GPU_CASES = [  # odd, non-square, groups and dilation; each algorithm whose GEMMs take a mode
-    (Case("im2col_g2_d2", 2, 24, 17, 13, 40, 3, 2, padding=(1, 2), dilation=2, groups=2), "im2col"),
-    (Case("1x1_g3", 2, 48, 13, 11, 24, 1, 1, groups=3), "1x1"),
-    (Case("fc_g2", 7, 64, 5, 3, 40, 5, 3, groups=2), "fc"),
+GPU_CASES = [  # odd, non-square, groups and dilation; each algorithm whose GEMMs take a mode; per-group queues
+    (Case("im2col_g2_d2", 2, 24, 17, 13, 40, 3, 2, padding=(1, 2), dilation=2, groups=2), "im2col", "single"),
+    (Case("im2col_g3_s2", 2, 21, 15, 12, 33, 3, 3, stride=2, padding=1, groups=3), "im2col", "per-group"),
+    (Case("1x1_g3", 2, 48, 13, 11, 24, 1, 1, groups=3), "1x1", "single"),
+    (Case("fc_g2", 7, 64, 5, 3, 40, 5, 3, groups=2), "fc", "single"),
 ]
 
 
 @pytest.mark.gpu_form
 @pytest.mark.parametrize("dtype, mode", [(F32, "tf32"), (F16, "fp16")], ids=str)
-@pytest.mark.parametrize("case, algorithm", GPU_CASES, ids=lambda v: getattr(v, "name", v))
-def test_matrix_units_against_the_reference(queue, monkeypatch, case, algorithm, dtype, mode):
+@pytest.mark.parametrize("case, algorithm, queues", GPU_CASES, ids=lambda v: getattr(v, "name", v))
+def test_matrix_units_against_the_reference(queue, monkeypatch, case, algorithm, queues, dtype, mode):
     """Each pass in the mode within its tolerance, on clconv's GPU kernel (the device's matrix
     units, or the kernel's emulation of them: :func:`helpers.matrix_units`); not bit-equal to
     strict math (the units ran); strict within the dtype's own tolerance."""
@@ -246,7 +247,7 @@ def test_matrix_units_against_the_reference(queue, monkeypatch, case, algorithm,
     got = {}
     for math in (mode, "strict"):
         p = clconv.plan(x.shape, w.shape, **opts, dtype=dtype, queue=queue, algorithm=algorithm, gemm="gpu",
-                        math=math)
+                        queues=queues, math=math)
         assert p.math == math, p.explain()
         got[math] = {"forward": p.forward(x, w, b), "grad-input": p.backward_input(w, dy),
                      "grad-weight": p.backward_weight(x, dy)}
