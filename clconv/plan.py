@@ -105,6 +105,11 @@ class Plan:
         """The math mode algorithm ``cls``'s GEMMs run in on this plan."""
         return self.math if cls.MATRIX_UNITS else "strict"
 
+    def checks(self):
+        """The known-answer verdicts its choices rest on: {(algorithm, GEMM engine, dtype, math
+        mode)} of the algorithms it chose (:func:`clconv.selfcheck.verdict`'s arguments)."""
+        return {(name, self.gemm, self.dtype.name, self._math_of(ALGORITHMS[name])) for name in self.algorithms.values()}
+
     def _choose(self, pass_name, algorithm, tuned=None):
         g = self.geometry
         if (tuned and tuned.get("algorithm") in ALGORITHMS and ALGORITHMS[tuned["algorithm"]].applies(g)[0]

@@ -10,15 +10,17 @@ ones later calls on that context find (:func:`clconv.planner.cached_plan`), and 
 cached per context and on disk (pyopencl's binary cache, the driver's).
 
 Where a runtime compiles one program at a time per process whatever the threads (NVIDIA's
-OpenCL), ``processes`` deals the layers to worker processes first: each runs its layers the same
-way on the same device, in a context of its own, and the caches on disk it fills (pyopencl's
-binaries, the driver's own, the known-answer verdicts in the tuning cache) are what this
-process's threads then read instead of compiling.
+OpenCL), ``processes`` deals the work to worker processes first, on the same device, each in a
+context of its own: the known-answer checks the layers' plans will ask for (each taken once),
+then the layers, run as above. The caches on disk they fill (the driver's kernel cache, the
+verdicts in the tuning cache) are what this process's threads then read instead of compiling.
 """
+import functools
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -29,10 +31,11 @@ import pyopencl.array as cla
 from tqdm import tqdm
 
 from .functional import conv2d, conv2d_bias, conv2d_input, conv2d_weight
-from . import precision
+from . import precision, selfcheck
 from .device import pick_device, spec_of
 from .geometry import conv_geometry
 from .nn import Conv2d
+from .plan import Plan
 from .programs import ClconvError
 from .validate import pick_queue, queue_context
 
@@ -106,10 +109,16 @@ def prepare(layers, *, dtype=np.float32, queue=None, workers=None, processes=0, 
     if processes:
         # (a module's layer as its shapes, dtype and math: its own steps build nothing a shape's do
         # not; the math mode as this process's defaults resolve it)
-        shares = [(spec_of(home.device), input_shape, weight_shape, options, layer_dtype.name,
-                   precision.requested(layer_dtype, module.math if module is not None else math))
-                  for input_shape, weight_shape, options, layer_dtype, home, module in work.values()]
-        _in_processes(shares, min(processes, len(shares)), progress)
+        shares, checks = [], {}
+        for input_shape, weight_shape, options, layer_dtype, home, module in work.values():
+            mode = precision.requested(layer_dtype, module.math if module is not None else math)
+            spec = spec_of(home.device)
+            # the verdicts its plan will ask for, as the rules choose (a plan that asks for none)
+            g = conv_geometry(input_shape, weight_shape, **options)
+            needs = {("check", spec, *c) for c in Plan(g, layer_dtype, home, math=mode, selfcheck=False).checks()}
+            checks.update(dict.fromkeys(sorted(needs)))
+            shares.append((("layer", spec, input_shape, weight_shape, options, layer_dtype.name, mode), needs))
+        _in_processes(list(checks), shares, min(processes, len(checks) + len(shares)), progress)
     bar = tqdm(total=len(work), desc="clconv.prepare", unit="layer") if progress else None
     try:
         with ThreadPoolExecutor(workers) as pool:
@@ -123,46 +132,85 @@ def prepare(layers, *, dtype=np.float32, queue=None, workers=None, processes=0, 
     return len(work)
 
 
-def _in_processes(layers, count, progress):
-    """``layers`` dealt to ``count`` worker processes (``python -m clconv.prepare``, each reading
-    its layers as JSON and saying "done" after each); ClconvError with a worker's last words where
-    one fails."""
+def _in_processes(checks, layers, count, progress):
+    """The known-answer ``checks`` and the ``layers`` ((task, the checks it needs)) of
+    :func:`_worker` on ``count`` worker processes (``python -m clconv.prepare``), a task at a time to
+    whichever is free: every check first, each taken once, then each layer once the checks it needs
+    are done (so that no worker takes a check another is taking). ClconvError with a worker's last
+    words where one fails."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH"))))
-    workers = [subprocess.Popen([sys.executable, "-m", "clconv.prepare"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env) for _ in range(count)]
-    bar = tqdm(total=len(layers), desc="clconv.prepare (processes)", unit="layer") if progress else None
+    todo, waiting, done, failed = list(checks), list(layers), set(), []
+    ready = threading.Condition()
+    bar = tqdm(total=len(todo) + len(waiting), desc="clconv.prepare (processes)", unit="task") if progress else None
 
-    def follow(worker, share):
-        worker.stdin.write(json.dumps(share))
-        worker.stdin.close()
-        for _ in worker.stdout:
-            if bar is not None:
-                bar.update()
-        return worker.wait(), worker.stderr.read()
+    def next_task():
+        with ready:
+            while not failed:
+                if todo:
+                    return todo.pop(0)
+                for i, (task, needs) in enumerate(waiting):
+                    if needs <= done:
+                        return waiting.pop(i)[0]
+                if not waiting:
+                    return None
+                ready.wait()
+            return None
+
+    def serve(_):
+        with tempfile.TemporaryFile("w+") as words:   # (a file: a pipe left unread would fill and block it)
+            worker = subprocess.Popen([sys.executable, "-m", "clconv.prepare"], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=words, text=True, env=env)
+            task = next_task()
+            while task is not None:
+                worker.stdin.write(json.dumps(task) + "\n")
+                worker.stdin.flush()
+                if not worker.stdout.readline():   # it ended without doing it
+                    break
+                if task[0] == "check":   # what layers wait for
+                    with ready:
+                        done.add(task)
+                        ready.notify_all()
+                if bar is not None:
+                    bar.update()
+                task = next_task()
+            worker.stdin.close()
+            status = worker.wait()
+            if status:
+                words.seek(0)
+                lines = words.read().strip().splitlines()
+                with ready:
+                    failed.append(f"clconv: a prepare worker process failed (exit status {status}): "
+                                  f"{lines[-1] if lines else 'no message'}")
+                    ready.notify_all()
     try:
         with ThreadPoolExecutor(count) as pool:
-            ends = list(pool.map(follow, workers, [layers[i::count] for i in range(count)]))
+            list(pool.map(serve, range(count)))
     finally:
         if bar is not None:
             bar.close()
-    for status, words in ends:
-        if status:
-            lines = words.strip().splitlines()
-            raise ClconvError(f"clconv: a prepare worker process failed (exit status {status}): "
-                              f"{lines[-1] if lines else 'no message'}")
+    if failed:
+        raise ClconvError(failed[0])
 
 
 def _worker():
-    """A worker process of :func:`prepare`: the layers on standard input (JSON), each on the device
-    its spec names, "done" on standard output after each."""
+    """A worker process of :func:`prepare`: its tasks on standard input, a JSON line each, each on
+    the device its spec names, "done" on standard output after each. A task is ("check", spec,
+    algorithm, engine, dtype, math), a known-answer verdict, or ("layer", spec, input shape, weight
+    shape, options, dtype, math)."""
     queues = {}   # a queue per device spec (its context kept)
-    for spec, input_shape, weight_shape, options, dtype, math in json.load(sys.stdin):
+    for line in sys.stdin:
+        kind, spec, *task = json.loads(line)
         queue = queues.get(spec)
         if queue is None:
             device = pick_device(spec)[0]
             queue = queues[spec] = cl.CommandQueue(cl.Context([device]), device)
-        prepare([(input_shape, weight_shape, options)], dtype=dtype, queue=queue, workers=1, math=math)
+        if kind == "check":
+            algorithm, engine, dtype, math = task
+            selfcheck.verdict(functools.partial(Plan, selfcheck=False), queue, algorithm, engine, dtype, math)
+        else:
+            input_shape, weight_shape, options, dtype, math = task
+            prepare([(input_shape, weight_shape, options)], dtype=dtype, queue=queue, workers=1, math=math)
         print("done", flush=True)
 
 

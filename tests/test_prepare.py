@@ -59,9 +59,9 @@ def test_prepare_a_module(queue):
 
 
 def test_prepare_in_processes_fills_the_caches_first(queue, tmp_path, monkeypatch):
-    """processes=2: worker processes run the layers first, on the same device, into the caches
-    on disk (here empty ones): the known-answer verdicts they took are in the tuning cache; then
-    this process's calls give the reference's answers."""
+    """processes=2: worker processes take the known-answer checks the layers' plans ask for, each
+    once, then run the layers, on the same device, into the caches on disk (here empty ones): the
+    verdicts are in the tuning cache; then this process's calls give the reference's answers."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("CLCONV_CACHE_DIR", str(tmp_path / "clconv"))
     clconv.selfcheck.forget()
@@ -71,10 +71,18 @@ def test_prepare_in_processes_fills_the_caches_first(queue, tmp_path, monkeypatc
                         lambda *args: (calls.append(args), real(*args))[1])
     q = new_queue(queue)
     assert clconv.prepare(LAYERS, queue=q, processes=2) == 3
-    (layers, count, _), = calls
-    assert count == 2 and len(layers) == 3 and {spec for spec, *_ in layers} == {clconv.device.spec_of(q.device)}
-    verdicts = [k for k in clconv.tuning.load() if k.startswith("selfcheck|")]
-    assert verdicts, "the workers took no known-answer check"
+    (checks, layers, count, _), = calls
+    spec = clconv.device.spec_of(q.device)
+    assert count == 2 and [t[:2] for t, _ in layers] == [("layer", spec)] * 3
+    planned = set()
+    for xs, ws, opts in LAYERS:
+        g = clconv.conv_geometry(xs, ws, **opts)
+        planned |= clconv.Plan(g, np.float32, q, selfcheck=False).checks()
+    assert sorted(checks) == sorted({("check", spec, *c) for c in planned}), "each verdict asked for once"
+    assert set().union(*(needs for _, needs in layers)) == set(checks)
+    stored = clconv.tuning.load()
+    for _, _, algorithm, engine, dtype, math in checks:
+        assert stored[clconv.selfcheck.key(q.device, algorithm, engine, dtype, math)]["ok"] is True, algorithm
     rng = np.random.default_rng(2)
     for xs, ws, opts in LAYERS[1:]:
         x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
