@@ -15,7 +15,8 @@ flags list (32 single-precision FLOP per cycle with AVX2, 64 with AVX-512).
 
 --size square times one 4096 x 4096 x 4096 product. --math runs clconv's GPU kernel in that mode
 (clconv.precision; the others only in strict math) and, on a GPU, PyTorch's CUDA matmul (cuBLAS)
-in the same mode, each held to the mode's tolerance (clconv.reference.tolerance).
+in the same mode beside the host peers, each held to the mode's tolerance
+(clconv.reference.tolerance).
 """
 import argparse
 import json
@@ -174,7 +175,7 @@ def main(argv=None):
         want = np.matmul(opa.astype(np.float64), opb.astype(np.float64))
         flop = 2.0 * m * n * k * count
         on_gpu = bool(device.type & cl.device_type.GPU)
-        hosts = cuda_matmul_peer(opa, opb, args.math) if on_gpu else matmul_peers(opa, opb)
+        hosts = {**matmul_peers(opa, opb), **(cuda_matmul_peer(opa, opb, args.math) if on_gpu else {})}
         times = {e: [] for e in (*runs, *hosts)}
         outs = {e: cla.empty(queue, (count, m, n), np.float32) for e in runs}
         for e, fn in runs.items():   # warm up, and check once

@@ -50,11 +50,12 @@ def _all_devices():
 
 
 def spec_of(device):
-    """The ``"P:D"`` indices :func:`pick_device` takes for ``device`` (another process finds it by them)."""
+    """The ``"P:D"`` indices :func:`pick_device` takes for ``device`` (another process finds it by
+    them); None for a device that has none (a sub-device)."""
     for pi, di, _, d in _all_devices():
         if d == device:
             return f"{pi}:{di}"
-    raise DeviceNotFound(f"clconv: {device.name.strip()} is not among this process's OpenCL devices")
+    return None
 
 
 def pocl_version(platform):

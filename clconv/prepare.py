@@ -36,6 +36,7 @@ from .device import pick_device, spec_of
 from .geometry import conv_geometry
 from .nn import Conv2d
 from .plan import Plan
+from .planner import tuned_choices
 from .programs import ClconvError
 from .validate import pick_queue, queue_context
 
@@ -106,16 +107,20 @@ def prepare(layers, *, dtype=np.float32, queue=None, workers=None, processes=0, 
         conv2d_bias(y, queue=q)
         q.finish()
 
-    if processes:
+    if processes and all(spec_of(home.device) for *_, home, _ in work.values()):   # (sub-devices: threads alone)
         # (a module's layer as its shapes, dtype and math: its own steps build nothing a shape's do
         # not; the math mode as this process's defaults resolve it)
         shares, checks = [], {}
         for input_shape, weight_shape, options, layer_dtype, home, module in work.values():
             mode = precision.requested(layer_dtype, module.math if module is not None else math)
             spec = spec_of(home.device)
-            # the verdicts its plan will ask for, as the rules choose (a plan that asks for none)
+            # the verdicts its plan will ask for: its choices as the tuning cache and the rules make
+            # them, with none asked for
             g = conv_geometry(input_shape, weight_shape, **options)
-            needs = {("check", spec, *c) for c in Plan(g, layer_dtype, home, math=mode, selfcheck=False).checks()}
+            tuned = (None if os.environ.get("CLCONV_AUTOTUNE") == "1"   # (then the tuner times it, in the worker)
+                     else functools.partial(tuned_choices, g, layer_dtype, home))
+            plan = Plan(g, layer_dtype, home, math=mode, selfcheck=False, tuned=tuned)
+            needs = {("check", spec, *c) for c in plan.checks()}
             checks.update(dict.fromkeys(sorted(needs)))
             shares.append((("layer", spec, input_shape, weight_shape, options, layer_dtype.name, mode), needs))
         _in_processes(list(checks), shares, min(processes, len(checks) + len(shares)), progress)
@@ -157,32 +162,45 @@ def _in_processes(checks, layers, count, progress):
                 ready.wait()
             return None
 
+    def fail(why):
+        with ready:
+            failed.append(f"clconv: a prepare worker process failed: {why}")
+            ready.notify_all()   # (no one waits for the checks it will not finish)
+
     def serve(_):
         with tempfile.TemporaryFile("w+") as words:   # (a file: a pipe left unread would fill and block it)
-            worker = subprocess.Popen([sys.executable, "-m", "clconv.prepare"], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=words, text=True, env=env)
-            task = next_task()
-            while task is not None:
-                worker.stdin.write(json.dumps(task) + "\n")
-                worker.stdin.flush()
-                if not worker.stdout.readline():   # it ended without doing it
-                    break
-                if task[0] == "check":   # what layers wait for
-                    with ready:
-                        done.add(task)
-                        ready.notify_all()
-                if bar is not None:
-                    bar.update()
-                task = next_task()
-            worker.stdin.close()
-            status = worker.wait()
-            if status:
+            def last_words():
                 words.seek(0)
                 lines = words.read().strip().splitlines()
-                with ready:
-                    failed.append(f"clconv: a prepare worker process failed (exit status {status}): "
-                                  f"{lines[-1] if lines else 'no message'}")
-                    ready.notify_all()
+                return lines[-1] if lines else "no message"
+            worker = None
+            try:
+                worker = subprocess.Popen([sys.executable, "-m", "clconv.prepare"], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=words, text=True, env=env)
+                task = next_task()
+                while task is not None:
+                    worker.stdin.write(json.dumps(task, default=int) + "\n")   # (NumPy integers as ints)
+                    worker.stdin.flush()
+                    if not worker.stdout.readline():
+                        fail(f"it ended without doing its task (exit status {worker.wait()}): {last_words()}")
+                        return
+                    if task[0] == "check":   # what layers wait for
+                        with ready:
+                            done.add(task)
+                            ready.notify_all()
+                    if bar is not None:
+                        bar.update()
+                    task = next_task()
+                worker.stdin.close()
+                if worker.wait():
+                    fail(f"exit status {worker.returncode}: {last_words()}")
+            except (OSError, ValueError) as exc:   # (a pipe to a worker gone, or none started)
+                fail(f"{type(exc).__name__}: {exc}; {last_words()}")
+            finally:
+                if worker is not None and worker.poll() is None:
+                    worker.kill()
+                    worker.wait()
+
     try:
         with ThreadPoolExecutor(count) as pool:
             list(pool.map(serve, range(count)))

@@ -246,7 +246,8 @@ inline REAL im2col_at(__global const REAL* x, const int r, const int p)
 
 #if MMA && MMA_EMULATED
 // The tests' stand-in for the matrix units where there are none (CPU runtimes): the same
-// fragments, rounded alike (normal numbers; smaller ones flushed to zero), each warp's product
+// fragments, rounded alike (normal numbers; smaller ones flushed to zero, FP16's larger ones to
+// infinity), each warp's product
 // formed through local memory. With it the tests check this file's fragment layouts, warps and
 // stores on every runtime; on NVIDIA's GPUs the PTX below runs instead.
 inline uint fragment(const float x)   // TF32: to nearest, ties away
@@ -259,7 +260,7 @@ inline uint bits16(const float x)   // FP16 or BF16 bits of x, to nearest even
 #if MMA == 2
     const uint r = u + 0xfffu + ((u >> 13) & 1u);
     const int e = (int)((r >> 23) & 0xffu) - 112;
-    return ((r >> 16) & 0x8000u) | (e > 0 ? ((uint)e << 10) | ((r >> 13) & 0x3ffu) : 0u);
+    return ((r >> 16) & 0x8000u) | (e >= 31 ? 0x7c00u : e > 0 ? ((uint)e << 10) | ((r >> 13) & 0x3ffu) : 0u);
 #else
     return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 #endif

@@ -162,7 +162,7 @@ def test_gpu_kernel_on_matrix_units(math, tile, reads, a_transp, b_transp, queue
 def test_units_check_passes_the_units_and_fails_a_wrong_rounding(queue, monkeypatch, tmp_path):
     """The check behind :func:`gemm_gpu.matrix_units`: the kernel in a mode passes on the units
     (here the device's or the emulated ones) and is kept in the tuning cache; a kernel rounding
-    to BF16 where TF32 was asked fails it with its error (the check can fail), and is asked again."""
+    to BF16 where TF32 was asked fails it with its error (the check can fail), kept too."""
     monkeypatch.setenv("CLCONV_CACHE_DIR", str(tmp_path))
     if matrix_units(queue, monkeypatch, "tf32") == "device":
         assert "tf32" in gemm_gpu.matrix_units(queue.device)
@@ -170,7 +170,7 @@ def test_units_check_passes_the_units_and_fails_a_wrong_rounding(queue, monkeypa
         assert gemm_gpu.matrix_units(queue.device) == frozenset()   # no NVIDIA compute capability
     assert gemm_gpu.units_check(queue.device, "tf32") == (True, "")
     assert tuning.load()[gemm_gpu._units_key(queue.device, "tf32")]["ok"] is True
-    tuning.store({gemm_gpu._units_key(queue.device, "tf32"): {"ok": False, "why": ""}})
+    monkeypatch.setenv("CLCONV_CACHE_DIR", str(tmp_path / "another"))   # (a cache that has not seen it)
     build = gemm_gpu.get_kernel
 
     def bf16(context, filename, name, dtype, **defines):
@@ -180,6 +180,11 @@ def test_units_check_passes_the_units_and_fails_a_wrong_rounding(queue, monkeypa
     monkeypatch.setattr(gemm_gpu, "get_kernel", bf16)
     ok, why = gemm_gpu.units_check(queue.device, "tf32")
     assert not ok and why.startswith("a 45x37x53 product's normalised max error is "), why
+
+    def no_build(*args, **kw):
+        raise AssertionError("built again")
+    monkeypatch.setattr(gemm_gpu, "get_kernel", no_build)
+    assert gemm_gpu.units_check(queue.device, "tf32") == (ok, why), "a failure kept for this driver and source"
 
 
 PTX_TYPES = {"tf32": "tf32.tf32", "fp16": "f16.f16", "bf16": "bf16.bf16"}

@@ -91,9 +91,19 @@ def test_prepare_in_processes_fills_the_caches_first(queue, tmp_path, monkeypatc
 
 def test_a_failing_worker_process_raises_its_last_words(queue, monkeypatch):
     monkeypatch.setitem(clconv.prepare.__globals__, "spec_of", lambda device: "99:99")
-    with pytest.raises(clconv.ClconvError, match=r"a prepare worker process failed \(exit status 1\): "
-                                                 r"clconv\.device\.DeviceNotFound: .*99:99"):
+    with pytest.raises(clconv.ClconvError, match=r"a prepare worker process failed: it ended without doing its "
+                                                 r"task \(exit status 1\): clconv\.device\.DeviceNotFound: .*99:99"):
         clconv.prepare(LAYERS[2:], queue=new_queue(queue), processes=1)
+
+
+def test_prepare_in_processes_takes_numpy_sizes_and_sub_devices_use_threads(queue, monkeypatch):
+    """Sizes given as NumPy integers reach the workers; a device no other process can name (a
+    sub-device) is prepared in threads alone."""
+    layer = (tuple(np.int64(v) for v in LAYERS[2][0]), LAYERS[2][1])
+    assert clconv.prepare([layer], queue=new_queue(queue), processes=1) == 1
+    monkeypatch.setitem(clconv.prepare.__globals__, "spec_of", lambda device: None)
+    monkeypatch.setitem(clconv.prepare.__globals__, "_in_processes", lambda *args: pytest.fail("worker processes"))
+    assert clconv.prepare([layer], queue=new_queue(queue), processes=2) == 1
 
 
 @pytest.mark.parametrize("layer, error", [

@@ -221,8 +221,9 @@ def main(argv=None):
                                            "(clconv.prepare over bench/networks.json)")
     warmup.add_argument("--networks", help="comma-separated subset (default: all six)")
     warmup.add_argument("--batch", type=int, help="images per call (default 32 on a GPU, 8 on a CPU device)")
-    warmup.add_argument("--processes", type=int, default=os.cpu_count() or 1,
-                        help="worker processes that build first (default: one per host core; 0: threads only)")
+    warmup.add_argument("--processes", type=int, default=min(os.cpu_count() or 1, 8),
+                        help="worker processes that build first, each with its own context and arrays (default: "
+                             "one per host core, at most 8; 0: threads only)")
     sub.add_parser("probe", help="whether the device builds and runs kernels (exit status 1 if not)")
     check = sub.add_parser("check", help="quick self-test of every pass against the NumPy reference")
     check.add_argument("--dtype", choices=["float32", "float16", "float64"], default="float32")

@@ -175,9 +175,10 @@ def work_groups(device, m, n, count, itemsize=4, t=None):
 
 
 # Math modes on the matrix units: the kernel's MMA define, the least compute capability whose
-# mma.sync takes the format (m16n8k8), and the row padding that keeps a warp's fragment reads on
+# PTX has what the form uses (mma.sync m16n8k8 in the format; cvt.rna.tf32.f32, cvt.rn.f16x2.f32
+# and cvt.rn.bf16x2.f32, all of 8.0), and the row padding that keeps a warp's fragment reads on
 # 32 banks (one value per row: 8; two rows' values per register: 4).
-MMA = {"tf32": (1, (8, 0), 8), "fp16": (2, (7, 5), 4), "bf16": (3, (8, 0), 4)}
+MMA = {"tf32": (1, (8, 0), 8), "fp16": (2, (8, 0), 4), "bf16": (3, (8, 0), 4)}
 MMA_TK = 32   # the slice depth a matrix-unit launch stages where it fits (else 16): barriers per product
 
 
@@ -192,8 +193,8 @@ def compute_capability(device):
 def matrix_units(device):
     """The math modes of :data:`MMA` this kernel runs on ``device``'s matrix units: an NVIDIA GPU of
     the compute capability each needs (asked of the driver, never read from the device's name)
-    whose compiler takes the inline PTX and whose products pass :func:`clconv.probe.matrix_units`'s
-    check. Asked once per process and device."""
+    whose compiler takes the inline PTX and whose products pass :func:`units_check`. Asked once per
+    process and device."""
     cc = compute_capability(device)
     if cc is None or not _facts(device)[0]:
         return frozenset()
@@ -209,12 +210,12 @@ def _units_key(device, mode):
 def units_check(device, mode):
     """(ok, why not): whether this kernel in ``mode`` builds on ``device`` and computes a 45 x 37
     product 53 deep within the mode's tolerance of float64 (its rounding, not a wrong fragment
-    layout): from the tuning cache where this driver and kernel source passed it, else run now on
-    a context of its own and kept."""
+    layout): from the tuning cache where this driver and kernel source were checked, else run now
+    on a context of its own and kept."""
     k = _units_key(device, mode)
     entry = tuning.load().get(k)
-    if isinstance(entry, dict) and entry.get("ok") is True:
-        return True, ""
+    if isinstance(entry, dict) and isinstance(entry.get("ok"), bool):
+        return entry["ok"], str(entry.get("why", ""))
     rng = np.random.default_rng(0)
     m, n, depth = 45, 37, 53
     a, b = rng.standard_normal((m, depth)).astype(np.float32), rng.standard_normal((depth, n)).astype(np.float32)
