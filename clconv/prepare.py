@@ -216,13 +216,14 @@ def _worker():
     the device its spec names, "done" on standard output after each. A task is ("check", spec,
     algorithm, engine, dtype, math), a known-answer verdict, or ("layer", spec, input shape, weight
     shape, options, dtype, math)."""
-    queues = {}   # a queue per device spec (its context kept)
+    queues = {}   # per device spec: (its context, kept while its queue is used, and a queue)
     for line in sys.stdin:
         kind, spec, *task = json.loads(line)
-        queue = queues.get(spec)
-        if queue is None:
+        if spec not in queues:
             device = pick_device(spec)[0]
-            queue = queues[spec] = cl.CommandQueue(cl.Context([device]), device)
+            context = cl.Context([device])
+            queues[spec] = context, cl.CommandQueue(context, device)
+        queue = queues[spec][1]
         if kind == "check":
             algorithm, engine, dtype, math = task
             selfcheck.verdict(functools.partial(Plan, selfcheck=False), queue, algorithm, engine, dtype, math)
