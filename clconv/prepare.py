@@ -107,13 +107,14 @@ def prepare(layers, *, dtype=np.float32, queue=None, workers=None, processes=0, 
         conv2d_bias(y, queue=q)
         q.finish()
 
-    if processes and all(spec_of(home.device) for *_, home, _ in work.values()):   # (sub-devices: threads alone)
+    specs = {home.device: spec_of(home.device) for home in {layer[4] for layer in work.values()}} if processes else {}
+    if processes and all(specs.values()):   # (a sub-device has no indices: threads alone)
         # (a module's layer as its shapes, dtype and math: its own steps build nothing a shape's do
         # not; the math mode as this process's defaults resolve it)
         shares, checks = [], {}
         for input_shape, weight_shape, options, layer_dtype, home, module in work.values():
             mode = precision.requested(layer_dtype, module.math if module is not None else math)
-            spec = spec_of(home.device)
+            spec = specs[home.device]
             # the verdicts its plan will ask for: its choices as the tuning cache and the rules make
             # them, with none asked for
             g = conv_geometry(input_shape, weight_shape, **options)
