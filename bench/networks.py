@@ -42,7 +42,8 @@ reports its ratio against PyTorch's plain call beside the plain call's.
 selected layer's three passes once, in order, in new processes: cold (empty caches: clconv's
 tuning cache with its known-answer verdicts, pyopencl's binary cache, PoCL's and NVIDIA's kernel
 caches), cold after clconv.prepare() over the layers in threads, cold after clconv.prepare() with
-a worker process per host core first, and warm (the first run's caches). It
+a worker process per host core first, and warm (the caches of the run before it); --runs picks
+some of these, in its order. It
 reports each run's total, the programs built and their build time, per kernel file, and writes
 bench/results/<device>-networks-b<batch>-first-calls.json.
 """
@@ -252,9 +253,9 @@ def run_layers(layers, batch, queue, budget_s=BUDGET_S, rounds=ROUNDS, progress=
     return results
 
 
-# (caches, clconv.prepare first: None, or its worker processes, 0 for threads alone)
-FIRST_CALL_RUNS = (("cold", None), ("cold, prepared", 0), ("cold, prepared in processes", os.cpu_count() or 1),
-                   ("warm", None))
+# name: (caches, clconv.prepare first: None, or its worker processes, 0 for threads alone)
+FIRST_CALL_RUNS = {"cold": ("cold", None), "prepared": ("cold, prepared", 0),
+                   "processes": ("cold, prepared in processes", os.cpu_count() or 1), "warm": ("warm", None)}
 
 
 def cache_env(folder):
@@ -295,12 +296,16 @@ def first_calls_run(layers, batch, queue, processes=None):
             "builds": len(built), "build_s": sum(t for _, t in built), "by_file": dict(sorted(by_file.items()))}
 
 
-def first_calls(argv, device_name, batch):
-    """Run FIRST_CALL_RUNS, each a new process (this module with --first-calls-child); their records."""
+def first_calls(argv, device_name, batch, names):
+    """Run the FIRST_CALL_RUNS ``names``, each a new process (this module with --first-calls-child),
+    each but "warm" on empty caches, "warm" on those the run before it left; their records."""
     runs = []
     with tempfile.TemporaryDirectory(prefix="clconv-first-calls-") as folder:
-        for caches, prepared in FIRST_CALL_RUNS:
-            where = Path(folder) / ("plain" if prepared is None else f"prepared-{prepared}")
+        where = Path(folder) / "cold"
+        for name in names:
+            caches, prepared = FIRST_CALL_RUNS[name]
+            if name != "warm":
+                where = Path(folder) / name
             out = Path(folder) / f"run-{len(runs)}.json"
             child = [sys.executable, "-m", f"{__package__}.networks", *argv, "--first-calls-child", str(out), "--batch", str(batch)]
             if prepared is not None:
@@ -476,6 +481,8 @@ def main(argv=None):
                                                          "replayed (a recorded network's launches alone)")
     ap.add_argument("--first-calls", action="store_true", help="only clconv's first calls, cold, cold after "
                     "clconv.prepare() and warm, each in a new process (see above)")
+    ap.add_argument("--runs", default=",".join(FIRST_CALL_RUNS), help=f"with --first-calls, these runs in this "
+                    f"order (default {','.join(FIRST_CALL_RUNS)}; warm reuses the caches of the run before it)")
     ap.add_argument("--first-calls-child", metavar="JSON", help=argparse.SUPPRESS)
     ap.add_argument("--prepare", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--math", choices=list(MODES), default="strict",
@@ -504,6 +511,11 @@ def main(argv=None):
         record = first_calls_run(layers, batch, queue, args.prepare)
         Path(args.first_calls_child).write_text(json.dumps(record))
         return 0
+    runs = args.runs.split(",")
+    if set(runs) - set(FIRST_CALL_RUNS):
+        ap.error(f"--runs takes {', '.join(FIRST_CALL_RUNS)}, not {args.runs}")
+    if runs[0] == "warm":
+        ap.error("--runs: warm needs a run before it, whose caches it reuses")
     if args.first_calls:
         argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--first-calls"]
         print(f"first calls: {device.platform.name} / {device.name}; batch {batch}; {len(layers)} layers x 3 passes",
@@ -511,7 +523,7 @@ def main(argv=None):
         record = {"date": datetime.date.today().isoformat(), "device": device.name, "platform": device.platform.name,
                   "driver": device.driver_version, "batch": batch, "networks": networks,
                   "layer_passes": 3 * len(layers), "host_cores": os.cpu_count(),
-                  "runs": first_calls(argv, device.name, batch)}
+                  "runs": first_calls(argv, device.name, batch, runs)}
         path = Path(args.json) if args.json else HERE / "results" / f"{slug(device.name)}-networks-b{batch}-first-calls.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=1))
