@@ -29,14 +29,15 @@ def tuned_choices(g, dtype, queue, math="strict"):
     return {p: entry for p, entry in found.items() if entry is not None}
 
 
-def tuned_splits(g, dtype, queues, make_plan):
-    """{pass: entry} from the tuning cache for geometry ``g`` spread over ``queues``; with
-    CLCONV_AUTOTUNE=1, missing passes are timed now and stored."""
+def tuned_splits(g, dtype, queues, make_plan, math="strict"):
+    """{pass: entry} from the tuning cache for geometry ``g`` spread over ``queues``, its parts'
+    plans asking for math mode ``math``; with CLCONV_AUTOTUNE=1, missing passes are timed now and
+    stored."""
     stored = tuning.load()
-    found = {p: stored.get(tuning.spread_key(queues, dtype, g, p)) for p in PASSES}
+    found = {p: stored.get(tuning.spread_key(queues, dtype, g, p, math)) for p in PASSES}
     missing = [p for p, entry in found.items() if entry is None]
     if missing and g.N and os.environ.get("CLCONV_AUTOTUNE") == "1":
-        found.update(tuner.tune_spread(g, dtype, queues, make_plan, passes=missing))
+        found.update(tuner.tune_spread(g, dtype, queues, make_plan, passes=missing, math=math))
     return {p: entry for p, entry in found.items() if entry is not None}
 
 
@@ -56,7 +57,8 @@ def build(g, dtype, queue, algorithm="auto", queues="single", workspace_limit=No
             return build(sub, dtype, q, algorithm, queues, workspace_limit, gemm, math=math)
         if len(queue) == 1:
             return make_plan(g, queue[0])
-        tuned = tuned_splits(g, dtype, tuple(queue), make_plan) if split == "auto" and shares is None else None
+        tuned = (tuned_splits(g, dtype, tuple(queue), make_plan, precision.requested(dtype, math))
+                 if split == "auto" and shares is None else None)
         return SpreadPlan(g, dtype, queue, make_plan, split=split, shares=shares, tuned=tuned)
     tuned = functools.partial(tuned_choices, g, dtype, queue) if algorithm == "auto" and queues == "single" else None
     return Plan(g, dtype, queue, algorithm=algorithm, queues=queues, workspace_limit=workspace_limit, gemm=gemm,

@@ -78,10 +78,11 @@ def tune(g, dtype, queue, passes=PASSES, save=True, progress=None, math=None):
 
 
 @outside_graph()
-def tune_spread(g, dtype, queues, make_plan, passes=PASSES, save=True):
+def tune_spread(g, dtype, queues, make_plan, passes=PASSES, save=True, math="strict"):
     """Per pass, each split of geometry ``g`` over ``queues`` (:mod:`clconv.spread`): first
     each device's throughput on an even part alone (the shares), then the spread plan with
-    those shares; store and return the faster split with its shares.
+    those shares; store and return the faster split with its shares, under the math mode
+    ``make_plan``'s plans were asked for (``math``).
 
     Returns {pass: {"split", "shares", "ms", "timings"}}; "timings" has each split and the
     first device alone on the whole pass, for comparison."""
@@ -110,7 +111,7 @@ def tune_spread(g, dtype, queues, make_plan, passes=PASSES, save=True):
         results[pass_name] = {"split": best, "shares": shares[best], "ms": round(timings[best], 4),
                               "timings": {k: round(v, 4) for k, v in timings.items()},
                               "date": datetime.date.today().isoformat()}
-        new[spread_key(queues, dtype, g, pass_name)] = results[pass_name]
+        new[spread_key(queues, dtype, g, pass_name, math)] = results[pass_name]
     if save:
         store(new)
     return results

@@ -39,13 +39,15 @@ def entry_key(device, dtype, g, pass_name, math="strict"):
                     + ((math,) if math != "strict" else ()))
 
 
-def spread_key(queues, dtype, g, pass_name):
+def spread_key(queues, dtype, g, pass_name, math="strict"):
     """Key of a pass spread over devices: spread | each device with its compute units | driver |
-    dtype | the geometry as in :func:`entry_key` | pass."""
+    dtype | the geometry as in :func:`entry_key` | pass, then | the math mode asked for where it
+    is not "strict"."""
     devices = "+".join(f"{q.device.name.strip()} ({q.device.max_compute_units} CU)" for q in queues)
     return "|".join(str(v) for v in ("spread", devices, queues[0].device.driver_version, np.dtype(dtype).name,
                                      list(g.input_shape), list(g.weight_shape), list(g.stride),
-                                     [list(p) for p in g.pads], list(g.dilation), g.groups, pass_name))
+                                     [list(p) for p in g.pads], list(g.dilation), g.groups, pass_name)
+                    + ((math,) if math != "strict" else ()))
 
 
 def gemm_key(device, dtype):

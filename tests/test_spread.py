@@ -198,6 +198,10 @@ def test_the_split_comes_from_the_tuning_cache(queues):
     p = clconv.plan(case.input_shape, case.weight_shape, **case.options, queue=queues)
     assert p.splits == {k: v["split"] for k, v in found.items()}
     assert p.explain().count("chosen fastest in the tuning cache") == 3
+    # the splits were timed with strict plans: a spread asking for TF32 does not take them
+    assert tuning.spread_key(queues, np.float32, g, "forward", "tf32") not in stored
+    tf32 = clconv.plan(case.input_shape, case.weight_shape, **case.options, queue=queues, math="tf32")
+    assert tf32.explain().count("chosen fastest in the tuning cache") == 0
 
 
 def test_bad_spreads_are_refused(queue, queues):
