@@ -33,6 +33,10 @@
 // (RM * RN); PAD 8 (TF32) or 4 (two-value FP16 and BF16 reads) keeps a warp's fragment reads on
 // 32 different banks.
 //
+// With A_HALF, B_HALF or C_HALF an operand is stored as half (a float16 array, no float copy of
+// it): its values become float as they are read from global memory and are rounded to half as
+// they are written; staging and sums are in float as for float32 arrays.
+//
 // Specialised by the host with prepended #defines; the defaults below are for reading.
 #ifndef TM             // rows of C per work-group: a multiple of RM (see the checks below)
 #define TM 128
@@ -82,6 +86,16 @@
 #ifndef A_FOLD         // > 0: A (stored M x K) read in place over images along K: the grid's products along j
 #define A_FOLD 0       // are split-K slices of one depth, product j's depth k being d = j * K + k, position
 #endif                 // d % A_FOLD of image d / A_FOLD, whose rows start a_sj values apart
+
+#ifndef A_HALF         // 1: A stored as half (a float16 array), each value made float as it is read
+#define A_HALF 0
+#endif
+#ifndef B_HALF         // the same for B (for an im2col B, the input)
+#define B_HALF 0
+#endif
+#ifndef C_HALF         // 1: C stored as half, each value rounded to nearest even as it is written
+#define C_HALF 0
+#endif
 
 #ifndef MMA            // 0: float or double FMAs; 1: TF32, 2: FP16, 3: BF16 products on the matrix units
 #define MMA 0
@@ -196,25 +210,68 @@
 #define STORE_B(p, v) (*(__local REAL4*)(p) = (v))
 #endif
 
+// Each operand's element type in memory, and its reads as REAL: one value at element i of p,
+// four from p on (vload_half and vload_half4 need no cl_khr_fp16)
+#define HALF_AT(p, i) vload_half((i), (p))
+#define HALF4_AT(p) vload_half4(0, (p))
+#define REAL_AT(p, i) ((p)[i])
+#define REAL4_AT(p) (*(__global const REAL4*)(p))
+#if A_HALF
+#define A_T half
+#define A_AT1 HALF_AT
+#define A_AT4 HALF4_AT
+#else
+#define A_T REAL
+#define A_AT1 REAL_AT
+#define A_AT4 REAL4_AT
+#endif
+#if B_HALF
+#define B_T half
+#define B_AT1 HALF_AT
+#define B_AT4 HALF4_AT
+#else
+#define B_T REAL
+#define B_AT1 REAL_AT
+#define B_AT4 REAL4_AT
+#endif
+#if C_HALF
+#define C_T half
+#define C_LOAD(p, i) vload_half((i), (p))
+#define C_SAVE(p, i, v) vstore_half_rte((v), (i), (p))
+#define C_LOAD4(p) vload_half4(0, (p))
+#define C_SAVE4(p, v) vstore_half4_rte((v), 0, (p))
+#else
+#define C_T REAL
+#define C_LOAD(p, i) ((p)[i])
+#define C_SAVE(p, i, v) ((p)[i] = (v))
+#define C_LOAD4(p) (*(__global REAL4*)(p))
+#define C_SAVE4(p, v) (*(__global REAL4*)(p) = (v))
+#endif
+
 // Global reads of one part of a slice, zero past the edges. A four-wide part starts at a
 // multiple of 4 elements (the host checks offsets and leading dimensions) and lies along
 // the stored rows, where the edge may cut it.
-#if VA == 4 || VB == 4
 // (One branch, on rest, for every edge: PoCL's optimiser, given an outer bounds test around
 // this call instead, read the row past the last one, seen with NaNs stored there.)
-inline REAL4 read4(__global const REAL* p, const int rest)   // rest: how many of the 4 exist
-{
-    if (rest >= 4)
-        return *(__global const REAL4*)p;
-    return (REAL4)(rest > 0 ? p[0] : 0, rest > 1 ? p[1] : 0, rest > 2 ? p[2] : 0, 0);
+#define READ4(name, T, AT1, AT4)                                                                 \
+inline REAL4 name(__global const T* p, const int rest)   /* rest: how many of the 4 exist */    \
+{                                                                                               \
+    if (rest >= 4)                                                                              \
+        return AT4(p);                                                                          \
+    return (REAL4)(rest > 0 ? AT1(p, 0) : 0, rest > 1 ? AT1(p, 1) : 0, rest > 2 ? AT1(p, 2) : 0, 0); \
 }
+#if VA == 4
+READ4(read4_a, A_T, A_AT1, A_AT4)
+#endif
+#if VB == 4
+READ4(read4_b, B_T, B_AT1, B_AT4)
 #endif
 #if VA == 1
-#define A_READ(m, k) ((m) < M && (k) < K ? ap[A_AT(m, k)] : (REAL)0)
+#define A_READ(m, k) ((m) < M && (k) < K ? A_AT1(ap, A_AT(m, k)) : (REAL)0)
 #elif A_TRANSP
-#define A_READ(m, k) read4(ap + A_AT(m, k), (k) < K ? M - (m) : 0)
+#define A_READ(m, k) read4_a(ap + A_AT(m, k), (k) < K ? M - (m) : 0)
 #else
-#define A_READ(m, k) read4(ap + A_AT(m, k), (m) < M ? K - (k) : 0)
+#define A_READ(m, k) read4_a(ap + A_AT(m, k), (m) < M ? K - (k) : 0)
 #endif
 #if IM2COL
 // Implicit im2col: B's row r = (channel, ky, kx) and column p = (image, oy, ox) of the
@@ -223,13 +280,13 @@ inline REAL4 read4(__global const REAL* p, const int rest)   // rest: how many o
 // defines the geometry: input IM_H x IM_W, images IM_XS values apart, output positions
 // IM_P per image in rows of IM_OW, taps IM_KH x IM_KW, strides IM_SY, IM_SX, paddings
 // IM_PT, IM_PL, dilations IM_DY, IM_DX.
-inline REAL im2col_at(__global const REAL* x, const int r, const int p)
+inline REAL im2col_at(__global const B_T* x, const int r, const int p)
 {
     const int c = r / (IM_KH * IM_KW), ky = r / IM_KW % IM_KH, kx = r % IM_KW;
     const int img = p / IM_P, oy = p % IM_P / IM_OW, ox = p % IM_OW;
     const int iy = oy * IM_SY - IM_PT + ky * IM_DY, ix = ox * IM_SX - IM_PL + kx * IM_DX;
     return (iy >= 0 && iy < IM_H && ix >= 0 && ix < IM_W)
-        ? x[(IDX)img * IM_XS + ((IDX)c * IM_H + iy) * IM_W + ix] : (REAL)0;
+        ? B_AT1(x, (IDX)img * IM_XS + ((IDX)c * IM_H + iy) * IM_W + ix) : (REAL)0;
 }
 #if B_TRANSP
 #define B_READ(k, n) ((n) < N && (k) < K ? im2col_at(bp, n, j * IM_PJ + (k)) : (REAL)0)
@@ -237,11 +294,11 @@ inline REAL im2col_at(__global const REAL* x, const int r, const int p)
 #define B_READ(k, n) ((n) < N && (k) < K ? im2col_at(bp, k, j * IM_PJ + (n)) : (REAL)0)
 #endif
 #elif VB == 1
-#define B_READ(k, n) ((n) < N && (k) < K ? bp[B_AT(k, n)] : (REAL)0)
+#define B_READ(k, n) ((n) < N && (k) < K ? B_AT1(bp, B_AT(k, n)) : (REAL)0)
 #elif B_TRANSP
-#define B_READ(k, n) read4(bp + B_AT(k, n), (n) < N ? K - (k) : 0)
+#define B_READ(k, n) read4_b(bp + B_AT(k, n), (n) < N ? K - (k) : 0)
 #else
-#define B_READ(k, n) read4(bp + B_AT(k, n), (k) < K ? N - (n) : 0)
+#define B_READ(k, n) read4_b(bp + B_AT(k, n), (k) < K ? N - (n) : 0)
 #endif
 
 #if MMA && MMA_EMULATED
@@ -346,9 +403,9 @@ inline uint fragment2(const float lo, const float hi)   // two values in one reg
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WX, WY, KS)))
-void gemm_gpu(const struct gemm_sizes sizes, __global const REAL* restrict a, const struct gemm_operand a_at,
-              __global const REAL* restrict b, const struct gemm_operand b_at,
-              __global REAL* restrict c, const struct gemm_result c_at)
+void gemm_gpu(const struct gemm_sizes sizes, __global const A_T* restrict a, const struct gemm_operand a_at,
+              __global const B_T* restrict b, const struct gemm_operand b_at,
+              __global C_T* restrict c, const struct gemm_result c_at)
 {
     GEMM_NAMES;
     // typed as vectors so that the reads in the inner loop are single 16-byte loads
@@ -370,8 +427,8 @@ void gemm_gpu(const struct gemm_sizes sizes, __global const REAL* restrict a, co
     BV rb[B_PER];
     // the next slice to fetch: k0 deep into the K block at ap, bp (KB blocks of K-deep products)
     int k0 = 0;
-    __global const REAL* restrict ap = a;
-    __global const REAL* restrict bp = b;
+    __global const A_T* restrict ap = a;
+    __global const B_T* restrict bp = b;
 #define FETCH()                                                                     \
     _Pragma("unroll") for (int q = 0; q < A_PER; ++q) {                             \
         const int e = t + q * WG, m = m0 + A_M(e), k = k0 + A_K(e);                \
@@ -526,7 +583,7 @@ void gemm_gpu(const struct gemm_sizes sizes, __global const REAL* restrict a, co
                 for (int s = 0; s < 2 && n + s < N; ++s) {
                     const IDX o = C_AT(m, n + s);
                     const REAL v = alpha * acc[(mi * NI + ni) * 4 + 2 * h + s];
-                    c[o] = beta == (REAL)0 ? v : v + beta * c[o];
+                    C_SAVE(c, o, beta == (REAL)0 ? v : v + beta * C_LOAD(c, o));
                 }
             }
         }
@@ -538,16 +595,16 @@ void gemm_gpu(const struct gemm_sizes sizes, __global const REAL* restrict a, co
             const int n = n0 + tx * 4 + h * (TN / 2);
 #if VC == 4
             if (n + 3 < N) {
-                __global REAL4* o = (__global REAL4*)(c + C_AT(m, n));
+                __global C_T* o = c + C_AT(m, n);
                 const REAL4 v = alpha * (REAL4)(acc[r][4 * h], acc[r][4 * h + 1], acc[r][4 * h + 2], acc[r][4 * h + 3]);
-                *o = beta == (REAL)0 ? v : v + beta * *o;
+                C_SAVE4(o, beta == (REAL)0 ? v : v + beta * C_LOAD4(o));
                 continue;
             }
 #endif
             for (int s = 0; s < 4 && n + s < N; ++s) {
                 const IDX o = C_AT(m, n + s);
                 const REAL v = alpha * acc[r][4 * h + s];
-                c[o] = beta == (REAL)0 ? v : v + beta * c[o];
+                C_SAVE(c, o, beta == (REAL)0 ? v : v + beta * C_LOAD(c, o));
             }
         }
     }

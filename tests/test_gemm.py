@@ -44,7 +44,7 @@ def check_grid(queue, run, dtype, reads, a_transp, b_transp, m=67, n=130, k=29, 
     leading dimensions, gaps between matrices, alpha and beta; C outside the products stays as
     it was. Everything outside the matrices is NaN, so a read past an edge shows. ``reads``:
     "vector" aligns every operand to 4 elements, "wide_a"/"wide_b" only that one, "scalar" none.
-    Returns the Operands."""
+    float16: the buffer holds half values, the Operands say so (``half``). Returns the Operands."""
     if dtype == np.float64 and "cl_khr_fp64" not in queue.device.extensions:
         pytest.skip("no float64 on this device")
     rng = np.random.default_rng(seed)
@@ -71,7 +71,7 @@ def check_grid(queue, run, dtype, reads, a_transp, b_transp, m=67, n=130, k=29, 
                 view(x, host, i, j)[...] = rng.standard_normal(shapes[x])
 
     buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
-    ops = [Operand(buf, offsets[x], lds[x], si[x], sj[x]) for x in "ABC"]
+    ops = [Operand(buf, offsets[x], lds[x], si[x], sj[x], half=dtype == np.float16) for x in "ABC"]
     alpha, beta = 1.5, -0.5
     run(*ops, alpha, beta)
     got = np.empty_like(host)
@@ -156,6 +156,48 @@ def test_gpu_kernel_on_matrix_units(math, tile, reads, a_transp, b_transp, queue
         cl.enqueue_copy(queue, host, c.buf)
         got[mode] = host[c.off:c.off + m * c.ld]
     assert not np.array_equal(got["strict"], got[math]), f"{math} gave float32's products bit for bit"
+
+
+# float16 operands read and written as they are (no float32 copies): in float32 math and on the units,
+# each with a tile of one plane and one of two, reads four-wide (vload_half4) and value by value,
+# both operands as stored or both transposed
+HALF_CASES = [(mode, t, r, at) for mode, t, r in (("strict", gemm_gpu.TILES[1][0], "scalar"),
+                                                  ("strict", PLANES[0], "vector"),
+                                                  ("fp16", gemm_gpu.TILES[1][0], "vector"),
+                                                  ("fp16", PLANES[0], "scalar")) for at in (False, True)]
+
+
+@pytest.mark.gpu_form
+@pytest.mark.parametrize("math,tile,reads,transp", HALF_CASES,
+                         ids=[f"{mode}-{t.tm}x{t.tn}_by_{t.rm}x{t.rn}" + (f"_ks{t.ks}" if t.ks > 1 else "")
+                              + f"-{r}-{'tt' if at else 'nn'}" for mode, t, r, at in HALF_CASES])
+def test_gpu_kernel_on_half_operands(math, tile, reads, transp, queue, monkeypatch):
+    """A, B and C stored as float16 (a float16 array's own buffer), each value made float as it is
+    read and C rounded to half as it is written, alpha and beta applied in float: within float16's
+    tolerance of float64 on a grid of odd sizes at odd offsets, nothing outside C written."""
+    if math != "strict":
+        matrix_units(queue, monkeypatch, math)
+    if not gemm_gpu.fits(queue.device, tile, 4, gemm_gpu.MMA[math][2] if math != "strict" else gemm_gpu.PAD):
+        pytest.skip("the tile does not fit this device")
+    monkeypatch.setattr(gemm_gpu, "TILES", ((tile, 1.0),))
+    for rule in ("launched", "sliced", "on_matrix_units"):   # the tile itself, as given
+        monkeypatch.setattr(gemm_gpu, rule, lambda device, t, *args: t)
+
+    def run(a, b, c, alpha, beta):
+        assert a.half and b.half and c.half
+        gemm_gpu.grid_gemm(queue, np.dtype(np.float32), Grid(GI, GJ, m, n, k), a._replace(transp=transp),
+                           b._replace(transp=transp), c, Epilogue(alpha, beta), math=math, what="test")
+    m, n, k = 67, 130, 157 if tile.ks > 1 else 45
+    check_grid(queue, run, np.float16, reads, transp, transp, m, n, k, math=math)
+
+
+def test_half_operands_need_the_gpu_kernel(queue):
+    """Only clconv's GPU kernel reads float16 operands as they are: another engine refuses them."""
+    buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE, 64)
+    half = Operand(buf, 0, 2, half=True)
+    for engine in ("cpu", "clblast"):
+        with pytest.raises(gemm.ClconvError, match="float16 operands"):
+            gemm.grid_gemm(queue, engine, np.float32, Grid(1, 1, 2, 2, 2), half, half, half, what="test")
 
 
 @pytest.mark.gpu_form

@@ -142,10 +142,10 @@ def grid_gemm(queue, engine, dtype, grid, a, b, c, epilogue=PLAIN, *, per_group=
     """
     if ((b.im2col is not None or a.fold or b.fold or c.fold or deep) and engine != "gpu"
             or (grid.blocks > 1 or grid.continuous) and engine == "clblast" or c.transp and engine != "cpu"
-            or math != "strict" and engine != "gpu"):
-        raise ClconvError(f"clconv: {what}: an implicit im2col operand, a folded operand or the deep tile need "
-                          "clconv's GPU GEMM kernel, a transposed C its CPU kernel, K blocks one of clconv's kernels, "
-                          f"math={math!r} clconv's GPU kernel")
+            or (math != "strict" or a.half or b.half or c.half) and engine != "gpu"):
+        raise ClconvError(f"clconv: {what}: an implicit im2col operand, a folded operand, the deep tile and float16 "
+                          "operands need clconv's GPU GEMM kernel, a transposed C its CPU kernel, K blocks one of "
+                          f"clconv's kernels, math={math!r} clconv's GPU kernel")
     if per_group and grid.gi > 1:
         not_capturable(what="per-group queues")
         ready = cl.enqueue_marker(queue)

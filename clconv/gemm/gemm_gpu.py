@@ -284,7 +284,8 @@ def grid_gemm(queue, dtype, grid, a, b, c, epilogue=PLAIN, *, deep=False, share=
     j * K + k; an NCHW operand, its batch in the GEMM's K). ``deep``: the grid runs
     EIGHT_BY_FOUR, the tile its caller's split was counted in (:func:`deep`). ``math``: "strict",
     or a mode of :func:`matrix_units` (float32 only): the products on the matrix units, the tile's
-    slices deepened by :func:`on_matrix_units`. ``share``: this
+    slices deepened by :func:`on_matrix_units`. An operand's ``half``: stored as float16, read and
+    written as it is (``dtype`` float32). ``share``: this
     launch is one of ``share`` alike that together make the grid (per-group queues): its tile
     and planes are chosen for the whole grid, as one launch of it would take them, so that its
     sums are the same bit for bit.
@@ -308,6 +309,7 @@ def grid_gemm(queue, dtype, grid, a, b, c, epilogue=PLAIN, *, deep=False, share=
     itemsize = np.dtype(dtype).itemsize
     mma, _, pad = MMA[math] if math != "strict" else (0, None, PAD)
     assert not mma or np.dtype(dtype) == np.float32, "the matrix units take float32 operands"
+    assert not (a.half or b.half or c.half) or np.dtype(dtype) == np.float32, "float16 operands are summed in float32"
     if deep:
         chosen = EIGHT_BY_FOUR
     else:
@@ -348,7 +350,8 @@ def grid_gemm(queue, dtype, grid, a, b, c, epilogue=PLAIN, *, deep=False, share=
         return get_kernel(queue.context, "gemm_gpu.cl", "gemm_gpu", dtype, TM=tm, TN=tn, RM=t.rm, RN=t.rn, TK=t.tk,
                           KS=t.ks, PAD=pad, MMA=mma, A_TRANSP=int(a_transp), B_TRANSP=int(b_transp), VA=va, VB=vb, VC=vc,
                           IDX=idx, IM2COL=int(im2col is not None), K_FOLD=k if continuous else 0, C_FOLD=c_fold,
-                          B_FOLD=b_fold, A_FOLD=a_fold, **dict(im2col.defines() if im2col else ()))
+                          B_FOLD=b_fold, A_FOLD=a_fold, A_HALF=int(a.half), B_HALF=int(b.half), C_HALF=int(c.half),
+                          **dict(im2col.defines() if im2col else ()))
     kernel = build(chosen)
     if chosen.ks > 1 and chosen.work_items > work_group_limit(kernel, queue.device):
         # the planes' work-group is above what the compiler allows this kernel: one plane

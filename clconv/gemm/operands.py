@@ -17,6 +17,8 @@ class Operand(NamedTuple):
                  :func:`.gemm_cpu.panels_size`); other engines and per-group queues ignore it
     ``im2col``   B only: an :class:`.gemm_gpu.Im2colB`, B read in place as the im2col matrix of
                  an input (clconv's GPU kernel only)
+    ``half``     stored as float16 (a float16 array read or written as it is, no float32 copy);
+                 the grid's dtype is then float32, the one its sums are in (clconv's GPU kernel only)
     """
     buf: object
     off: int
@@ -28,6 +30,7 @@ class Operand(NamedTuple):
     fold: int = 0
     pack: Optional["Operand"] = None
     im2col: object = None
+    half: bool = False
 
     def at(self, group=0, image=0):
         """The element offset of matrix (group, image)."""
