@@ -70,10 +70,12 @@ class Plan:
         if algorithm not in ("auto", *ALGORITHMS):
             raise ValueError(f"unknown algorithm {algorithm!r}; expected 'auto' or one of {sorted(ALGORITHMS)}")
         tuned = tuned(self.math) if callable(tuned) else tuned or {}
+        self._converts = self.dtype != self.compute_dtype   # float16 arrays, float32 algorithms
         self._choice = {p: self._choose(p, algorithm, tuned.get(p)) for p in PASSES}
+        # float16 arrays: the passes run on float32 copies of them (the others read them as they are)
+        self._copies = {p: self._converts and p not in algo.half_passes for p, (algo, _) in self._choice.items()}
         # what each call needs, worked out once: (algorithm, name for messages, workspace bytes)
         g = geometry
-        self._converts = self.dtype != self.compute_dtype   # float16 arrays, float32 algorithms
         self._runs = {p: (algo, f"{p} of input {list(g.input_shape)} with weight {list(g.weight_shape)} [{algo.name}]",
                           self._workspace_elements(p) * self.compute_dtype.itemsize)
                       for p, (algo, _) in self._choice.items()}
@@ -91,7 +93,7 @@ class Plan:
 
     def _build(self, cls, per_group):
         return cls(self.geometry, self.compute_dtype, self.queue.device, self.workspace_limit, per_group=per_group,
-                   gemm=self.gemm, math=self.math)
+                   gemm=self.gemm, math=self.math, half=self._converts)
 
     def _trusted(self, name):
         """(ok, why not) from the known-answer check of algorithm ``name`` on this plan's device,
@@ -180,9 +182,9 @@ class Plan:
 
     def _workspace_elements(self, pass_name):
         """The pass's workspace in compute-dtype elements: the algorithm's own, then for
-        float16 the float32 copies of its arrays."""
+        float16 arrays the float32 copies of them where it does not read them as they are."""
         own = self._choice[pass_name][0].workspace[pass_name]
-        return own + sum(self._sizes(pass_name)) if self._converts else own
+        return own + sum(self._sizes(pass_name)) if self._copies[pass_name] else own
 
     @property
     def workspace_bytes(self):
@@ -210,6 +212,8 @@ class Plan:
             notes, rules = list(facts.get("notes", ())), [*why.rules, *facts.get("rules", ())]
             if algo.per_group and g.groups > 1:
                 notes.append("per-group queues")
+            if self._converts:
+                notes.append("on float32 copies" if self._copies[p] else "float16 arrays read as they are")
             if facts.get("gemm") and algo.math != self.math:
                 notes.append(algo.STRICT_NOTE)
             if algo.panels.get(p, (0, 0))[1]:
@@ -235,7 +239,8 @@ class Plan:
         ``refs``: the pass's arrays as :class:`clconv.buffers.Ref` s in argument order, the
         result last (None: no bias); ``relu`` (forward only): the output through max(., 0) in the
         pass that writes it. float16 arrays run on float32 copies in the workspace
-        (:func:`clconv.storage.on_float_copies`). The workspace is taken from ``allocator`` (else
+        (:func:`clconv.storage.on_float_copies`) unless the algorithm reads them as they are
+        (its ``half_passes``). The workspace is taken from ``allocator`` (else
         the plan's, else the queue's pool) for this pass and freed when it is enqueued: a
         pool hands it out again only to work enqueued after it on the same queue.
         """
@@ -249,7 +254,7 @@ class Plan:
         run = getattr(algo, pass_name)
         if relu:
             run = functools.partial(run, relu=True)
-        if self._converts:
+        if self._copies[pass_name]:
             storage.on_float_copies(queue, self.dtype, refs, self._sizes(pass_name), ws, algo.workspace[pass_name],
                                     lambda *copies: run(queue, *copies, ws), what)
         else:

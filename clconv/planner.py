@@ -78,7 +78,7 @@ def plan(input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1, *
     ``algorithm``: "auto" or one of "fc", "1x1", "direct", "fft", "winograd", "im2col" (ValueError if
     it does not apply). ``queues``: "single" or "per-group" (each group's GEMMs on
     their own in-order queue). ``workspace_limit``: bytes of the algorithm's workspace per pass
-    (for float16 arrays, their float32 copies come on top). ``gemm``: the GEMM engine, "auto"
+    (for float16 arrays, their float32 copies come on top in the passes that make them). ``gemm``: the GEMM engine, "auto"
     (``CLCONV_GEMM`` if set, else clconv's kernel for the device's type), "clconv", "cpu", "gpu"
     or "clblast" (see :mod:`clconv.gemm`). ``math``: the math mode (:mod:`clconv.precision`):
     "strict", "tf32" for float32, "fp16" for float16, or None for the dtype's default

@@ -1,4 +1,5 @@
-"""float16 storage: arrays kept as half, every algorithm run in float32 on float copies.
+"""float16 storage: arrays kept as half, algorithms run in float32 on float copies (except the
+passes an algorithm runs on the arrays as they are: its ``half_passes``).
 
 Host side of kernels/storage.cl. The copies live in the pass's workspace after
 the algorithm's own (:func:`on_float_copies`); :func:`accumulate` and :func:`zero`

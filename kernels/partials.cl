@@ -2,14 +2,25 @@
 // slices of the inner dimension, added in a fixed order so results are deterministic; also
 // the sum over devices of a spread grad-weight (clconv/spread.py), in float16 storage too.
 
+#ifndef PART_REAL      // 1: the partial sums are REAL (float), the result STORE (half): a GEMM's float
+#define PART_REAL 0    // partials of float16 operands read as they are
+#endif
+#if PART_REAL
+#define PART_T REAL
+#define PART_LOAD(p, i) ((p)[i])
+#else
+#define PART_T STORE
+#define PART_LOAD LOAD
+#endif
+
 // out[i] = (accumulate ? out[i] : 0) + sum over s < S of part[s * stride + i], in order.
-__kernel void sum_partials(__global const STORE* restrict part, const IDX part_off, const int S, const IDX n,
+__kernel void sum_partials(__global const PART_T* restrict part, const IDX part_off, const int S, const IDX n,
                            const IDX stride, __global STORE* restrict out, const IDX out_off, const int accumulate)
 {
     if (get_global_id(0) >= (size_t)n) return;   // compared before IDX: the rounded-up launch may pass its range
     const IDX i = get_global_id(0);
     REAL acc = accumulate ? LOAD(out, out_off + i) : (REAL)0;
-    for (int s = 0; s < S; ++s) acc += LOAD(part, part_off + (IDX)s * stride + i);
+    for (int s = 0; s < S; ++s) acc += PART_LOAD(part, part_off + (IDX)s * stride + i);
     SAVE(out, out_off + i, acc);
 }
 

@@ -13,7 +13,7 @@ import pytest
 import clconv
 from clconv import gemm, precision, reference, selfcheck, tuning
 from clconv.algorithms import base, transform
-from clconv.geometry import conv_geometry
+from clconv.geometry import PASSES, conv_geometry
 from clconv.planner import plan_for_call
 from helpers import Case, assert_close, matrix_units, stand_in_gpu
 
@@ -223,10 +223,13 @@ def test_verdicts_and_tunings_are_kept_per_mode(queue, tmp_path, monkeypatch):
 
 # -- on the matrix units: the device's, or the GPU kernel's emulation of them ---------------------
 
+# the cases whose passes read float16 arrays as they are: {case: passes}
+HALF_AS_THEY_ARE = {"1x1_g3": PASSES, "im2col_in_place_g2": ("forward", "backward_weight")}
 GPU_CASES = [  # odd, non-square, groups and dilation; each algorithm whose GEMMs take a mode; per-group queues
     (Case("im2col_g2_d2", 2, 24, 17, 13, 40, 3, 2, padding=(1, 2), dilation=2, groups=2), "im2col", "single"),
     (Case("im2col_g3_s2", 2, 21, 15, 12, 33, 3, 3, stride=2, padding=1, groups=3), "im2col", "per-group"),
     (Case("1x1_g3", 2, 48, 13, 11, 24, 1, 1, groups=3), "1x1", "single"),
+    (Case("im2col_in_place_g2", 3, 6, 15, 11, 10, 3, 3, stride=(1, 2), padding=1, groups=2), "im2col", "single"),
     (Case("fc_g2", 7, 64, 5, 3, 40, 5, 3, groups=2), "fc", "single"),
 ]
 
@@ -253,5 +256,10 @@ def test_matrix_units_against_the_reference(queue, monkeypatch, case, algorithm,
                      "grad-weight": p.backward_weight(x, dy)}
         for pass_name, result in got[math].items():
             assert_close(result, want[pass_name], dtype, f"{pass_name} ({math})", math)
+    if dtype == F16:   # read as they are: no float32 copies made or converted; else on copies
+        for pass_name in PASSES:
+            direct = pass_name in HALF_AS_THEY_ARE.get(case.name, ())
+            assert ("float16 arrays read as they are" in p.explain().record(pass_name).notes) == direct, p.explain()
+            assert bool({"to_real", "to_store"} & set(p.launches(pass_name))) != direct, p.launches(pass_name)
     if dtype == F32 or algorithm == "im2col":   # (float16 sums of few outputs may round to the same halves)
         assert not np.array_equal(got[mode]["forward"], got["strict"]["forward"]), f"{mode} gave strict's bits"

@@ -4,10 +4,12 @@ An algorithm class says whether it applies to a geometry (:meth:`Algorithm.appli
 whether ``algorithm="auto"`` should pick it for a pass on a device
 (:meth:`Algorithm.preferred`), each with its reason. An instance is built for one geometry,
 compute dtype, device, workspace budget, per-group-queue choice, GEMM engine and math mode
-(:mod:`clconv.precision`, "strict" where ``MATRIX_UNITS`` is false); it raises
-ValueError when it cannot run within the budget. It then states the workspace each pass
-needs (``workspace``, in compute-dtype elements), states each pass's facts for ``explain()``, and
-enqueues the passes on :class:`clconv.buffers.Ref` s:
+(:mod:`clconv.precision`, "strict" where ``MATRIX_UNITS`` is false), and whether the arrays
+are float16 (``half``: compute dtype float32); it raises ValueError when it cannot run within
+the budget. It then states the workspace each pass needs (``workspace``, in compute-dtype
+elements), the passes it runs on float16 arrays as they are (``half_passes``; the plan gives
+the others float32 copies), states each pass's facts for ``explain()``, and enqueues the passes
+on :class:`clconv.buffers.Ref` s:
 
   forward(queue, x, w, bias, y, ws, relu)  y = conv(x, w) (+ bias; bias may be None), then
                                            max(y, 0) with relu, in the same pass over y
@@ -17,6 +19,8 @@ enqueues the passes on :class:`clconv.buffers.Ref` s:
 ``ws`` is the pass's workspace buffer (None when it needs none). Results are overwritten,
 never accumulated, and are the same on every run (sums in a fixed order).
 """
+import numpy as np
+
 from ..gemm import PLAIN, Grid, Operand, grid_gemm
 from ..geometry import PASSES
 
@@ -48,9 +52,11 @@ class Algorithm:
         else (False, why not)."""
         return True, ""
 
-    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast", math="strict"):
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast", math="strict", half=False):
         self.g, self.dtype, self.per_group, self.gemm = g, dtype, per_group, gemm
         self.math = math if self.MATRIX_UNITS else "strict"
+        self.half = half
+        self.half_passes = frozenset()   # set by an algorithm that reads float16 arrays as they are
         self.workspace = dict.fromkeys(PASSES, 0)
         # {pass: (offset, elements)} of the workspace where its GEMM packs B in panels (clconv's CPU
         # kernel, gemm_cpu.panels_size); a pass not named, or of 0 elements, packs none. Only there,
@@ -102,3 +108,7 @@ class Algorithm:
             return
         grid_gemm(queue, self.gemm, self.dtype, Grid(self.g.groups, images, m, n, k, blocks, continuous), a, b, c,
                   epilogue, per_group=self.per_group, math=self.math, **kw)
+
+    def _store(self, pass_name):
+        """The dtype ``pass_name``'s arrays are stored in: float16 where it reads them as they are."""
+        return np.dtype(np.float16) if pass_name in self.half_passes else self.dtype

@@ -157,7 +157,7 @@ class Direct(Algorithm):
             return False, Reason("direct-strided-grad-input", "strided grad-input of groups of several channels")
         return True, ""
 
-    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm=None, math="strict"):
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm=None, math="strict", half=False):
         super().__init__(g, dtype, device, workspace_limit, False, None)   # no GEMMs, so no per-group queues
         self.taps = g.Cg * g.kh * g.kw
         self.staged = bool(device.type & cl.device_type.GPU)   # on CPUs caches stage better than barriers

@@ -29,8 +29,8 @@ class FullyConnected(Algorithm):
         return False, (f"needs a kernel covering the whole unpadded input (kernel {g.kh}x{g.kw}, "
                        f"input {g.H}x{g.W}, padding {g.pads})")
 
-    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast", math="strict"):
-        super().__init__(g, dtype, device, workspace_limit, per_group, gemm, math)
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast", math="strict", half=False):
+        super().__init__(g, dtype, device, workspace_limit, per_group, gemm, math, half)
         item = dtype.itemsize   # split-K slices per pass: one group only, as many as the workspace holds
         split = (lambda m, n, k: 1 if g.groups > 1 else
                  fit_slices(k, k_slices(device, gemm, m, n, k, 1, item), workspace_limit // max(1, m * n * item)))

@@ -117,8 +117,8 @@ class FFT(Transform):
                                         f"{other:.1f}")
         return True, ""
 
-    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast", math="strict"):
-        super().__init__(g, dtype, device, workspace_limit, per_group, gemm, math)
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast", math="strict", half=False):
+        super().__init__(g, dtype, device, workspace_limit, per_group, gemm, math, half)
         self.fh, self.fw = frame(g)
         self.F = _frequencies(g)
         # images per work-group of the image and of the output transforms (FH/2 work-items

@@ -44,8 +44,8 @@ class Im2col(Algorithm):
     def applies(g):
         return True, "general: any shape, stride, padding, dilation and groups"
 
-    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast", math="strict"):
-        super().__init__(g, dtype, device, workspace_limit, per_group, gemm, math)
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast", math="strict", half=False):
+        super().__init__(g, dtype, device, workspace_limit, per_group, gemm, math, half)
         # CPU devices: im2col in rows, this many columns per vector
         self.vw = 0 if device.type & cl.device_type.GPU else cpu_vector_width(device, dtype.itemsize)
         # im2col_rows over rows narrower than one vector: the widest narrower vectors that divide
@@ -130,6 +130,8 @@ class Im2col(Algorithm):
             self.unsplit["forward"] = (unsplit_note(device, gemm, g.K, g.N * g.P, g.Kd, 1, itemsize)
                                        if g.groups == 1 else "")
             forward = _partials(self.split["forward"], outputs)
+            # float16 arrays read and written as they are (slices' partial sums in float)
+            self.half_passes = frozenset({"forward"} if half else ())
         else:
             self.split["forward"] = split(g.Kg, g.Kd, g.K, self.deep)
             self.unsplit["forward"] = unsplit_note(device, gemm, g.Kg, ld, g.Kd, g.groups, itemsize)
@@ -141,6 +143,11 @@ class Im2col(Algorithm):
         bt = (gemm_cpu.panels_size(device, g.Kg, g.Kd, self.chunk * g.P // self.slices, g.groups * self.slices,
                                    itemsize, b_transp=True) if self.packs else 0)
         self._reserve_panels("backward_weight", per_image * self.chunk + wgrad_extra, bt, workspace_limit)
+        # float16 arrays read and written as they are where every launch of a pass is clconv's GPU
+        # kernel on them: the implicit forward (above), and grad-weight reading the input and dY in
+        # place in one chunk (partial sums of slices in float; chunks would round dW between them)
+        if half and self._implicit("backward_weight") and self._folds_grad_output_weight() and self.chunk >= g.N:
+            self.half_passes |= {"backward_weight"}
 
     def _short(self, positions):
         """Whether clconv's GPU GEMM kernel keeps a grad-weight product of ``positions`` whole
@@ -452,21 +459,22 @@ class Im2col(Algorithm):
         if self.band:
             return self._forward_tiles(queue, x, w, bias, y, ws, relu)
         if self._implicit("forward"):   # one GEMM per group over all images' positions, into Y
-            beta = before_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
+            store, h = self._store("forward"), "forward" in self.half_passes
+            beta = before_gemm(queue, store, y, bias, g.N, g.K, g.P, relu)
             S, plane, cols = self.split["forward"], g.H * g.W, g.N * g.P
             if S > 1:   # slice s: W[:, s-th Kd/S columns] @ im2col of the s-th C/S channels; one group
                 ks, n = Kd // S, g.N * g.K * g.P
-                self._gemm(queue, g.K, cols, ks, Op(w.buf, w.off, Kd, ks),
-                           Op(x.buf, x.off, 0, g.C // S * plane, im2col=self._im2col_b(0, g.N)),
+                self._gemm(queue, g.K, cols, ks, Op(w.buf, w.off, Kd, ks, half=h),
+                           Op(x.buf, x.off, 0, g.C // S * plane, im2col=self._im2col_b(0, g.N), half=h),
                            Op(ws, 0, g.P, n, g.K * g.P, fold=g.P), slices=S, what="forward (implicit im2col, split-K)")
-                sum_partials(queue, self.dtype, idx_for(self.dtype, x, w, y, bias, Ref(ws, 0)), Ref(ws, 0), S, n, y,
-                             beta != 0, "forward (implicit im2col, sum of slices)")
+                sum_partials(queue, store, idx_for(self.dtype, x, w, y, bias, Ref(ws, 0)), Ref(ws, 0), S, n, y,
+                             beta != 0, "forward (implicit im2col, sum of slices)", float_parts=h)
             else:
-                self._gemm(queue, Kg, cols, Kd, Op(w.buf, w.off, Kd, Kg * Kd),
-                           Op(x.buf, x.off, 0, g.Cg * plane, im2col=self._im2col_b(0, g.N)),
-                           Op(y.buf, y.off, g.P, Kg * g.P, g.K * g.P, fold=g.P), Epilogue(beta=beta),
+                self._gemm(queue, Kg, cols, Kd, Op(w.buf, w.off, Kd, Kg * Kd, half=h),
+                           Op(x.buf, x.off, 0, g.Cg * plane, im2col=self._im2col_b(0, g.N), half=h),
+                           Op(y.buf, y.off, g.P, Kg * g.P, g.K * g.P, fold=g.P, half=h), Epilogue(beta=beta),
                            what="forward (implicit im2col)")
-            after_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
+            after_gemm(queue, store, y, bias, g.N, g.K, g.P, relu)
             return
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
         b = bias if bias is not None else w
@@ -541,7 +549,7 @@ class Im2col(Algorithm):
         if self.band:
             return self._weight_tiles(queue, x, dy, dw, ws)
         idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
-        Kg, Kd = g.Kg, g.Kd
+        Kg, Kd, h = g.Kg, g.Kd, "backward_weight" in self.half_passes
         folds = self._folds_grad_output_weight()   # (decided once per call, not per chunk)
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
@@ -554,25 +562,26 @@ class Im2col(Algorithm):
             panels = self._panels("backward_weight", ws)
             if self._implicit("backward_weight"):
                 b = Op(x.buf, x.off + n0 * g.C * g.H * g.W, ld, g.Cg * g.H * g.W, transp=True, pack=panels,
-                       im2col=self._im2col_b(L if S > 1 else 0, nb))
+                       im2col=self._im2col_b(L if S > 1 else 0, nb), half=h)
             else:
                 self._im2col(queue, idx, x, n0, nb, ws, col)
                 b = Op(ws, col, ld, Kd * ld, L, transp=True, pack=panels)
             # A: dY read in place, its images' positions folded into the depth (the slices run on
             # through it), or T, its layout copy
             if folds:
-                a = Op(dy.buf, dy.off + n0 * g.K * g.P, g.P, Kg * g.P, g.K * g.P, fold=g.P)
+                a = Op(dy.buf, dy.off + n0 * g.K * g.P, g.P, Kg * g.P, g.K * g.P, fold=g.P, half=h)
             else:
                 t_buf, t = self._to_columns(queue, idx, dy, n0, nb, ws, self.rows * ld)
                 a = Op(t_buf, t, ld, Kg * ld, L)
             if S == 1:
-                self._gemm(queue, Kg, Kd, ld, a, b, Op(dw.buf, dw.off, Kd, Kg * Kd),
+                self._gemm(queue, Kg, Kd, ld, a, b, Op(dw.buf, dw.off, Kd, Kg * Kd, half=h),
                            Epilogue(beta=0.0 if n0 == 0 else 1.0), what="grad-weight")
                 continue
             self._gemm(queue, Kg, Kd, L, a, b, Op(ws, part, Kd, Kg * Kd, g.K * Kd), images=S,
                        what="grad-weight (split-K)")
             n = g.K * Kd
-            sum_partials(queue, self.dtype, idx, Ref(ws, part), S, n, dw, n0 > 0, "grad-weight (sum of slices)")
+            sum_partials(queue, self._store("backward_weight"), idx, Ref(ws, part), S, n, dw, n0 > 0,
+                         "grad-weight (sum of slices)", float_parts=h)
 
     # -- one image at a time, in tiles of output rows (see _fit_bands) ---------------------
 

@@ -56,14 +56,18 @@ def _local_size(device):
     return reduction_work_group(device, rules.PARTIALS_GPU_LOCAL) if device.type & cl.device_type.GPU else 64
 
 
-def sum_partials(queue, dtype, idx, part, S, n, out, accumulate, what, stride=None):
+def sum_partials(queue, dtype, idx, part, S, n, out, accumulate, what, stride=None, float_parts=False):
     """out (n,) (+)= the S partial sums of ``part``, ``stride`` elements apart (default n), in
-    order; both are Refs. Four values per work-item (the same sums, so the same bits) where the
-    storage is float32 or float64, n, the stride and both offsets are multiples of 4 (buffers
-    aligned to vectors), on the devices above."""
+    order; both are Refs of ``dtype`` storage, or with ``float_parts`` (``dtype`` float16) the
+    partial sums float32 (a GEMM's, of float16 operands read as they are) and the result float16.
+    Four values per work-item (the same sums, so the same bits) where the storage is float32 or
+    float64, n, the stride and both offsets are multiples of 4 (buffers aligned to vectors), on
+    the devices above."""
     stride, dtype, device = stride or n, np.dtype(dtype), queue.device
+    assert not float_parts or dtype == np.float16, "float partial sums are summed into float16 results"
     v = 4 if (dtype in (np.float32, np.float64) and not (n % 4 or stride % 4 or part.off % 4 or out.off % 4)
               and _four_wide(device, dtype.itemsize, n)) else 1
-    knl = get_kernel(queue.context, "partials.cl", "sum_partials4" if v == 4 else "sum_partials", dtype, IDX=idx)
+    knl = get_kernel(queue.context, "partials.cl", "sum_partials4" if v == 4 else "sum_partials", dtype, IDX=idx,
+                     **({"PART_REAL": 1} if float_parts else {}))
     launch(queue, knl, (n // v,), (min(_local_size(device), work_group_limit(knl, device)),), part.buf, part.off // v,
            S, n // v, stride // v, out.buf, out.off // v, int(accumulate), what=what)

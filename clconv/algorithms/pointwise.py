@@ -53,8 +53,8 @@ class Pointwise(Algorithm):
         return False, f"needs a 1x1 kernel with stride 1 and no padding (kernel {g.kh}x{g.kw}, stride {g.stride}, " \
                       f"padding {g.pads})"
 
-    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast", math="strict"):
-        super().__init__(g, dtype, device, workspace_limit, per_group, gemm, math)
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast", math="strict", half=False):
+        super().__init__(g, dtype, device, workspace_limit, per_group, gemm, math, half)
         item = dtype.itemsize
         fits = workspace_limit // (g.K * g.Cg * item)   # grad-weight partial sums the workspace holds
         # grad-weight on the GPU kernel: slices of whole images, or (where that fills the device
@@ -83,7 +83,7 @@ class Pointwise(Algorithm):
         # elsewhere: images per chunk of per-image partial sums (1: the im2col layout instead)
         self.images = min(g.N, max_slices(g.K * g.Cg, g.N * g.P), fits) if g.P >= rules.PARTIALS_MIN_SLICE else 1
         self._weight = (None if self.blocked or self.images > 1
-                        else Im2col(g, dtype, device, workspace_limit, per_group, gemm))
+                        else Im2col(g, dtype, device, workspace_limit, per_group, gemm, math))
         # split-K slices per pass (one group only: the slices take the grid's group axis), as many
         # as the workspace holds
         # forward and grad-input on the GPU kernel: one GEMM over every image's positions (folded)
@@ -115,6 +115,13 @@ class Pointwise(Algorithm):
             size = (gemm_cpu.panels_size(device, m, g.P, k, g.groups * g.N, item)
                     if self.packs and self.split[p] == 1 else 0)
             self._reserve_panels(p, first[p], size, workspace_limit)
+        # float16 arrays read and written as they are, no float32 copies, where each launch of a pass
+        # is clconv's GPU kernel on them: forward and grad-input unsplit; grad-weight in K blocks, its
+        # slices' float partial sums summed into the float16 result
+        if half and gemm == "gpu":
+            whole = {"forward": self.split["forward"] == 1, "backward_input": self.split["backward_input"] == 1,
+                     "backward_weight": self.blocked}
+            self.half_passes = frozenset(p for p, yes in whole.items() if yes)
         self.workspace["backward_weight"] = (_partials(self.slices, g.K * g.Cg) if self.blocked else
                                              self.images * g.K * g.Cg
                                              if self._weight is None else self._weight.workspace["backward_weight"])
@@ -207,8 +214,8 @@ class Pointwise(Algorithm):
         return g.N * g.P, 1, g.P
 
     def forward(self, queue, x, w, bias, y, ws, relu=False):
-        g, S = self.g, self.split["forward"]
-        beta = before_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
+        g, S, h = self.g, self.split["forward"], "forward" in self.half_passes
+        beta = before_gemm(queue, self._store("forward"), y, bias, g.N, g.K, g.P, relu)
         if S > 1:   # slice s: W[:, s-th K/S channels] @ X[those channels]; one group
             ks, n = g.C // S, g.N * g.K * g.P
             cols, images, fold = self._columns()
@@ -219,11 +226,11 @@ class Pointwise(Algorithm):
                          beta != 0, "forward (1x1, sum of slices)")
         else:
             cols, images, fold = self._columns()
-            self._gemm(queue, g.Kg, cols, g.Cg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg),
-                       Op(x.buf, x.off, g.P, g.Cg * g.P, g.C * g.P, fold=fold, pack=self._panels("forward", ws)),
-                       Op(y.buf, y.off, g.P, g.Kg * g.P, g.K * g.P, fold=fold), Epilogue(beta=beta), images=images,
-                       deep=self.deep, what="forward (1x1)")
-        after_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
+            self._gemm(queue, g.Kg, cols, g.Cg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg, half=h),
+                       Op(x.buf, x.off, g.P, g.Cg * g.P, g.C * g.P, fold=fold, pack=self._panels("forward", ws), half=h),
+                       Op(y.buf, y.off, g.P, g.Kg * g.P, g.K * g.P, fold=fold, half=h), Epilogue(beta=beta),
+                       images=images, deep=self.deep, what="forward (1x1)")
+        after_gemm(queue, self._store("forward"), y, bias, g.N, g.K, g.P, relu)
 
     def backward_input(self, queue, w, dy, dx, ws):
         g, S = self.g, self.split["backward_input"]
@@ -242,9 +249,12 @@ class Pointwise(Algorithm):
                        images=g.N, what="grad-input (1x1, transposed)")
             return
         cols, images, fold = self._columns()
-        self._gemm(queue, g.Cg, cols, g.Kg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg, transp=True, pack=Op(ws, 0, 0)),
-                   Op(dy.buf, dy.off, g.P, g.Kg * g.P, g.K * g.P, fold=fold, pack=self._panels("backward_input", ws)),
-                   Op(dx.buf, dx.off, g.P, g.Cg * g.P, g.C * g.P, fold=fold), images=images, what="grad-input (1x1)")
+        h = "backward_input" in self.half_passes
+        self._gemm(queue, g.Cg, cols, g.Kg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg, transp=True, pack=Op(ws, 0, 0), half=h),
+                   Op(dy.buf, dy.off, g.P, g.Kg * g.P, g.K * g.P, fold=fold, pack=self._panels("backward_input", ws),
+                      half=h),
+                   Op(dx.buf, dx.off, g.P, g.Cg * g.P, g.C * g.P, fold=fold, half=h), images=images,
+                   what="grad-input (1x1)")
 
     def backward_weight(self, queue, x, dy, dw, ws):
         if self._weight is not None:
@@ -252,17 +262,17 @@ class Pointwise(Algorithm):
             return
         g, B, n = self.g, self.images, self.g.K * self.g.Cg
         if self.blocked:   # slice j: images j * nb ... (j + 1) * nb - 1, or positions j * ps ... of every image
-            S = self.slices
+            S, h = self.slices, "backward_weight" in self.half_passes
             nb, ps = (g.N // S, g.P) if self.by_images else (g.N, g.P // S)
             step_y, step_x = (nb * g.K * g.P, nb * g.C * g.P) if self.by_images else (ps, ps)
-            c = Op(dw.buf, dw.off, g.Cg, g.Kg * g.Cg) if S == 1 else Op(ws, 0, g.Cg, g.Kg * g.Cg, n)
-            self._gemm(queue, g.Kg, g.Cg, ps, Op(dy.buf, dy.off, g.P, g.Kg * g.P, step_y, k_step=g.K * g.P),
+            c = Op(dw.buf, dw.off, g.Cg, g.Kg * g.Cg, half=h) if S == 1 else Op(ws, 0, g.Cg, g.Kg * g.Cg, n)
+            self._gemm(queue, g.Kg, g.Cg, ps, Op(dy.buf, dy.off, g.P, g.Kg * g.P, step_y, k_step=g.K * g.P, half=h),
                        Op(x.buf, x.off, g.P, g.Cg * g.P, step_x, k_step=g.C * g.P, transp=True,
-                          pack=self._panels("backward_weight", ws)), c, images=S, blocks=nb,
+                          pack=self._panels("backward_weight", ws), half=h), c, images=S, blocks=nb,
                        continuous=self.continuous, deep=self.deep_weight, what="grad-weight (1x1, K blocks)")
             if S > 1:
-                sum_partials(queue, self.dtype, idx_for(self.dtype, x, dy, dw, Ref(ws, 0)), Ref(ws, 0), S, n, dw,
-                             False, "grad-weight (1x1, sum of slices)")
+                sum_partials(queue, self._store("backward_weight"), idx_for(self.dtype, x, dy, dw, Ref(ws, 0)),
+                             Ref(ws, 0), S, n, dw, False, "grad-weight (1x1, sum of slices)", float_parts=h)
             return
         idx = idx_for(self.dtype, x, dy, dw, Ref(ws, 0))
         for n0 in range(0, g.N, B):

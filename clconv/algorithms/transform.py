@@ -42,8 +42,8 @@ class Transform(Algorithm):
     MATRIX_UNITS = False
     STRICT_NOTE = "products in float32: the transforms amplify the operands' rounding"
 
-    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast", math="strict"):
-        super().__init__(g, dtype, device, workspace_limit, per_group, gemm, math)
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast", math="strict", half=False):
+        super().__init__(g, dtype, device, workspace_limit, per_group, gemm, math, half)
         self.geometry = {p: pass_geometry(g, p) for p in ("forward", "backward_input", "backward_weight")}
         self.chunk, self.layout = {}, {}
 

@@ -121,8 +121,8 @@ class Winograd(Transform):
             return False, Reason("winograd-cpu-tiles", f"on CPUs, tiles of which {used:.0%} of the outputs are used")
         return True, ""
 
-    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast", math="strict"):
-        super().__init__(g, dtype, device, workspace_limit, per_group, gemm, math)
+    def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast", math="strict", half=False):
+        super().__init__(g, dtype, device, workspace_limit, per_group, gemm, math, half)
         self.tile = _side(g)    # outputs per tile along rows and columns
         self.tt = prod(_alpha(g))   # transformed values per tile (TT): 36, or 8 along one axis
         # the kernels' form: 3, 5 or 7 taps along the transformed axes (both, or one of a 1x7 / 7x1)
