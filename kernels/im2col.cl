@@ -34,6 +34,18 @@ struct col_geometry { int b, c, h, w, kh, kw, oh, ow, sh, sw, pt, pl, dh, dw; };
 #ifndef COL_CHANNELS   // channels per work-item
 #define COL_CHANNELS 4
 #endif
+#ifndef X_HALF         // the GPU forms: 1 where the image side (im2col's x, col2im's dx) is stored as
+#define X_HALF 0       // half (a float16 array read or written as it is), col staying REAL
+#endif
+#if X_HALF
+#define X_T half
+#define X_LOAD(p, i) vload_half((i), (p))
+#define X_SAVE(p, i, v) vstore_half_rte((v), (i), (p))
+#else
+#define X_T REAL
+#define X_LOAD(p, i) ((p)[i])
+#define X_SAVE(p, i, v) ((p)[i] = (v))
+#endif
 
 // (With a tile of output rows, the host passes OH = the tile's rows and the top padding
 // shifted by its first row: the same kernels cover any band of an image.)
@@ -44,7 +56,7 @@ struct col_geometry { int b, c, h, w, kh, kw, oh, ow, sh, sw, pt, pl, dh, dw; };
 // neighbouring columns, and the columns of all images form one range (no work-group runs past
 // the end of each image's pixels). Geometry as constants and several channels per work-item,
 // as in col2im below: measured faster on GPUs over the networks' im2col launches.
-__kernel void im2col(__global const REAL* restrict x, const IDX x_off,
+__kernel void im2col(__global const X_T* restrict x, const IDX x_off,
                      __global REAL* restrict col, const IDX col_off,
                      const int B, const int C, const int H, const int W,
                      const int OH, const int OW, const int PT, const int PL)
@@ -64,7 +76,7 @@ __kernel void im2col(__global const REAL* restrict x, const IDX x_off,
             const bool row_in = y >= 0 && y < H;
             for (int j = 0; j < COL_KW; ++j, dst += ld) {
                 const int xx = ox * COL_SW - PL + j * COL_DW;
-                col[dst] = (row_in && xx >= 0 && xx < W) ? x[xb + y * W + xx] : (REAL)0;
+                col[dst] = (row_in && xx >= 0 && xx < W) ? X_LOAD(x, xb + y * W + xx) : (REAL)0;
             }
         }
     }
@@ -80,7 +92,7 @@ __kernel void im2col(__global const REAL* restrict x, const IDX x_off,
 // each: both measured faster on GPUs over the networks' im2col grad-inputs (built-in strides for
 // strided 3x3 layers, several channels per work-item most for 1x1 stride-2 ones).
 __kernel void col2im(__global const REAL* restrict col, const IDX col_off,
-                     __global REAL* restrict dx, const IDX dx_off,
+                     __global X_T* restrict dx, const IDX dx_off,
                      const int B, const int C, const int H, const int W,
                      const int OH, const int OW, const int PT, const int PL,
                      const int q0, const int accumulate)
@@ -119,10 +131,7 @@ __kernel void col2im(__global const REAL* restrict col, const IDX col_off,
             }
         }
         const IDX at = dx_off + ((IDX)b * C + c) * H * W + q;
-        if (accumulate)
-            dx[at] += acc;
-        else
-            dx[at] = acc;
+        X_SAVE(dx, at, accumulate ? X_LOAD(dx, at) + acc : acc);
     }
 }
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import clconv
-from clconv import gemm, precision, reference, selfcheck, tuning
+from clconv import gemm, precision, reference, rules, selfcheck, tuning
 from clconv.algorithms import base, transform
 from clconv.geometry import PASSES, conv_geometry
 from clconv.planner import plan_for_call
@@ -263,3 +263,35 @@ def test_matrix_units_against_the_reference(queue, monkeypatch, case, algorithm,
             assert bool({"to_real", "to_store"} & set(p.launches(pass_name))) != direct, p.launches(pass_name)
     if dtype == F32 or algorithm == "im2col":   # (float16 sums of few outputs may round to the same halves)
         assert not np.array_equal(got[mode]["forward"], got["strict"]["forward"]), f"{mode} gave strict's bits"
+
+
+# im2col on a GPU's forms (im2col and col2im gather float16 images as they are): grouped, strided and
+# dilated; and one group with a long K
+GPU_FORM_CASES = [Case("g2_s2_d2", 3, 10, 13, 11, 12, 3, 3, stride=(2, 1), padding=1, dilation=(1, 2), groups=2),
+                  Case("g1_deep", 2, 64, 8, 6, 8, 3, 3, padding=1)]
+
+
+@pytest.mark.gpu_form
+@pytest.mark.parametrize("math", ["strict", "fp16"])
+@pytest.mark.parametrize("case", GPU_FORM_CASES, ids=str)
+def test_float16_arrays_read_as_they_are_by_im2col_on_a_gpu(queue, monkeypatch, case, math):
+    """In plans for a GPU (a stand-in: im2col's GPU forms, clconv's GPU GEMM kernel, col not read in
+    place), every pass of im2col reads and writes the float16 arrays as they are, with no float32
+    copies: im2col gathers half input into float col, col2im rounds its sums to half once, the GEMM
+    reads half operands; each pass within float16's tolerance of the float64 reference."""
+    if math != "strict":
+        matrix_units(queue, monkeypatch, math)
+    monkeypatch.setattr(rules, "IM2COL_GPU_IMPLICIT_FLOP_PER_UNIT", {"forward": 0, "backward_weight": 0})
+    x, w, b, dy = case.data(np.float16)
+    opts = case.options
+    p = clconv.Plan(conv_geometry(x.shape, w.shape, **opts), np.float16, stand_in_gpu(queue, 132),
+                    algorithm="im2col", gemm="gpu", math=math, selfcheck=False)
+    assert p.math == math
+    got = {"forward": p.forward(x, w, b, queue=queue), "backward_input": p.backward_input(w, dy, queue=queue),
+           "backward_weight": p.backward_weight(x, dy, queue=queue)}
+    want = {"forward": reference.conv2d(x, w, b, **opts), "backward_input": reference.conv2d_input(x.shape, w, dy, **opts),
+            "backward_weight": reference.conv2d_weight(x, w.shape, dy, **opts)}
+    for pass_name in PASSES:
+        assert "float16 arrays read as they are" in p.explain().record(pass_name).notes, p.explain()
+        assert not {"to_real", "to_store"} & set(p.launches(pass_name)), p.launches(pass_name)
+        assert_close(got[pass_name], want[pass_name], np.float16, pass_name, math)

@@ -130,8 +130,6 @@ class Im2col(Algorithm):
             self.unsplit["forward"] = (unsplit_note(device, gemm, g.K, g.N * g.P, g.Kd, 1, itemsize)
                                        if g.groups == 1 else "")
             forward = _partials(self.split["forward"], outputs)
-            # float16 arrays read and written as they are (slices' partial sums in float)
-            self.half_passes = frozenset({"forward"} if half else ())
         else:
             self.split["forward"] = split(g.Kg, g.Kd, g.K, self.deep)
             self.unsplit["forward"] = unsplit_note(device, gemm, g.Kg, ld, g.Kd, g.groups, itemsize)
@@ -143,11 +141,17 @@ class Im2col(Algorithm):
         bt = (gemm_cpu.panels_size(device, g.Kg, g.Kd, self.chunk * g.P // self.slices, g.groups * self.slices,
                                    itemsize, b_transp=True) if self.packs else 0)
         self._reserve_panels("backward_weight", per_image * self.chunk + wgrad_extra, bt, workspace_limit)
-        # float16 arrays read and written as they are where every launch of a pass is clconv's GPU
-        # kernel on them: the implicit forward (above), and grad-weight reading the input and dY in
-        # place in one chunk (partial sums of slices in float; chunks would round dW between them)
-        if half and self._implicit("backward_weight") and self._folds_grad_output_weight() and self.chunk >= g.N:
-            self.half_passes |= {"backward_weight"}
+        # float16 arrays read and written as they are where each launch of a pass reads or writes
+        # them in clconv's GPU GEMM kernel or im2col's GPU forms (col, T and split-K partial sums stay
+        # float32): the forward into Y, grad-input reading dY in place, grad-weight reading dY in
+        # place in one chunk (chunks would round dW between them)
+        if half and gemm == "gpu":
+            gathers = not self.vw   # (im2col's and col2im's GPU forms)
+            whole = {"forward": self._implicit("forward") or gathers and self._folds_output(),
+                     "backward_input": gathers and self._folds_grad_output(),
+                     "backward_weight": (self._folds_grad_output_weight() and self.chunk >= g.N
+                                         and (gathers or self._implicit("backward_weight")))}
+            self.half_passes = frozenset(p for p, yes in whole.items() if yes)
 
     def _short(self, positions):
         """Whether clconv's GPU GEMM kernel keeps a grad-weight product of ``positions`` whole
@@ -391,45 +395,49 @@ class Im2col(Algorithm):
     def _kernel(self, queue, name, idx):
         return get_kernel(queue.context, "im2col.cl", name, self.dtype, IDX=idx)
 
-    def _gpu_kernel(self, queue, name, idx, geometry):
+    def _gpu_kernel(self, queue, name, idx, geometry, half=False):
         """The GPU form of im2col or col2im (``name``) for ``geometry`` (_geometry_args): taps,
         strides and dilations built in, COL_CHANNELS channels per work-item (kernels/im2col.cl
-        says why)."""
+        says why); ``half``: the image side stored as float16."""
         _, _, _, _, kh, kw, _, _, sh, sw, _, _, dh, dw = geometry
         return get_kernel(queue.context, "im2col.cl", name, self.dtype, IDX=idx, COL_KH=kh, COL_KW=kw, COL_SH=sh,
-                          COL_SW=sw, COL_DH=dh, COL_DW=dw, COL_CHANNELS=COL_CHANNELS)
+                          COL_SW=sw, COL_DH=dh, COL_DW=dw, COL_CHANNELS=COL_CHANNELS,
+                          **({"X_HALF": 1} if half else {}))
 
-    def _im2col(self, queue, idx, x, n0, B, ws, col, tile=None):
+    def _im2col(self, queue, idx, x, n0, B, ws, col, tile=None, half=False):
         """col of images n0 ... n0+B-1 (or of a ``tile`` of image n0, see _geometry_args): on GPUs a
         work-item per (image, output pixel) and COL_CHANNELS channels; on CPUs im2col_rows, a
-        work-item per (output row, channel) writing VW columns at a time."""
+        work-item per (output row, channel) writing VW columns at a time. ``half``: x is float16
+        (GPU form)."""
         g = self.g
         geometry = self._geometry_args(B, tile)
         _, _, _, _, _, _, rows, cols, _, _, pt, pl, _, _ = geometry
         x_at = x.off + n0 * g.C * g.H * g.W
+        assert not (half and self.vw), "float16 images are gathered by the GPU form only"
         if self.vw:
             knl = get_kernel(queue.context, "im2col.cl", "im2col_rows", self.dtype, IDX=idx, VW=self.im2col_vw)
             launch(queue, knl, (B * rows, g.C), (1, 1), x.buf, x_at, ws, col, *geometry, what="im2col")
             return
-        knl = self._gpu_kernel(queue, "im2col", idx, geometry)
+        knl = self._gpu_kernel(queue, "im2col", idx, geometry, half)
         launch(queue, knl, (B * rows * cols, -(-g.C // COL_CHANNELS)), (64, 1), x.buf, x_at, ws, col, B, g.C, g.H,
                g.W, rows, cols, pt, pl, what="im2col")
 
-    def _col2im(self, queue, idx, ws, col, dx, n0, B, first, last, accumulate, tile=None):
+    def _col2im(self, queue, idx, ws, col, dx, n0, B, first, last, accumulate, tile=None, half=False):
         """Input rows first ... last-1 of images n0 ... n0+B-1 from col at ``col`` (or of image n0
         from a ``tile``'s col), added to dx with ``accumulate``: on GPUs a work-item per (input
         pixel, channel, image); on CPUs col2im_rows, a work-item per (input row, channel) summing
-        VW pixels at a time."""
+        VW pixels at a time. ``half``: dx is float16 (GPU form)."""
         g = self.g
         geometry = self._geometry_args(B, tile)
         dx_at, what = dx.off + n0 * g.C * g.H * g.W, "col2im (tile)" if tile else "col2im"
+        assert not (half and self.vw), "float16 images are gathered by the GPU form only"
         if self.vw:
             knl = get_kernel(queue.context, "im2col.cl", "col2im_rows", self.dtype, IDX=idx, VW=self.vw)
             launch(queue, knl, (B * (last - first), g.C), (1, 1), ws, col, dx.buf, dx_at, *geometry, first * g.W,
                    int(accumulate), what=what)
             return
         _, _, _, _, _, _, rows, cols, _, _, pt, pl, _, _ = geometry
-        knl = self._gpu_kernel(queue, "col2im", idx, geometry)
+        knl = self._gpu_kernel(queue, "col2im", idx, geometry, half)
         launch(queue, knl, ((last - first) * g.W, -(-g.C // COL_CHANNELS), B), (64, 1, 1), ws, col, dx.buf, dx_at,
                B, g.C, g.H, g.W, rows, cols, pt, pl, first * g.W, int(accumulate), what=what)
 
@@ -479,37 +487,38 @@ class Im2col(Algorithm):
         idx = idx_for(self.dtype, x, w, y, bias, Ref(ws, 0))
         b = bias if bias is not None else w
         folds = self._folds_output()
-        S = self.split["forward"]
+        S, store, h = self.split["forward"], self._store("forward"), "forward" in self.half_passes
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
             col, ld = 0, nb * g.P
-            self._im2col(queue, idx, x, n0, nb, ws, col)
+            self._im2col(queue, idx, x, n0, nb, ws, col, half=h)
             # one image, or the images folded into the GEMM's columns: straight into Y (bias and
             # ReLU around the GEMM); else into T, then the layout kernel, which applies them
             in_place = nb == 1 or folds
+            assert in_place or not h, "float16 outputs are written in place"
             out = Ref(y.buf, y.off + n0 * g.K * g.P) if in_place else Ref(ws, self.rows * ld)
-            beta = before_gemm(queue, self.dtype, out, bias, nb, g.K, g.P, relu) if in_place else 0.0
+            beta = before_gemm(queue, store, out, bias, nb, g.K, g.P, relu) if in_place else 0.0
             fold = g.P if folds else 0   # (C's column b * P + p: image b, position p)
             c_ld = g.P if in_place else ld   # C's rows: Y's, or T's
             if S > 1:   # slice s: W[g][:, s-th Kd/S rows] @ col[g][those rows], partials after col and T
                 ks, part = Kd // S, (self.rows + g.K) * B * g.P
                 if folds:   # (one group: the slices are the grid's products along i, each a whole C)
-                    self._gemm(queue, Kg, ld, ks, Op(w.buf, w.off, Kd, ks), Op(ws, col, ld, ks * ld),
+                    self._gemm(queue, Kg, ld, ks, Op(w.buf, w.off, Kd, ks, half=h), Op(ws, col, ld, ks * ld),
                                Op(ws, part, g.P, g.K * ld, g.K * g.P, fold=fold), slices=S, deep=self.deep,
                                what="forward (split-K)")
                 else:
                     self._gemm(queue, Kg, ld, ks, Op(w.buf, w.off, Kd, Kg * Kd, ks), Op(ws, col, ld, Kd * ld, ks * ld),
                                Op(ws, part, ld, Kg * ld, g.K * ld), images=S, deep=self.deep,
                                what="forward (split-K)")
-                sum_partials(queue, self.dtype, idx, Ref(ws, part), S, g.K * ld, out, beta != 0,
-                             "forward (sum of slices)")
+                sum_partials(queue, store, idx, Ref(ws, part), S, g.K * ld, out, beta != 0,
+                             "forward (sum of slices)", float_parts=h)
             else:
-                self._gemm(queue, Kg, ld, Kd, Op(w.buf, w.off, Kd, Kg * Kd),
+                self._gemm(queue, Kg, ld, Kd, Op(w.buf, w.off, Kd, Kg * Kd, half=h),
                            Op(ws, col, ld, Kd * ld, pack=self._panels("forward", ws)),
-                           Op(out.buf, out.off, c_ld, Kg * c_ld, g.K * g.P, fold=fold), Epilogue(beta=beta),
+                           Op(out.buf, out.off, c_ld, Kg * c_ld, g.K * g.P, fold=fold, half=h), Epilogue(beta=beta),
                            deep=self.deep, what="forward")
             if in_place:
-                after_gemm(queue, self.dtype, out, bias, nb, g.K, g.P, relu)
+                after_gemm(queue, store, out, bias, nb, g.K, g.P, relu)
             else:
                 self._layout(queue, idx, "cnhw_to_nchw", nb, (ws, out.off, y.buf, y.off + n0 * g.K * g.P, b.buf, b.off,
                                                                flags(bias, relu), nb, g.K, g.P), "output layout")
@@ -519,16 +528,16 @@ class Im2col(Algorithm):
         if self.band:
             return self._input_tiles(queue, w, dy, dx, ws)
         idx = idx_for(self.dtype, w, dy, dx, Ref(ws, 0))
-        Kg, Kd = g.Kg, g.Kd
+        Kg, Kd, h = g.Kg, g.Kd, "backward_input" in self.half_passes
         for n0 in range(0, g.N, B):
             nb = min(B, g.N - n0)
             col, ld = g.K * nb * g.P, nb * g.P
             S = self.split["backward_input"]
             if self._folds_grad_output():   # dY read in place: column b * P + p is (image b, position p)
-                self._gemm(queue, Kd, ld, Kg, Op(w.buf, w.off, Kd, Kg * Kd, transp=True),
-                           Op(dy.buf, dy.off + n0 * g.K * g.P, g.P, Kg * g.P, g.K * g.P, fold=g.P),
+                self._gemm(queue, Kd, ld, Kg, Op(w.buf, w.off, Kd, Kg * Kd, transp=True, half=h),
+                           Op(dy.buf, dy.off + n0 * g.K * g.P, g.P, Kg * g.P, g.K * g.P, fold=g.P, half=h),
                            Op(ws, col, ld, Kd * ld), what="grad-input (grad_output read in place)")
-                self._col2im(queue, idx, ws, col, dx, n0, nb, 0, g.H, False)
+                self._col2im(queue, idx, ws, col, dx, n0, nb, 0, g.H, False, half=h)
                 continue
             t_buf, t = self._to_columns(queue, idx, dy, n0, nb, ws, 0)
             if S > 1:   # slice s: W[g][s-th Kg/S filters]^T @ T[g][those filters], partials after T and col
@@ -564,7 +573,7 @@ class Im2col(Algorithm):
                 b = Op(x.buf, x.off + n0 * g.C * g.H * g.W, ld, g.Cg * g.H * g.W, transp=True, pack=panels,
                        im2col=self._im2col_b(L if S > 1 else 0, nb), half=h)
             else:
-                self._im2col(queue, idx, x, n0, nb, ws, col)
+                self._im2col(queue, idx, x, n0, nb, ws, col, half=h)
                 b = Op(ws, col, ld, Kd * ld, L, transp=True, pack=panels)
             # A: dY read in place, its images' positions folded into the depth (the slices run on
             # through it), or T, its layout copy
