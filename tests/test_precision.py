@@ -265,28 +265,35 @@ def test_matrix_units_against_the_reference(queue, monkeypatch, case, algorithm,
         assert not np.array_equal(got[mode]["forward"], got["strict"]["forward"]), f"{mode} gave strict's bits"
 
 
-# im2col on a GPU's forms (im2col and col2im gather float16 images as they are): grouped, strided and
-# dilated; and one group with a long K
-GPU_FORM_CASES = [Case("g2_s2_d2", 3, 10, 13, 11, 12, 3, 3, stride=(2, 1), padding=1, dilation=(1, 2), groups=2),
-                  Case("g1_deep", 2, 64, 8, 6, 8, 3, 3, padding=1)]
+# on a GPU: im2col's GPU forms (im2col and col2im gather float16 images as they are), grouped, strided
+# and dilated, and one group with a long K; 1x1 split-K forward and grad-input (float partial sums of
+# half operands), each with grad-weight in slices
+GPU_FORM_CASES = [(Case("g2_s2_d2", 3, 10, 13, 11, 12, 3, 3, stride=(2, 1), padding=1, dilation=(1, 2), groups=2),
+                   "im2col"),
+                  (Case("g1_deep", 2, 64, 8, 6, 8, 3, 3, padding=1), "im2col"),
+                  (Case("1x1_split_forward", 2, 4096, 3, 5, 16, 1, 1), "1x1"),
+                  (Case("1x1_split_grad_input", 2, 16, 3, 5, 4096, 1, 1), "1x1")]
 
 
 @pytest.mark.gpu_form
 @pytest.mark.parametrize("math", ["strict", "fp16"])
-@pytest.mark.parametrize("case", GPU_FORM_CASES, ids=str)
-def test_float16_arrays_read_as_they_are_by_im2col_on_a_gpu(queue, monkeypatch, case, math):
+@pytest.mark.parametrize("case, algorithm", GPU_FORM_CASES, ids=lambda v: getattr(v, "name", v))
+def test_float16_arrays_read_as_they_are_on_a_gpu(queue, monkeypatch, case, algorithm, math):
     """In plans for a GPU (a stand-in: im2col's GPU forms, clconv's GPU GEMM kernel, col not read in
-    place), every pass of im2col reads and writes the float16 arrays as they are, with no float32
-    copies: im2col gathers half input into float col, col2im rounds its sums to half once, the GEMM
-    reads half operands; each pass within float16's tolerance of the float64 reference."""
+    place), every pass reads and writes the float16 arrays as they are, with no float32 copies:
+    im2col gathers half input into float col, col2im rounds its sums to half once, the GEMM reads
+    half operands, split-K partial sums stay float; each pass within float16's tolerance of the
+    float64 reference."""
     if math != "strict":
         matrix_units(queue, monkeypatch, math)
     monkeypatch.setattr(rules, "IM2COL_GPU_IMPLICIT_FLOP_PER_UNIT", {"forward": 0, "backward_weight": 0})
     x, w, b, dy = case.data(np.float16)
     opts = case.options
     p = clconv.Plan(conv_geometry(x.shape, w.shape, **opts), np.float16, stand_in_gpu(queue, 132),
-                    algorithm="im2col", gemm="gpu", math=math, selfcheck=False)
+                    algorithm=algorithm, gemm="gpu", math=math, selfcheck=False)
     assert p.math == math
+    if case.name.startswith("1x1_split"):
+        assert max(r.splits for r in p.explain().records[:2]) > 1, p.explain()
     got = {"forward": p.forward(x, w, b, queue=queue), "backward_input": p.backward_input(w, dy, queue=queue),
            "backward_weight": p.backward_weight(x, dy, queue=queue)}
     want = {"forward": reference.conv2d(x, w, b, **opts), "backward_input": reference.conv2d_input(x.shape, w, dy, **opts),

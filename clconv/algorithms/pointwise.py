@@ -33,6 +33,7 @@ long products run the GPU kernel's deep tile, split to fill the device more
 from .. import rules
 from ..bias import after_gemm, before_gemm
 from ..buffers import Ref, idx_for
+from ..geometry import PASSES
 from ..gemm import (Epilogue, Operand as Op, best_slices, deep, gemm_cpu, gemm_gpu, k_slices,
                     unsplit_note)
 from ..programs import INT32_MAX
@@ -115,13 +116,11 @@ class Pointwise(Algorithm):
             size = (gemm_cpu.panels_size(device, m, g.P, k, g.groups * g.N, item)
                     if self.packs and self.split[p] == 1 else 0)
             self._reserve_panels(p, first[p], size, workspace_limit)
-        # float16 arrays read and written as they are, no float32 copies, where each launch of a pass
-        # is clconv's GPU kernel on them: forward and grad-input unsplit; grad-weight in K blocks, its
-        # slices' float partial sums summed into the float16 result
+        # float16 arrays read and written as they are, no float32 copies, on clconv's GPU kernel (whose
+        # grad-weight runs in K blocks): split-K slices' partial sums stay float32, summed into the
+        # float16 result
         if half and gemm == "gpu":
-            whole = {"forward": self.split["forward"] == 1, "backward_input": self.split["backward_input"] == 1,
-                     "backward_weight": self.blocked}
-            self.half_passes = frozenset(p for p, yes in whole.items() if yes)
+            self.half_passes = frozenset(PASSES)
         self.workspace["backward_weight"] = (_partials(self.slices, g.K * g.Cg) if self.blocked else
                                              self.images * g.K * g.Cg
                                              if self._weight is None else self._weight.workspace["backward_weight"])
@@ -219,11 +218,12 @@ class Pointwise(Algorithm):
         if S > 1:   # slice s: W[:, s-th K/S channels] @ X[those channels]; one group
             ks, n = g.C // S, g.N * g.K * g.P
             cols, images, fold = self._columns()
-            self._gemm(queue, g.K, cols, ks, Op(w.buf, w.off, g.C, ks),
-                       Op(x.buf, x.off, g.P, ks * g.P, g.C * g.P, fold=fold), Op(ws, 0, g.P, n, g.K * g.P, fold=fold),
-                       images=images, slices=S, deep=self.deep, what="forward (1x1, split-K)")
-            sum_partials(queue, self.dtype, idx_for(self.dtype, x, w, y, bias, Ref(ws, 0)), Ref(ws, 0), S, n, y,
-                         beta != 0, "forward (1x1, sum of slices)")
+            self._gemm(queue, g.K, cols, ks, Op(w.buf, w.off, g.C, ks, half=h),
+                       Op(x.buf, x.off, g.P, ks * g.P, g.C * g.P, fold=fold, half=h),
+                       Op(ws, 0, g.P, n, g.K * g.P, fold=fold), images=images, slices=S, deep=self.deep,
+                       what="forward (1x1, split-K)")
+            sum_partials(queue, self._store("forward"), idx_for(self.dtype, x, w, y, bias, Ref(ws, 0)), Ref(ws, 0), S,
+                         n, y, beta != 0, "forward (1x1, sum of slices)", float_parts=h)
         else:
             cols, images, fold = self._columns()
             self._gemm(queue, g.Kg, cols, g.Cg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg, half=h),
@@ -233,15 +233,16 @@ class Pointwise(Algorithm):
         after_gemm(queue, self._store("forward"), y, bias, g.N, g.K, g.P, relu)
 
     def backward_input(self, queue, w, dy, dx, ws):
-        g, S = self.g, self.split["backward_input"]
+        g, S, h = self.g, self.split["backward_input"], "backward_input" in self.half_passes
         if S > 1:   # slice s: W[s-th K/S filters]^T @ dY[those filters]; one group
             ks, n = g.K // S, g.N * g.C * g.P
             cols, images, fold = self._columns()
-            self._gemm(queue, g.C, cols, ks, Op(w.buf, w.off, g.C, ks * g.C, transp=True),
-                       Op(dy.buf, dy.off, g.P, ks * g.P, g.K * g.P, fold=fold), Op(ws, 0, g.P, n, g.C * g.P, fold=fold),
-                       images=images, slices=S, what="grad-input (1x1, split-K)")
-            sum_partials(queue, self.dtype, idx_for(self.dtype, w, dy, dx, Ref(ws, 0)), Ref(ws, 0), S, n, dx, False,
-                         "grad-input (1x1, sum of slices)")
+            self._gemm(queue, g.C, cols, ks, Op(w.buf, w.off, g.C, ks * g.C, transp=True, half=h),
+                       Op(dy.buf, dy.off, g.P, ks * g.P, g.K * g.P, fold=fold, half=h),
+                       Op(ws, 0, g.P, n, g.C * g.P, fold=fold), images=images, slices=S,
+                       what="grad-input (1x1, split-K)")
+            sum_partials(queue, self._store("backward_input"), idx_for(self.dtype, w, dy, dx, Ref(ws, 0)), Ref(ws, 0),
+                         S, n, dx, False, "grad-input (1x1, sum of slices)", float_parts=h)
             return
         if self.transposed:   # dX^T (P x Cg) = dY^T (P x Kg) @ W (Kg x Cg), dY and dX transposed in place
             self._gemm(queue, g.P, g.Cg, g.Kg, Op(dy.buf, dy.off, g.P, g.Kg * g.P, g.K * g.P, transp=True),
@@ -249,7 +250,6 @@ class Pointwise(Algorithm):
                        images=g.N, what="grad-input (1x1, transposed)")
             return
         cols, images, fold = self._columns()
-        h = "backward_input" in self.half_passes
         self._gemm(queue, g.Cg, cols, g.Kg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg, transp=True, pack=Op(ws, 0, 0), half=h),
                    Op(dy.buf, dy.off, g.P, g.Kg * g.P, g.K * g.P, fold=fold, pack=self._panels("backward_input", ws),
                       half=h),
