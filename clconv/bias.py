@@ -6,6 +6,8 @@ the epilogue themselves, as they write (:func:`flags`); passes whose output a GE
 the bias filled in first (the GEMM adding onto it) or, with ReLU, bias and ReLU in one pass
 after it (:func:`before_gemm`, :func:`after_gemm`).
 """
+import numpy as np
+
 from .buffers import idx_for
 from .programs import get_kernel, launch, reduction_work_group
 
@@ -27,19 +29,27 @@ def fill_bias(queue, dtype, y, bias, N, K, P, add=False, relu=False):
            N, K, P, flags(bias, relu) | (EPI_ADD if add else 0), what="bias")
 
 
+def _bias_first(dtype, bias, relu):
+    """Whether the bias is filled in before the GEMM: without ReLU, and for a float16 output
+    always (then the GEMM's sum with it is rounded to half once, not the product and then the sum
+    again)."""
+    return bias is not None and (not relu or np.dtype(dtype) == np.float16)
+
+
 def before_gemm(queue, dtype, y, bias, N, K, P, relu=False):
-    """Before a GEMM that writes the forward's output y (N, K, P): y = bias broadcast, unless
-    ReLU follows (then :func:`after_gemm` adds it). Returns the GEMM's beta."""
-    if bias is None or relu:
+    """Before a GEMM that writes the forward's output y (N, K, P) of ``dtype`` storage: y = bias
+    broadcast where :func:`_bias_first`, else :func:`after_gemm` adds it. Returns the GEMM's beta."""
+    if not _bias_first(dtype, bias, relu):
         return 0.0
     fill_bias(queue, dtype, y, bias, N, K, P)
     return 1.0
 
 
 def after_gemm(queue, dtype, y, bias, N, K, P, relu=False):
-    """After that GEMM, with ReLU: y = max(y + bias, 0) in one pass over y."""
+    """After that GEMM, with ReLU: y = max(y + bias, 0) in one pass over y (the bias only where
+    :func:`before_gemm` did not fill it in)."""
     if relu:
-        fill_bias(queue, dtype, y, bias, N, K, P, add=True, relu=True)
+        fill_bias(queue, dtype, y, None if _bias_first(dtype, bias, relu) else bias, N, K, P, add=True, relu=True)
 
 
 def relu_grad(queue, dtype, dy, y, dx, n):
