@@ -301,11 +301,10 @@ def first_calls(argv, device_name, batch, names):
     each but "warm" on empty caches, "warm" on those the run before it left; their records."""
     runs = []
     with tempfile.TemporaryDirectory(prefix="clconv-first-calls-") as folder:
-        where = Path(folder) / "cold"
-        for name in names:
+        for i, name in enumerate(names):
             caches, prepared = FIRST_CALL_RUNS[name]
-            if name != "warm":
-                where = Path(folder) / name
+            if name != "warm":   # (a folder per run: a name given twice is cold twice)
+                where = Path(folder) / f"caches-{i}"
             out = Path(folder) / f"run-{len(runs)}.json"
             child = [sys.executable, "-m", f"{__package__}.networks", *argv, "--first-calls-child", str(out), "--batch", str(batch)]
             if prepared is not None:

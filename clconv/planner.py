@@ -51,7 +51,8 @@ def build(g, dtype, queue, algorithm="auto", queues="single", workspace_limit=No
     """A :class:`Plan`, or for a list of queues a :class:`clconv.spread.SpreadPlan` whose parts
     are such plans; the tuning cache decides only what the caller left open ("auto" with
     single queues: an explicit queues= choice stands; "auto" split without shares), found under
-    the math mode the plan runs."""
+    the math mode a plan runs, and a spread's splits under the mode asked for (its devices may
+    run different ones)."""
     if is_several(queue):
         def make_plan(sub, q):
             return build(sub, dtype, q, algorithm, queues, workspace_limit, gemm, math=math)

@@ -185,6 +185,8 @@ def test_gpu_kernel_on_half_operands(math, tile, reads, transp, queue, monkeypat
 
     def run(a, b, c, alpha, beta):
         assert a.half and b.half and c.half
+        widths = [gemm_gpu.read_width(queue.device, 4, x.off, x.per_group, x.per_image, x.ld, GI, GJ) for x in (a, b, c)]
+        assert widths == [4 if reads == "vector" else 1] * 3, "the layout gives other reads"   # (vload_half4 or not)
         gemm_gpu.grid_gemm(queue, np.dtype(np.float32), Grid(GI, GJ, m, n, k), a._replace(transp=transp),
                            b._replace(transp=transp), c, Epilogue(alpha, beta), math=math, what="test")
     m, n, k = 67, 130, 157 if tile.ks > 1 else 45
