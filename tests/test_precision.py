@@ -272,19 +272,19 @@ def test_matrix_units_against_the_reference(queue, monkeypatch, case, algorithm,
 
 
 # on a GPU: im2col's GPU forms (im2col and col2im gather float16 images as they are), grouped, strided
-# and dilated, and one group with a long K; 1x1 split-K forward and grad-input (float partial sums of
-# half operands), each with grad-weight in slices
-GPU_FORM_CASES = [(Case("g2_s2_d2", 3, 10, 13, 11, 12, 3, 3, stride=(2, 1), padding=1, dilation=(1, 2), groups=2),
-                   "im2col"),
-                  (Case("g1_deep", 2, 64, 8, 6, 8, 3, 3, padding=1), "im2col"),
-                  (Case("1x1_split_forward", 2, 4096, 3, 5, 16, 1, 1), "1x1"),
-                  (Case("1x1_split_grad_input", 2, 16, 3, 5, 4096, 1, 1), "1x1")]
+# and dilated, on one queue and per-group queues, and one group with a long K; 1x1 split-K forward and
+# grad-input (float partial sums of half operands), each with grad-weight in slices
+G2 = Case("g2_s2_d2", 3, 10, 13, 11, 12, 3, 3, stride=(2, 1), padding=1, dilation=(1, 2), groups=2)
+GPU_FORM_CASES = [(G2, "im2col", "single"), (G2, "im2col", "per-group"),
+                  (Case("g1_deep", 2, 64, 8, 6, 8, 3, 3, padding=1), "im2col", "single"),
+                  (Case("1x1_split_forward", 2, 4096, 3, 5, 16, 1, 1), "1x1", "single"),
+                  (Case("1x1_split_grad_input", 2, 16, 3, 5, 4096, 1, 1), "1x1", "single")]
 
 
 @pytest.mark.gpu_form
 @pytest.mark.parametrize("math", ["strict", "fp16"])
-@pytest.mark.parametrize("case, algorithm", GPU_FORM_CASES, ids=lambda v: getattr(v, "name", v))
-def test_float16_arrays_read_as_they_are_on_a_gpu(queue, monkeypatch, case, algorithm, math):
+@pytest.mark.parametrize("case, algorithm, queues", GPU_FORM_CASES, ids=lambda v: getattr(v, "name", v))
+def test_float16_arrays_read_as_they_are_on_a_gpu(queue, monkeypatch, case, algorithm, queues, math):
     """In plans for a GPU (a stand-in: im2col's GPU forms, clconv's GPU GEMM kernel, col not read in
     place), every pass reads and writes the float16 arrays as they are, with no float32 copies:
     im2col gathers half input into float col, col2im rounds its sums to half once, the GEMM reads
@@ -297,7 +297,7 @@ def test_float16_arrays_read_as_they_are_on_a_gpu(queue, monkeypatch, case, algo
     x, w, b, dy = case.data(np.float16)
     opts = case.options
     p = clconv.Plan(conv_geometry(x.shape, w.shape, **opts), np.float16, stand_in_gpu(queue, 132),
-                    algorithm=algorithm, gemm="gpu", math=math, selfcheck=False)
+                    algorithm=algorithm, gemm="gpu", math=math, selfcheck=False, queues=queues)
     assert p.math == math
     if case.name.startswith("1x1_split"):
         assert max(r.splits for r in p.explain().records[:2]) > 1, p.explain()
