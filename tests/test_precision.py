@@ -227,8 +227,8 @@ def test_verdicts_and_tunings_are_kept_per_mode(queue, tmp_path, monkeypatch):
 # the passes that read float16 arrays as they are, per case: on a CPU device (im2col's CPU row
 # kernels gather in float: only its GEMM-only passes), and on a GPU (its GPU forms gather half too;
 # as planned for a stand-in of 132 compute units)
-HALF_AS_THEY_ARE = {"cpu": {"1x1_g3": PASSES, "im2col_in_place_g2": ("forward", "backward_weight")},
-                    "gpu": {"1x1_g3": PASSES, "im2col_in_place_g2": PASSES, "im2col_g3_s2": PASSES,
+HALF_AS_THEY_ARE = {"cpu": {"1x1_g3": PASSES, "fc_g2": PASSES, "im2col_in_place_g2": ("forward", "backward_weight")},
+                    "gpu": {"1x1_g3": PASSES, "fc_g2": PASSES, "im2col_in_place_g2": PASSES, "im2col_g3_s2": PASSES,
                             "im2col_g2_d2": ("forward", "backward_input")}}
 GPU_CASES = [  # odd, non-square, groups and dilation; each algorithm whose GEMMs take a mode; per-group queues
     (Case("im2col_g2_d2", 2, 24, 17, 13, 40, 3, 2, padding=(1, 2), dilation=2, groups=2), "im2col", "single"),
@@ -278,7 +278,8 @@ G2 = Case("g2_s2_d2", 3, 10, 13, 11, 12, 3, 3, stride=(2, 1), padding=1, dilatio
 GPU_FORM_CASES = [(G2, "im2col", "single"), (G2, "im2col", "per-group"),
                   (Case("g1_deep", 2, 64, 8, 6, 8, 3, 3, padding=1), "im2col", "single"),
                   (Case("1x1_split_forward", 2, 4096, 3, 5, 16, 1, 1), "1x1", "single"),
-                  (Case("1x1_split_grad_input", 2, 16, 3, 5, 4096, 1, 1), "1x1", "single")]
+                  (Case("1x1_split_grad_input", 2, 16, 3, 5, 4096, 1, 1), "1x1", "single"),
+                  (Case("fc_split_forward", 3, 512, 4, 3, 10, 4, 3), "fc", "single")]
 
 
 @pytest.mark.gpu_form
@@ -299,7 +300,7 @@ def test_float16_arrays_read_as_they_are_on_a_gpu(queue, monkeypatch, case, algo
     p = clconv.Plan(conv_geometry(x.shape, w.shape, **opts), np.float16, stand_in_gpu(queue, 132),
                     algorithm=algorithm, gemm="gpu", math=math, selfcheck=False, queues=queues)
     assert p.math == math
-    if case.name.startswith("1x1_split"):
+    if "_split_" in case.name:
         assert max(r.splits for r in p.explain().records[:2]) > 1, p.explain()
     got = {"forward": p.forward(x, w, b, queue=queue), "backward_input": p.backward_input(w, dy, queue=queue),
            "backward_weight": p.backward_weight(x, dy, queue=queue)}

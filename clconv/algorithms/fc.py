@@ -14,6 +14,7 @@ the rule 1x1 and im2col use), whose partial results in the workspace are summed 
 """
 from ..bias import after_gemm, before_gemm
 from ..buffers import Ref, idx_for
+from ..geometry import PASSES
 from ..gemm import Epilogue, Operand as Op, k_slices, unsplit_note
 from .base import Algorithm, split_rules
 from .partials import fit_slices, partials_size, sum_partials
@@ -41,6 +42,10 @@ class FullyConnected(Algorithm):
                         if g.groups == 1 else {})
         self.workspace["forward"] = partials_size(self.split["forward"], g.N * g.K)
         self.workspace["backward_input"] = partials_size(self.split["backward_input"], g.N * g.Kd)
+        # float16 arrays read and written as they are on clconv's GPU kernel (split-K partial sums
+        # in float32, summed into the float16 result)
+        if half and gemm == "gpu":
+            self.half_passes = frozenset(PASSES)
 
     def describe(self, pass_name):
         g, S = self.g, self.split[pass_name]
@@ -60,33 +65,37 @@ class FullyConnected(Algorithm):
                     rules=("fc",) + split_rules(S, self.unsplit.get(pass_name)))
 
     def forward(self, queue, x, w, bias, y, ws, relu=False):
-        g, S = self.g, self.split["forward"]
-        beta = before_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
+        g, S, store, h = self.g, self.split["forward"], self._store("forward"), "forward" in self.half_passes
+        beta = before_gemm(queue, store, y, bias, g.N, g.K, g.P, relu)
         if S > 1:   # slice s: X[:, s-th Kd/S columns] @ W[:, those columns]^T; one group
             ks, n = g.Kd // S, g.N * g.K
-            self._gemm(queue, g.N, g.K, ks, Op(x.buf, x.off, g.Kd, ks), Op(w.buf, w.off, g.Kd, ks, transp=True),
-                       Op(ws, 0, g.K, n), slices=S, what="forward (fc, split-K)")
-            sum_partials(queue, self.dtype, idx_for(self.dtype, x, w, y, bias, Ref(ws, 0)), Ref(ws, 0), S, n, y,
-                         beta != 0, "forward (fc, sum of slices)")
+            self._gemm(queue, g.N, g.K, ks, Op(x.buf, x.off, g.Kd, ks, half=h),
+                       Op(w.buf, w.off, g.Kd, ks, transp=True, half=h), Op(ws, 0, g.K, n), slices=S,
+                       what="forward (fc, split-K)")
+            sum_partials(queue, store, idx_for(self.dtype, x, w, y, bias, Ref(ws, 0)), Ref(ws, 0), S, n, y,
+                         beta != 0, "forward (fc, sum of slices)", float_parts=h)
         else:
-            self._gemm(queue, g.N, g.Kg, g.Kd, Op(x.buf, x.off, g.C * g.H * g.W, g.Kd),
-                       Op(w.buf, w.off, g.Kd, g.Kg * g.Kd, transp=True), Op(y.buf, y.off, g.K, g.Kg),
+            self._gemm(queue, g.N, g.Kg, g.Kd, Op(x.buf, x.off, g.C * g.H * g.W, g.Kd, half=h),
+                       Op(w.buf, w.off, g.Kd, g.Kg * g.Kd, transp=True, half=h), Op(y.buf, y.off, g.K, g.Kg, half=h),
                        Epilogue(beta=beta), what="forward (fc)")
-        after_gemm(queue, self.dtype, y, bias, g.N, g.K, g.P, relu)
+        after_gemm(queue, store, y, bias, g.N, g.K, g.P, relu)
 
     def backward_input(self, queue, w, dy, dx, ws):
-        g, S = self.g, self.split["backward_input"]
+        g, S, h = self.g, self.split["backward_input"], "backward_input" in self.half_passes
         if S > 1:   # slice s: dY[:, s-th K/S filters] @ W[those filters]; one group
             ks, n = g.K // S, g.N * g.Kd
-            self._gemm(queue, g.N, g.Kd, ks, Op(dy.buf, dy.off, g.K, ks), Op(w.buf, w.off, g.Kd, ks * g.Kd),
-                       Op(ws, 0, g.Kd, n), slices=S, what="grad-input (fc, split-K)")
-            sum_partials(queue, self.dtype, idx_for(self.dtype, w, dy, dx, Ref(ws, 0)), Ref(ws, 0), S, n, dx, False,
-                         "grad-input (fc, sum of slices)")
+            self._gemm(queue, g.N, g.Kd, ks, Op(dy.buf, dy.off, g.K, ks, half=h),
+                       Op(w.buf, w.off, g.Kd, ks * g.Kd, half=h), Op(ws, 0, g.Kd, n), slices=S,
+                       what="grad-input (fc, split-K)")
+            sum_partials(queue, self._store("backward_input"), idx_for(self.dtype, w, dy, dx, Ref(ws, 0)), Ref(ws, 0),
+                         S, n, dx, False, "grad-input (fc, sum of slices)", float_parts=h)
             return
-        self._gemm(queue, g.N, g.Kd, g.Kg, Op(dy.buf, dy.off, g.K, g.Kg), Op(w.buf, w.off, g.Kd, g.Kg * g.Kd),
-                   Op(dx.buf, dx.off, g.C * g.H * g.W, g.Kd), what="grad-input (fc)")
+        self._gemm(queue, g.N, g.Kd, g.Kg, Op(dy.buf, dy.off, g.K, g.Kg, half=h),
+                   Op(w.buf, w.off, g.Kd, g.Kg * g.Kd, half=h), Op(dx.buf, dx.off, g.C * g.H * g.W, g.Kd, half=h),
+                   what="grad-input (fc)")
 
     def backward_weight(self, queue, x, dy, dw, ws):
-        g = self.g
-        self._gemm(queue, g.Kg, g.Kd, g.N, Op(dy.buf, dy.off, g.K, g.Kg, transp=True),
-                   Op(x.buf, x.off, g.C * g.H * g.W, g.Kd), Op(dw.buf, dw.off, g.Kd, g.Kg * g.Kd), what="grad-weight (fc)")
+        g, h = self.g, "backward_weight" in self.half_passes
+        self._gemm(queue, g.Kg, g.Kd, g.N, Op(dy.buf, dy.off, g.K, g.Kg, transp=True, half=h),
+                   Op(x.buf, x.off, g.C * g.H * g.W, g.Kd, half=h), Op(dw.buf, dw.off, g.Kd, g.Kg * g.Kd, half=h),
+                   what="grad-weight (fc)")
