@@ -236,15 +236,15 @@
 #endif
 #if C_HALF
 #define C_T half
-#define C_LOAD(p, i) vload_half((i), (p))
+#define C_LOAD HALF_AT
+#define C_LOAD4 HALF4_AT
 #define C_SAVE(p, i, v) vstore_half_rte((v), (i), (p))
-#define C_LOAD4(p) vload_half4(0, (p))
 #define C_SAVE4(p, v) vstore_half4_rte((v), 0, (p))
 #else
 #define C_T REAL
-#define C_LOAD(p, i) ((p)[i])
+#define C_LOAD REAL_AT
+#define C_LOAD4 REAL4_AT
 #define C_SAVE(p, i, v) ((p)[i] = (v))
-#define C_LOAD4(p) (*(__global REAL4*)(p))
 #define C_SAVE4(p, v) (*(__global REAL4*)(p) = (v))
 #endif
 

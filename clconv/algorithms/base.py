@@ -55,8 +55,7 @@ class Algorithm:
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast", math="strict", half=False):
         self.g, self.dtype, self.per_group, self.gemm = g, dtype, per_group, gemm
         self.math = math if self.MATRIX_UNITS else "strict"
-        self.half = half
-        self.half_passes = frozenset()   # set by an algorithm that reads float16 arrays as they are
+        self.half_passes = frozenset()   # set by an algorithm that reads float16 arrays (half) as they are
         self.workspace = dict.fromkeys(PASSES, 0)
         # {pass: (offset, elements)} of the workspace where its GEMM packs B in panels (clconv's CPU
         # kernel, gemm_cpu.panels_size); a pass not named, or of 0 elements, packs none. Only there,

@@ -213,8 +213,8 @@ class Pointwise(Algorithm):
         return g.N * g.P, 1, g.P
 
     def forward(self, queue, x, w, bias, y, ws, relu=False):
-        g, S, h = self.g, self.split["forward"], "forward" in self.half_passes
-        beta = before_gemm(queue, self._store("forward"), y, bias, g.N, g.K, g.P, relu)
+        g, S, store, h = self.g, self.split["forward"], self._store("forward"), "forward" in self.half_passes
+        beta = before_gemm(queue, store, y, bias, g.N, g.K, g.P, relu)
         if S > 1:   # slice s: W[:, s-th K/S channels] @ X[those channels]; one group
             ks, n = g.C // S, g.N * g.K * g.P
             cols, images, fold = self._columns()
@@ -222,15 +222,15 @@ class Pointwise(Algorithm):
                        Op(x.buf, x.off, g.P, ks * g.P, g.C * g.P, fold=fold, half=h),
                        Op(ws, 0, g.P, n, g.K * g.P, fold=fold), images=images, slices=S, deep=self.deep,
                        what="forward (1x1, split-K)")
-            sum_partials(queue, self._store("forward"), idx_for(self.dtype, x, w, y, bias, Ref(ws, 0)), Ref(ws, 0), S,
-                         n, y, beta != 0, "forward (1x1, sum of slices)", float_parts=h)
+            sum_partials(queue, store, idx_for(self.dtype, x, w, y, bias, Ref(ws, 0)), Ref(ws, 0), S, n, y,
+                         beta != 0, "forward (1x1, sum of slices)", float_parts=h)
         else:
             cols, images, fold = self._columns()
             self._gemm(queue, g.Kg, cols, g.Cg, Op(w.buf, w.off, g.Cg, g.Kg * g.Cg, half=h),
                        Op(x.buf, x.off, g.P, g.Cg * g.P, g.C * g.P, fold=fold, pack=self._panels("forward", ws), half=h),
                        Op(y.buf, y.off, g.P, g.Kg * g.P, g.K * g.P, fold=fold, half=h), Epilogue(beta=beta),
                        images=images, deep=self.deep, what="forward (1x1)")
-        after_gemm(queue, self._store("forward"), y, bias, g.N, g.K, g.P, relu)
+        after_gemm(queue, store, y, bias, g.N, g.K, g.P, relu)
 
     def backward_input(self, queue, w, dy, dx, ws):
         g, S, h = self.g, self.split["backward_input"], "backward_input" in self.half_passes
