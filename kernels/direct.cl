@@ -2,7 +2,8 @@
 // is depthwise, with any channel multiplier KG = K / groups; groups == 1 a dense
 // convolution of a few channels), weight (K, CG, KH, KW). No GEMM: each output (or
 // input-gradient) element is a short dot product over its group's channels and the
-// kernel taps.
+// kernel taps. The arrays are read and written through LOAD and SAVE (clconv.h): float16
+// arrays as they are (STORE half), every sum in REAL; grad-weight's partials stay REAL.
 #ifndef TAPS           // CG * KH * KW, the grad-weight accumulators per filter (a constant)
 #define TAPS 9
 #endif
@@ -149,15 +150,15 @@ struct geometry { int n, c, h, w, k, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl, cg,
 #define PLANE_INPUT(nk) (((IDX)((nk) / (K / KB)) * C + ((((nk) % (K / KB)) * KB) / KG) * CG) * H * W)
 
 // Patch element (py, px) of the input plane at x[xb] (0 in the padding).
-inline REAL patch_value(__global const REAL* restrict x, const IDX xb, const int y0, const int x0,
+inline REAL patch_value(__global const STORE* restrict x, const IDX xb, const int y0, const int x0,
                         const int H, const int W, const int py, const int px)
 {
     const int iy = y0 + py, ix = x0 + px;
-    return iy >= 0 && iy < H && ix >= 0 && ix < W ? x[xb + iy * W + ix] : (REAL)0;
+    return iy >= 0 && iy < H && ix >= 0 && ix < W ? LOAD(x, xb + iy * W + ix) : (REAL)0;
 }
 
 // A work-item's share of the patch of the input plane at x[xb].
-inline void read_patch(REAL* got, __global const REAL* restrict x, const IDX xb, const int y0, const int x0,
+inline void read_patch(REAL* got, __global const STORE* restrict x, const IDX xb, const int y0, const int x0,
                        const int H, const int W, const int lid)
 {
     for (int s = 0; s < STAGE_READS; ++s) {
@@ -167,10 +168,10 @@ inline void read_patch(REAL* got, __global const REAL* restrict x, const IDX xb,
 }
 #if BUILDS(DIRECT_FORWARD)
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
-void direct_forward(__global const REAL* restrict x, const IDX x_off,
-                    __global const REAL* restrict w, const IDX w_off,
-                    __global const REAL* restrict bias, const IDX bias_off, const int flags,
-                    __global REAL* restrict y, const IDX y_off, GEOMETRY)
+void direct_forward(__global const STORE* restrict x, const IDX x_off,
+                    __global const STORE* restrict w, const IDX w_off,
+                    __global const STORE* restrict bias, const IDX bias_off, const int flags,
+                    __global STORE* restrict y, const IDX y_off, GEOMETRY)
 {
     GEOMETRY_NAMES;
 #if STAGE
@@ -203,15 +204,15 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
         const int k0 = (nk % (K / KB)) * KB, n = nk / (K / KB), c0 = (k0 / KG) * CG;
         REAL acc[KB][RY];
         for (int b = 0; b < KB; ++b)
-            for (int r = 0; r < RY; ++r) acc[b][r] = (flags & EPI_BIAS) ? bias[bias_off + k0 + b] : (REAL)0;
+            for (int r = 0; r < RY; ++r) acc[b][r] = (flags & EPI_BIAS) ? LOAD(bias, bias_off + k0 + b) : (REAL)0;
 #if STAGE && WSTAGE
         for (int e = lid; e < CG * KH * KW * KB; e += TX * TY) {   // read after the first barrier below
             const int b = e % KB, ct = e / KB, c = ct / (KH * KW), t = ct % (KH * KW);
-            wl[e] = w[w_off + WBASE(k0 + b, c) + TAP(t / KW, t % KW)];
+            wl[e] = LOAD(w, w_off + WBASE(k0 + b, c) + TAP(t / KW, t % KW));
         }
 #define WEIGHT(b, c, i, j) wl[(((c) * KH + (i)) * KW + (j)) * KB + (b)]
 #else
-#define WEIGHT(b, c, i, j) w[w_off + WBASE(k0 + (b), c) + TAP(i, j)]
+#define WEIGHT(b, c, i, j) LOAD(w, w_off + WBASE(k0 + (b), c) + TAP(i, j))
 #endif
 #if STAGE
         for (int c = 0; c < CG; ++c) {
@@ -258,7 +259,7 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
                     for (int j = 0; j < KW; ++j) {
                         const int ix = x0 + lx * SW + j * DW;
                         if (ix < 0 || ix >= W) continue;
-                        const REAL v = x[xb + iy * W + ix];
+                        const REAL v = LOAD(x, xb + iy * W + ix);
                         for (int b = 0; b < KB; ++b)
                             acc[b][r] += WEIGHT(b, c, i, j) * v;
                     }
@@ -269,7 +270,7 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
             for (int r = 0; r < RY; ++r) {
                 const int oy = oy0 + r;
                 if (ox < OW && oy < OH)
-                    y[y_off + ((IDX)n * K + k0 + b) * OH * OW + oy * OW + ox] = EPILOGUE(flags, acc[b][r]);
+                    SAVE(y, y_off + ((IDX)n * K + k0 + b) * OH * OW + oy * OW + ox, EPILOGUE(flags, acc[b][r]));
             }
 #undef WEIGHT
     }
@@ -283,9 +284,9 @@ void direct_forward(__global const REAL* restrict x, const IDX x_off,
 // directly (staging it measured slower on GPUs).
 #if BUILDS(DIRECT_INPUT)
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
-void direct_input(__global const REAL* restrict w, const IDX w_off,
-                  __global const REAL* restrict dy, const IDX dy_off,
-                  __global REAL* restrict dx, const IDX dx_off, GEOMETRY)
+void direct_input(__global const STORE* restrict w, const IDX w_off,
+                  __global const STORE* restrict dy, const IDX dy_off,
+                  __global STORE* restrict dx, const IDX dx_off, GEOMETRY)
 {
     GEOMETRY_NAMES;
     const int ix = get_global_id(0), iy = get_global_id(1), nc = get_global_id(2);
@@ -311,11 +312,11 @@ void direct_input(__global const REAL* restrict w, const IDX w_off,
                 if (nx < 0) break;
                 if (nx % SW) continue;
                 const int ox = nx / SW;
-                if (ox < OW) acc += w[wb + i * KW + j] * dy[db + oy * OW + ox];
+                if (ox < OW) acc += LOAD(w, wb + i * KW + j) * LOAD(dy, db + oy * OW + ox);
             }
         }
     }
-    dx[dx_off + (IDX)nc * H * W + iy * W + ix] = acc;
+    SAVE(dx, dx_off + (IDX)nc * H * W + iy * W + ix, acc);
 }
 #endif
 
@@ -326,8 +327,8 @@ void direct_input(__global const REAL* restrict w, const IDX w_off,
 // part[(k * S + s) * TAPS + tap].
 #if BUILDS(DIRECT_WEIGHT_PARTIAL)
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void direct_weight_partial(__global const REAL* restrict x, const IDX x_off,
-                           __global const REAL* restrict dy, const IDX dy_off,
+void direct_weight_partial(__global const STORE* restrict x, const IDX x_off,
+                           __global const STORE* restrict dy, const IDX dy_off,
                            __global REAL* restrict part, const int S, GEOMETRY)
 {
     GEOMETRY_NAMES;
@@ -343,7 +344,7 @@ void direct_weight_partial(__global const REAL* restrict x, const IDX x_off,
     for (IDX t = begin + l; t < end; t += WG) {
         const int n = t / P, p = t - (IDX)n * P;
         const int oy = p / OW, ox = p - oy * OW;
-        const REAL g = dy[dy_off + ((IDX)n * K + k) * P + p];
+        const REAL g = LOAD(dy, dy_off + ((IDX)n * K + k) * P + p);
         for (int c = 0; c < CG; ++c) {
             const IDX xb = x_off + ((IDX)n * C + c0 + c) * H * W;
             for (int i = 0; i < KH; ++i) {
@@ -351,7 +352,7 @@ void direct_weight_partial(__global const REAL* restrict x, const IDX x_off,
                 if (iy < 0 || iy >= H) continue;
                 for (int j = 0; j < KW; ++j) {
                     const int ix = ox * SW - PL + j * DW;
-                    if (ix >= 0 && ix < W) acc[(c * KH + i) * KW + j] += g * x[xb + iy * W + ix];
+                    if (ix >= 0 && ix < W) acc[(c * KH + i) * KW + j] += g * LOAD(x, xb + iy * W + ix);
                 }
             }
         }
@@ -376,14 +377,14 @@ void direct_weight_partial(__global const REAL* restrict x, const IDX x_off,
 // grad-weight, stage 2: dw[k, tap] = sum over s of the partials, in order.
 #if BUILDS(DIRECT_WEIGHT_SUM)
 __kernel void direct_weight_sum(__global const REAL* restrict part, const int S,
-                                __global REAL* restrict dw, const IDX dw_off, const int K)
+                                __global STORE* restrict dw, const IDX dw_off, const int K)
 {
     const int kt = get_global_id(0);
     if (kt >= K * TAPS) return;
     const int k = kt / TAPS, t = kt - k * TAPS;
     REAL acc = (REAL)0;
     for (int s = 0; s < S; ++s) acc += part[((IDX)k * S + s) * TAPS + t];
-    dw[dw_off + kt] = acc;
+    SAVE(dw, dw_off + kt, acc);
 }
 #endif
 
@@ -406,40 +407,40 @@ __kernel void direct_weight_sum(__global const REAL* restrict part, const int S,
 typedef union { REALV v; REAL s[VW]; } lanes;   // a vector and its values
 
 // The first `count` values of v (all VW of them where count >= VW) at yr, through the epilogue.
-inline void store_outputs(__global REAL* restrict yr, const REALV v, const int count, const int flags)
+inline void store_outputs(__global STORE* restrict yr, const REALV v, const int count, const int flags)
 {
     lanes out;
     out.v = v;
     if (count >= VW) {
-        _Pragma("unroll") for (int q = 0; q < VW; ++q) yr[q] = EPILOGUE(flags, out.s[q]);
+        _Pragma("unroll") for (int q = 0; q < VW; ++q) SAVE(yr, q, EPILOGUE(flags, out.s[q]));
     } else {
-        for (int q = 0; q < count; ++q) yr[q] = EPILOGUE(flags, out.s[q]);
+        for (int q = 0; q < count; ++q) SAVE(yr, q, EPILOGUE(flags, out.s[q]));
     }
 }
 
 // VW values of input row xr at columns ix0, ix0 + SW, ... (zero outside 0 .. W - 1), as
 // consecutive scalars, which the compiler merges into vector loads (PoCL 3.0 calls its
 // vloadn builtins as functions).
-inline REALV row_values(__global const REAL* restrict xr, const int ix0, const int W)
+inline REALV row_values(__global const STORE* restrict xr, const int ix0, const int W)
 {
     lanes v;
 #if SW == 2   // 2 * VW consecutive values, then the even ones: no strided loads (taking them with
               // a vector's .even crashed Oclgrind 21.10's uninitialised-value tracking)
     if (ix0 >= 0 && ix0 + 2 * VW - 1 < W) {
         REAL r[2 * VW];
-        _Pragma("unroll") for (int q = 0; q < 2 * VW; ++q) r[q] = xr[ix0 + q];
+        _Pragma("unroll") for (int q = 0; q < 2 * VW; ++q) r[q] = LOAD(xr, ix0 + q);
         _Pragma("unroll") for (int q = 0; q < VW; ++q) v.s[q] = r[2 * q];
         return v.v;
     }
     {
 #else
     if (ix0 >= 0 && ix0 + (VW - 1) * SW < W) {
-        _Pragma("unroll") for (int q = 0; q < VW; ++q) v.s[q] = xr[ix0 + q * SW];
+        _Pragma("unroll") for (int q = 0; q < VW; ++q) v.s[q] = LOAD(xr, ix0 + q * SW);
     } else {
 #endif
         _Pragma("unroll") for (int q = 0; q < VW; ++q) {
             const int ix = ix0 + q * SW;
-            v.s[q] = ix >= 0 && ix < W ? xr[ix] : (REAL)0;
+            v.s[q] = ix >= 0 && ix < W ? LOAD(xr, ix) : (REAL)0;
         }
     }
     return v.v;
@@ -471,11 +472,11 @@ inline REALV row_values(__global const REAL* restrict xr, const int ix0, const i
 #define BAND_WIDTH (((OW) + VW - 1) / VW * VW * SW + (KW - 1) * DW)
 
 // Input row xr (W values) into band row br, zero-padded (its lw columns start at -PL).
-inline void band_row(__local REAL* restrict br, __global const REAL* restrict xr, const int lw, const int W)
+inline void band_row(__local REAL* restrict br, __global const STORE* restrict xr, const int lw, const int W)
 {
     for (int q = 0; q < lw; ++q) {
         const int ix = q - PL;
-        br[q] = ix >= 0 && ix < W ? xr[ix] : (REAL)0;
+        br[q] = ix >= 0 && ix < W ? LOAD(xr, ix) : (REAL)0;
     }
 }
 
@@ -494,17 +495,17 @@ inline REALV band_values(__local const REAL* restrict br, const int q0)
 }
 #if BUILDS(DIRECT_ROWS)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void direct_rows(__global const REAL* restrict x, const IDX x_off,
-                 __global const REAL* restrict w, const IDX w_off,
-                 __global const REAL* restrict bias, const IDX bias_off, const int flags,
-                 __global REAL* restrict y, const IDX y_off, GEOMETRY)
+void direct_rows(__global const STORE* restrict x, const IDX x_off,
+                 __global const STORE* restrict w, const IDX w_off,
+                 __global const STORE* restrict bias, const IDX bias_off, const int flags,
+                 __global STORE* restrict y, const IDX y_off, GEOMETRY)
 {
     GEOMETRY_NAMES;
     const int nk = get_global_id(1);
     const int k0 = (nk % (K / KB)) * KB, n = nk / (K / KB), c0 = (k0 / KG) * CG;
     const int oy_end = min(OH, (int)(get_global_id(0) + 1) * RB);
     REAL bk[KB];
-    _Pragma("unroll") for (int b = 0; b < KB; ++b) bk[b] = (flags & EPI_BIAS) ? bias[bias_off + k0 + b] : (REAL)0;
+    _Pragma("unroll") for (int b = 0; b < KB; ++b) bk[b] = (flags & EPI_BIAS) ? LOAD(bias, bias_off + k0 + b) : (REAL)0;
 #if RNV   // (with RR output rows at once, as below)
     for (int oy0 = get_global_id(0) * RB; oy0 < oy_end; oy0 += RR) {
         REALV acc[KB][RR][RNV];
@@ -512,15 +513,15 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
             _Pragma("unroll") for (int o = 0; o < RR; ++o)
                 _Pragma("unroll") for (int u = 0; u < RNV; ++u) acc[b][o][u] = (REALV)bk[b];
         for (int c = 0; c < CG; ++c) {
-            __global const REAL* xc = x + x_off + ((IDX)n * C + c0 + c) * H * W;
+            __global const STORE* xc = x + x_off + ((IDX)n * C + c0 + c) * H * W;
             _Pragma("unroll") for (int t = 0; t < (RR - 1) * SH + (KH - 1) * DH + 1; ++t) {
                 const int iy = oy0 * SH - PT + t;
                 if (iy < 0 || iy >= H) continue;
-                __global const REAL* xr = xc + iy * W;
+                __global const STORE* xr = xc + iy * W;
                 REAL r[RLEN];   // input columns -PL ... -PL + RLEN - 1, zero outside the row
                 _Pragma("unroll") for (int q = 0; q < RLEN; ++q) {
                     const int ix = q - PL;
-                    r[q] = ix >= 0 && ix < W ? xr[ix] : (REAL)0;
+                    r[q] = ix >= 0 && ix < W ? LOAD(xr, ix) : (REAL)0;
                 }
                 _Pragma("unroll") for (int j = 0; j < KW; ++j)
                     _Pragma("unroll") for (int u = 0; u < RNV; ++u) {
@@ -530,7 +531,7 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
                             const int d = t - o * SH;   // tap row d / DH of output row oy0 + o
                             if (d < 0 || d % DH || d / DH >= KH) continue;
                             _Pragma("unroll") for (int b = 0; b < KB; ++b)
-                                acc[b][o][u] = MADD((REALV)w[w_off + WBASE(k0 + b, c) + TAP(d / DH, j)], v.v,
+                                acc[b][o][u] = MADD((REALV)LOAD(w, w_off + WBASE(k0 + b, c) + TAP(d / DH, j)), v.v,
                                                     acc[b][o][u]);
                         }
                     }
@@ -548,7 +549,7 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
     __local REAL band[LPAD];   // channel c's input row iy0 + r at band[(c * LR + r) * lw]
     const int lw = BAND_WIDTH, iy0 = (int)get_global_id(0) * RB * SH - PT;
     for (int c = 0; c < CG; ++c) {
-        __global const REAL* xc = x + x_off + ((IDX)n * C + c0 + c) * H * W;
+        __global const STORE* xc = x + x_off + ((IDX)n * C + c0 + c) * H * W;
         for (int r = 0; r < LR; ++r)
             if (iy0 + r >= 0 && iy0 + r < H)   // (rows outside the image are never read)
                 band_row(band + (c * LR + r) * lw, xc + (iy0 + r) * W, lw, W);
@@ -563,7 +564,7 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
             _Pragma("unroll") for (int b = 0; b < KB; ++b)
                 _Pragma("unroll") for (int r = 0; r < RR; ++r) acc[b][r] = (REALV)bk[b];
             for (int c = 0; c < CG; ++c) {
-                __global const REAL* xc = x + x_off + ((IDX)n * C + c0 + c) * H * W;
+                __global const STORE* xc = x + x_off + ((IDX)n * C + c0 + c) * H * W;
                 // input row oy0 * SH - PT + t is tap row (t - r * SH) / DH of output row oy0 + r
                 _Pragma("unroll") for (int t = 0; t < (RR - 1) * SH + (KH - 1) * DH + 1; ++t) {
                     const int iy = oy0 * SH - PT + t;
@@ -574,7 +575,7 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
                             const int d = t - r * SH;   // (folds: t and r are unrolled)
                             if (d < 0 || d % DH || d / DH >= KH) continue;
                             _Pragma("unroll") for (int b = 0; b < KB; ++b)
-                                acc[b][r] = MADD((REALV)w[w_off + WBASE(k0 + b, c) + TAP(d / DH, j)], v, acc[b][r]);
+                                acc[b][r] = MADD((REALV)LOAD(w, w_off + WBASE(k0 + b, c) + TAP(d / DH, j)), v, acc[b][r]);
                         }
                     }
                 }
@@ -591,13 +592,13 @@ void direct_rows(__global const REAL* restrict x, const IDX x_off,
 #endif
 
 // VW consecutive values p[o0 .. o0 + VW - 1], zero outside 0 .. n - 1.
-inline REALV span_values(__global const REAL* restrict p, const int o0, const int n)
+inline REALV span_values(__global const STORE* restrict p, const int o0, const int n)
 {
     lanes v;
     if (o0 >= 0 && o0 + VW <= n) {
-        _Pragma("unroll") for (int q = 0; q < VW; ++q) v.s[q] = p[o0 + q];
+        _Pragma("unroll") for (int q = 0; q < VW; ++q) v.s[q] = LOAD(p, o0 + q);
     } else {
-        _Pragma("unroll") for (int q = 0; q < VW; ++q) v.s[q] = o0 + q >= 0 && o0 + q < n ? p[o0 + q] : (REAL)0;
+        _Pragma("unroll") for (int q = 0; q < VW; ++q) v.s[q] = o0 + q >= 0 && o0 + q < n ? LOAD(p, o0 + q) : (REAL)0;
     }
     return v.v;
 }
@@ -613,8 +614,8 @@ inline REALV span_values(__global const REAL* restrict p, const int o0, const in
 #endif
 #if BUILDS(DIRECT_WEIGHT_ROWS)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void direct_weight_rows(__global const REAL* restrict x, const IDX x_off,
-                        __global const REAL* restrict dy, const IDX dy_off,
+void direct_weight_rows(__global const STORE* restrict x, const IDX x_off,
+                        __global const STORE* restrict dy, const IDX dy_off,
                         __global REAL* restrict part, const int S, GEOMETRY)
 {
     GEOMETRY_NAMES;
@@ -634,7 +635,7 @@ void direct_weight_rows(__global const REAL* restrict x, const IDX x_off,
         for (int row = begin; row < end; ) {
             const int n = row / OH, oy_begin = row - n * OH;
             const int oy_end = min(min(OH, oy_begin + BR), end - n * OH);   // this image's rows, BR at most
-            __global const REAL* xc = x + x_off + ((IDX)n * C + c0 + c) * H * W;
+            __global const STORE* xc = x + x_off + ((IDX)n * C + c0 + c) * H * W;
 #if LPAD
             const int iy0 = oy_begin * SH - PT;
             for (int r = 0; r < (oy_end - oy_begin - 1) * SH + (KH - 1) * DH + 1; ++r)
@@ -642,7 +643,7 @@ void direct_weight_rows(__global const REAL* restrict x, const IDX x_off,
                     band_row(band + r * lw, xc + (iy0 + r) * W, lw, W);
 #endif
             for (int oy = oy_begin; oy < oy_end; ++oy) {
-                __global const REAL* g = dy + dy_off + ((IDX)n * K + k) * OH * OW + oy * OW;
+                __global const STORE* g = dy + dy_off + ((IDX)n * K + k) * OH * OW + oy * OW;
                 for (int ox0 = 0; ox0 < OW; ox0 += VW) {
                     const REALV gr = span_values(g, ox0, OW);   // zero past the row's end: adds nothing
                     _Pragma("unroll") for (int i = 0; i < KH; ++i) {
@@ -672,9 +673,9 @@ void direct_weight_rows(__global const REAL* restrict x, const IDX x_off,
 #define STORE_PHASE(rb, out, px, u0, count)                                                     \
     do {                                                                                        \
         if ((u0) + VW <= (count)) {                                                             \
-            _Pragma("unroll") for (int q = 0; q < VW; ++q) (rb)[(px) + ((u0) + q) * SW] = (out).s[q]; \
+            _Pragma("unroll") for (int q = 0; q < VW; ++q) SAVE(rb, (px) + ((u0) + q) * SW, (out).s[q]); \
         } else {                                                                                \
-            for (int q = 0; q < VW && (u0) + q < (count); ++q) (rb)[(px) + ((u0) + q) * SW] = (out).s[q]; \
+            for (int q = 0; q < VW && (u0) + q < (count); ++q) SAVE(rb, (px) + ((u0) + q) * SW, (out).s[q]); \
         }                                                                                       \
     } while (0)
 
@@ -693,16 +694,16 @@ void direct_weight_rows(__global const REAL* restrict x, const IDX x_off,
 #endif
 #if BUILDS(DIRECT_INPUT_ROWS)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void direct_input_rows(__global const REAL* restrict w, const IDX w_off,
-                       __global const REAL* restrict dy, const IDX dy_off,
-                       __global REAL* restrict dx, const IDX dx_off, GEOMETRY)
+void direct_input_rows(__global const STORE* restrict w, const IDX w_off,
+                       __global const STORE* restrict dy, const IDX dy_off,
+                       __global STORE* restrict dx, const IDX dx_off, GEOMETRY)
 {
     GEOMETRY_NAMES;
     const int nc = get_global_id(1) * CB, c0 = nc % C, n = nc / C, k0 = (c0 / CG) * KG, cw = c0 % CG;
     const int iy_end = min(H, (int)(get_global_id(0) + 1) * RB);
 #if RI > 1
     for (int iy0 = get_global_id(0) * RB; iy0 < iy_end; iy0 += RI) {
-        __global REAL* row = dx + dx_off + (IDX)nc * H * W + iy0 * W;
+        __global STORE* row = dx + dx_off + (IDX)nc * H * W + iy0 * W;
         // the grad_output rows that reach input rows iy0 ... iy0 + RI - 1
         const int lo = iy0 + PT - (KH - 1) * DH, oy_lo = lo <= 0 ? 0 : (lo + SH - 1) / SH;
         const int oy_hi = min(OH - 1, (iy0 + RI - 1 + PT) / SH);
@@ -713,8 +714,8 @@ void direct_input_rows(__global const REAL* restrict w, const IDX w_off,
                 _Pragma("unroll") for (int b = 0; b < CB; ++b)
                     _Pragma("unroll") for (int r = 0; r < RI; ++r) acc[b][r] = 0;
                 for (int m = 0; m < KG; ++m) {
-                    const __global REAL* dk = dy + dy_off + ((IDX)n * K + k0 + m) * OH * OW;
-                    const __global REAL* wk = w + w_off + ((IDX)(k0 + m) * CG + cw) * KH * KW;
+                    const __global STORE* dk = dy + dy_off + ((IDX)n * K + k0 + m) * OH * OW;
+                    const __global STORE* wk = w + w_off + ((IDX)(k0 + m) * CG + cw) * KH * KW;
                     for (int oy = oy_lo; oy <= oy_hi; ++oy) {
                         _Pragma("unroll") for (int j = 0; j < KW; ++j) {
                             const int nx = px + PL - j * DW;   // = ox * SW for column u = 0 of this phase
@@ -724,7 +725,7 @@ void direct_input_rows(__global const REAL* restrict w, const IDX w_off,
                                 const int d = iy0 + r + PT - oy * SH;   // = i * DH, tap row i reading row iy0 + r
                                 if (d < 0 || d % DH || d / DH >= KH) continue;
                                 _Pragma("unroll") for (int b = 0; b < CB; ++b)
-                                    acc[b][r] = MADD((REALV)wk[b * KH * KW + d / DH * KW + j], v, acc[b][r]);
+                                    acc[b][r] = MADD((REALV)LOAD(wk, b * KH * KW + d / DH * KW + j), v, acc[b][r]);
                             }
                         }
                     }
@@ -734,7 +735,7 @@ void direct_input_rows(__global const REAL* restrict w, const IDX w_off,
                     _Pragma("unroll") for (int b = 0; b < CB; ++b) {
                         lanes out;
                         out.v = acc[b][r];
-                        __global REAL* rb = row + (IDX)b * H * W + r * W;
+                        __global STORE* rb = row + (IDX)b * H * W + r * W;
                         STORE_PHASE(rb, out, px, u0, count);
                     }
                 }
@@ -743,16 +744,16 @@ void direct_input_rows(__global const REAL* restrict w, const IDX w_off,
     }
 #else
     for (int iy = get_global_id(0) * RB; iy < iy_end; ++iy) {
-        __global REAL* row = dx + dx_off + (IDX)nc * H * W + iy * W;
+        __global STORE* row = dx + dx_off + (IDX)nc * H * W + iy * W;
         for (int px = 0; px < SW && px < W; ++px) {
             const int count = (W - px + SW - 1) / SW;   // columns of this phase
             for (int u0 = 0; u0 < count; u0 += VW) {
                 REALV acc[CB];
                 _Pragma("unroll") for (int b = 0; b < CB; ++b) acc[b] = 0;
                 for (int m = 0; m < KG; ++m) {
-                    const __global REAL* dk = dy + dy_off + ((IDX)n * K + k0 + m) * OH * OW;
+                    const __global STORE* dk = dy + dy_off + ((IDX)n * K + k0 + m) * OH * OW;
                     // filter m's taps for channel cw + b at wk + b * KH * KW
-                    const __global REAL* wk = w + w_off + ((IDX)(k0 + m) * CG + cw) * KH * KW;
+                    const __global STORE* wk = w + w_off + ((IDX)(k0 + m) * CG + cw) * KH * KW;
                     _Pragma("unroll") for (int i = 0; i < KH; ++i) {
                         const int ny = iy + PT - i * DH;   // = oy * SH where tap i reads row iy
                         if (ny % SH || ny < 0 || ny / SH >= OH) continue;
@@ -761,14 +762,14 @@ void direct_input_rows(__global const REAL* restrict w, const IDX w_off,
                             if (nx % SW) continue;
                             const REALV v = span_values(dk + ny / SH * OW, nx / SW + u0, OW);
                             _Pragma("unroll") for (int b = 0; b < CB; ++b)
-                                acc[b] = MADD((REALV)wk[b * KH * KW + i * KW + j], v, acc[b]);
+                                acc[b] = MADD((REALV)LOAD(wk, b * KH * KW + i * KW + j), v, acc[b]);
                         }
                     }
                 }
                 _Pragma("unroll") for (int b = 0; b < CB; ++b) {
                     lanes out;
                     out.v = acc[b];
-                    __global REAL* rb = row + (IDX)b * H * W;
+                    __global STORE* rb = row + (IDX)b * H * W;
                     STORE_PHASE(rb, out, px, u0, count);
                 }
             }

@@ -7,8 +7,9 @@ convolution of at most 4 input channels (a network's RGB stem) has a GEMM
 inner dimension of at most 4*7*7 taps whatever its filters: on GPUs its
 forward is a direct kernel too. grad-weight is a deterministic two-stage
 reduction (partials per slice of the batch*pixels, then an ordered sum), no
-atomics.
+atomics. float16 arrays are read and written as they are, every sum in float32.
 """
+import numpy as np
 import pyopencl as cl
 
 from .. import rules
@@ -16,6 +17,7 @@ from ..bias import flags
 from ..buffers import idx_for
 from ..device import cpu_vector_width
 from ..explanation import Reason
+from ..geometry import PASSES
 from ..programs import get_kernel, launch, reduction_work_group
 from .base import Algorithm, pow2_at_least
 
@@ -159,6 +161,10 @@ class Direct(Algorithm):
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm=None, math="strict", half=False):
         super().__init__(g, dtype, device, workspace_limit, False, None)   # no GEMMs, so no per-group queues
+        # float16 arrays: every kernel reads and writes them as they are (LOAD and SAVE), summing in float
+        self.store = np.dtype(np.float16) if half else dtype
+        if half:
+            self.half_passes = frozenset(PASSES)
         self.taps = g.Cg * g.kh * g.kw
         self.staged = bool(device.type & cl.device_type.GPU)   # on CPUs caches stage better than barriers
         self.vw = cpu_vector_width(device, dtype.itemsize)      # columns per vector of the CPU row kernels
@@ -407,7 +413,7 @@ class Direct(Algorithm):
         # four filters' staged weights read at once (measured faster on GPUs)
         wvec = wstage and kb % 4 == 0
         # ONLY: the build compiles this one kernel of direct.cl
-        return (get_kernel(queue.context, "direct.cl", name, self.dtype, ONLY=name.upper(), IDX=idx, TAPS=self.taps,
+        return (get_kernel(queue.context, "direct.cl", name, self.store, ONLY=name.upper(), IDX=idx, TAPS=self.taps,
                            TX=tx, TY=ty, PH=ph, PW=pw, RY=ry, KB=kb, NP=form[1], RB=rb, VW=self.vw, STAGE=int(stage),
                            WSTAGE=int(wstage), WVEC=int(wvec), FLIP=int(g is self.transposed), **reduction,
                            **channels, **short, **constants), wg)
@@ -416,7 +422,7 @@ class Direct(Algorithm):
         """The forward kernel over geometry ``g`` (the transposed one flips the weights): on GPUs
         direct_forward's tiles, on CPUs direct_rows' bands of output rows."""
         b = bias if bias is not None else w
-        idx = idx_for(self.dtype, x, w, y, bias)
+        idx = idx_for(self.store, x, w, y, bias)
         args = (x.buf, x.off, w.buf, w.off, b.buf, b.off, flags(bias, relu), y.buf, y.off, *self._sizes(g))
         if not self.staged:
             kb, rb = self.rows[pass_name]
@@ -437,7 +443,7 @@ class Direct(Algorithm):
             return self._forward(queue, "backward_input", self.transposed, dy, w, None, dx,
                                  "grad-input (direct, as a forward pass)")
         g = self.g
-        idx = idx_for(self.dtype, w, dy, dx)
+        idx = idx_for(self.store, w, dy, dx)
         args = (w.buf, w.off, dy.buf, dy.off, dx.buf, dx.off, *self._sizes())
         if not self.staged:
             cb, rb = self.rows["backward_input"]
@@ -450,7 +456,7 @@ class Direct(Algorithm):
 
     def backward_weight(self, queue, x, dy, dw, ws):
         g, S = self.g, self.slices
-        idx = idx_for(self.dtype, x, dy, dw)
+        idx = idx_for(self.store, x, dy, dw)
         if self.staged:
             partial, wg = self._kernel(queue, "direct_weight_partial", idx)
             launch(queue, partial, (g.K * S * wg,), (wg,), x.buf, x.off, dy.buf, dy.off,
