@@ -96,15 +96,14 @@ struct geometry { int n, c, h, w, k, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl, cg,
 #endif
 
 // A build compiles the one kernel the host names in ONLY (its upper-case name; the kernels
-// share most of their defines, but each pass is specialised apart, and a build of all seven
+// share most of their defines, but each pass is specialised apart, and a build of all of them
 // took Intel's CPU compiler 1.7 s), or all of them without ONLY.
 #define DIRECT_FORWARD 1
 #define DIRECT_INPUT 2
 #define DIRECT_WEIGHT_PARTIAL 3
-#define DIRECT_WEIGHT_SUM 4
-#define DIRECT_ROWS 5
-#define DIRECT_WEIGHT_ROWS 6
-#define DIRECT_INPUT_ROWS 7
+#define DIRECT_ROWS 4
+#define DIRECT_WEIGHT_ROWS 5
+#define DIRECT_INPUT_ROWS 6
 #ifdef ONLY
 #define BUILDS(kernel) (ONLY == (kernel))
 #else
@@ -324,7 +323,7 @@ void direct_input(__global const STORE* restrict w, const IDX w_off,
 // every (c, i, j) of filter k over slice s of the N*OH*OW positions, each work-item
 // a fixed strided subset, then a tree in local memory, RT taps per pass of the tree so
 // that a filter's taps take few barriers (a 7x7 filter: 7 passes, not 49):
-// part[(k * S + s) * TAPS + tap].
+// part[(s * K + k) * TAPS + tap], then summed over s in order (partials.cl).
 #if BUILDS(DIRECT_WEIGHT_PARTIAL)
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void direct_weight_partial(__global const STORE* restrict x, const IDX x_off,
@@ -368,23 +367,9 @@ void direct_weight_partial(__global const STORE* restrict x, const IDX x_off,
             barrier(CLK_LOCAL_MEM_FENCE);
         }
         for (int r = l; r < RT && t0 + r < TAPS; r += WG)   // (a work-group can be smaller than RT)
-            part[((IDX)k * S + s) * TAPS + t0 + r] = red[r][0];
+            part[((IDX)s * K + k) * TAPS + t0 + r] = red[r][0];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-}
-#endif
-
-// grad-weight, stage 2: dw[k, tap] = sum over s of the partials, in order.
-#if BUILDS(DIRECT_WEIGHT_SUM)
-__kernel void direct_weight_sum(__global const REAL* restrict part, const int S,
-                                __global STORE* restrict dw, const IDX dw_off, const int K)
-{
-    const int kt = get_global_id(0);
-    if (kt >= K * TAPS) return;
-    const int k = kt / TAPS, t = kt - k * TAPS;
-    REAL acc = (REAL)0;
-    for (int s = 0; s < S; ++s) acc += part[((IDX)k * S + s) * TAPS + t];
-    SAVE(dw, dw_off + kt, acc);
 }
 #endif
 
@@ -395,7 +380,7 @@ __kernel void direct_weight_sum(__global const REAL* restrict part, const int S,
 #ifndef VW             // values per vector of the row kernels: 4 or 8
 #define VW 8
 #endif
-#ifndef RB             // output rows per work-item of direct_rows
+#ifndef RB             // output rows per work-item of direct_rows and direct_input_rows
 #define RB 1
 #endif
 #ifndef RNV            // > 0: direct_rows' output rows are RNV vectors at most (short rows, see there)
@@ -606,7 +591,7 @@ inline REALV span_values(__global const STORE* restrict p, const int o0, const i
 // grad-weight stage 1 for CPU devices: work-item (k, s) sums dy[n, k, oy, ox] *
 // x[n, c, ...] for every tap of filter k over slice s of the N * OH output rows, VW columns at
 // a time into one vector per tap of a channel (channel by channel, so the accumulators stay
-// in registers), then across the vectors: part[(k * S + s) * TAPS + tap], as stage 1 above.
+// in registers), then across the vectors: part[(s * K + k) * TAPS + tap], as stage 1 above.
 // With LPAD > 0 the input rows under up to BR output rows of one image are first copied,
 // zero-padded, into local memory (as direct_rows' band) and every input vector is read there.
 #ifndef BR             // output rows of one image direct_weight_rows' band serves
@@ -661,7 +646,7 @@ void direct_weight_rows(__global const STORE* restrict x, const IDX x_off,
             a.v = acc[t];
             REAL sum = 0;
             _Pragma("unroll") for (int q = 0; q < VW; ++q) sum += a.s[q];
-            part[((IDX)k * S + s) * TAPS + c * KH * KW + t] = sum;
+            part[((IDX)s * K + k) * TAPS + c * KH * KW + t] = sum;
         }
     }
 }

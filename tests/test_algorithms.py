@@ -1,5 +1,9 @@
 """Each algorithm against the reference on every case it applies to; the planner's choices."""
 
+import re
+import shutil
+import subprocess
+
 import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
@@ -13,6 +17,7 @@ from clconv.algorithms.direct import Direct
 from clconv.device import has_fp64
 from clconv.geometry import conv_geometry
 from clconv.plan import ALGORITHMS
+from clconv.programs import program_source
 from helpers import CASES, Case, QueueAs, assert_close, assert_passes_match, kernel_kind, stand_in_gpu
 
 EXTRA = [  # cases that exercise the specialised algorithms harder
@@ -922,6 +927,52 @@ def test_direct_reads_float16_arrays_as_they_are(case, kind, queue, monkeypatch)
         assert not {"to_real", "to_store"} & set(p.launches(pass_name)), p.launches(pass_name)
         assert_close(result, want[pass_name], np.float16, pass_name)
     np.testing.assert_array_equal(p.forward(x, w, b, queue=queue, relu=True), np.maximum(got["forward"], 0))
+
+
+# the C preprocessor (GCC's, else the clang `make` installs), which reads OpenCL C's directives alike
+PREPROCESSOR = (["cpp", "-P", "-w"] if shutil.which("cpp") else
+                ["clang-15", "-E", "-P", "-w", "-x", "c", "-"] if shutil.which("clang-15") else None)
+
+
+def _kernel_text(name, defines):
+    """Kernel ``name`` of direct.cl and the functions it calls, preprocessed with ``defines``."""
+    source = program_source("direct.cl", np.dtype(np.float32), (("ONLY", name.upper()), ("IDX", "int"),
+                                                                 *defines.items()))
+    text = subprocess.run(PREPROCESSOR, input=source, capture_output=True, text=True, check=True).stdout
+    functions, depth, start = {}, 0, 0   # top-level function name -> its text, by braces
+    for m in re.finditer(r"[{}]", text):
+        depth += 1 if m.group() == "{" else -1
+        if m.group() == "{" and depth == 1:
+            head = re.findall(r"\b(?:void|float\d*|int)\s+(\w+)\s*\(", text[start:m.start()])
+        if depth == 0:
+            if head:
+                functions[head[0]] = text[start:m.end()]
+            start = m.end()
+    kept, todo = {}, [name]
+    while todo:
+        f = todo.pop()
+        if f not in kept:
+            kept[f] = functions[f]
+            todo += [c for c in functions if re.search(rf"\b{c}\s*\(", kept[f])]
+    body = "".join(kept.values())
+    return body + "".join(re.findall(r"^typedef .*lanes;$", text, re.M) if "lanes" in body else [])
+
+
+@pytest.mark.skipif(not PREPROCESSOR, reason="needs a C preprocessor (cpp or clang-15)")
+def test_direct_builds_get_only_the_defines_their_kernel_reads():
+    """direct.READS names every #define each kernel of direct.cl reads besides the filter's: a value
+    given for any other leaves the kernel, and what it calls, the same text (so builds that differ
+    only there would be the same program)."""
+    values = dict(TAPS=7, TX=4, TY=2, PH=5, PW=6, RY=2, KB=2, NP=3, RB=3, VW=4, STAGE=0, WSTAGE=0, WVEC=1, FLIP=1,
+                  WG=32, RT=3, CB=2, RI=2, RNV=2, RR=2, LPAD=512, BR=2)
+    filt = dict(KH=3, KW=3, SH=2, SW=2, DH=1, DW=1, PT=1, PL=1, CG=1, KG=1)
+    for name, reads in direct.READS.items():
+        own = {k: v for k, v in values.items() if k in reads} | filt
+        text = _kernel_text(name, own)
+        assert f"void {name}(" in text
+        for k, v in {**values, **filt}.items():
+            if k not in own:
+                assert _kernel_text(name, {**own, k: v}) == text, f"{name} reads {k}, not in direct.READS"
 
 
 def test_auto_passes_over_winograd_above_the_workspace_limit(queue, monkeypatch):

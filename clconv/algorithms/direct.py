@@ -6,20 +6,22 @@ to pay; these passes are memory-bound direct kernels instead. A dense
 convolution of at most 4 input channels (a network's RGB stem) has a GEMM
 inner dimension of at most 4*7*7 taps whatever its filters: on GPUs its
 forward is a direct kernel too. grad-weight is a deterministic two-stage
-reduction (partials per slice of the batch*pixels, then an ordered sum), no
-atomics. float16 arrays are read and written as they are, every sum in float32.
+reduction (partials per slice of the batch*pixels, then their ordered sum,
+kernels/partials.cl), no atomics. float16 arrays are read and written as they
+are, every sum in float32.
 """
 import numpy as np
 import pyopencl as cl
 
 from .. import rules
 from ..bias import flags
-from ..buffers import idx_for
+from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width
 from ..explanation import Reason
 from ..geometry import PASSES
 from ..programs import get_kernel, launch, reduction_work_group
 from .base import Algorithm, pow2_at_least
+from .partials import sum_partials
 
 MAX_ACC = 32          # forward accumulators per work-item (filters x rows)
 MAX_PATCH = 3072      # elements of one channel's local-memory patch (12 KiB in float32, 24 KiB in float64)
@@ -27,6 +29,17 @@ MAX_WEIGHTS = 2048    # and of the forward's staged weights (KB filters x taps),
 LOCAL_SPARE = 8192    # bytes of local memory left unplanned when staging weights beside the patch
 REDUCE_BYTES = 16384  # local memory of grad-weight's reduction (RT taps x work-group values), half the
                       # device's at most
+
+
+# The #defines each kernel of kernels/direct.cl reads besides ONLY, IDX and the filter's constants
+# (Direct._specs). A build is given only its own kernel's, so that layers whose kernels agree on
+# them share one program.
+READS = {"direct_forward": {"TX", "TY", "PH", "PW", "RY", "KB", "NP", "FLIP", "STAGE", "WSTAGE", "WVEC"},
+         "direct_input": {"TX", "TY"},
+         "direct_weight_partial": {"WG", "RT", "TAPS"},
+         "direct_rows": {"VW", "KB", "RB", "RNV", "RR", "LPAD", "FLIP"},
+         "direct_weight_rows": {"VW", "TAPS", "BR", "LPAD"},
+         "direct_input_rows": {"VW", "CB", "RB", "RI"}}
 
 
 def _tile(width, height):
@@ -382,9 +395,7 @@ class Direct(Algorithm):
         ``cb`` channels (direct_input_rows) and ``rb`` rows per work-item; direct_forward's
         ``form``: (reading in place, planes per work-group)."""
         g = g or self.g
-        # grad-weight's reduction shape (only its kernel reads WG and RT: other builds stay shared)
-        wg = reduction_work_group(queue.device, self.wg_weight)
-        reduction = dict(WG=wg, RT=self.rt) if name == "direct_weight_partial" else {}
+        wg = reduction_work_group(queue.device, self.wg_weight)   # grad-weight's reduction shape
         channels = dict(CB=cb) if name == "direct_input_rows" else {}
         ri = min(rb, self._row_block(g, cb)) if name == "direct_input_rows" else 1
         if ri > 1:
@@ -412,11 +423,12 @@ class Direct(Algorithm):
         wstage = stage and g.Cg > 1 and weights <= MAX_WEIGHTS and weights * item <= room
         # four filters' staged weights read at once (measured faster on GPUs)
         wvec = wstage and kb % 4 == 0
-        # ONLY: the build compiles this one kernel of direct.cl
-        return (get_kernel(queue.context, "direct.cl", name, self.store, ONLY=name.upper(), IDX=idx, TAPS=self.taps,
-                           TX=tx, TY=ty, PH=ph, PW=pw, RY=ry, KB=kb, NP=form[1], RB=rb, VW=self.vw, STAGE=int(stage),
-                           WSTAGE=int(wstage), WVEC=int(wvec), FLIP=int(g is self.transposed), **reduction,
-                           **channels, **short, **constants), wg)
+        defines = dict(TAPS=self.taps, TX=tx, TY=ty, PH=ph, PW=pw, RY=ry, KB=kb, NP=form[1], RB=rb, VW=self.vw,
+                       STAGE=int(stage), WSTAGE=int(wstage), WVEC=int(wvec), FLIP=int(g is self.transposed),
+                       WG=wg, RT=self.rt, **channels, **short)
+        # ONLY: the build compiles this one kernel of direct.cl, given only the values it reads
+        return (get_kernel(queue.context, "direct.cl", name, self.store, ONLY=name.upper(), IDX=idx, **constants,
+                           **{k: v for k, v in defines.items() if k in READS[name]}), wg)
 
     def _forward(self, queue, pass_name, g, x, w, bias, y, what, relu=False):
         """The forward kernel over geometry ``g`` (the transposed one flips the weights): on GPUs
@@ -465,6 +477,5 @@ class Direct(Algorithm):
             partial, _ = self._kernel(queue, "direct_weight_rows", idx)
             launch(queue, partial, (g.K * S,), (1,), x.buf, x.off, dy.buf, dy.off,
                    ws, S, *self._sizes(), what="grad-weight (direct, partials)")
-        total, _ = self._kernel(queue, "direct_weight_sum", idx)
-        launch(queue, total, (g.K * self.taps,), (64,), ws, S, dw.buf, dw.off, g.K,
-               what="grad-weight (direct, sum)")
+        sum_partials(queue, self.store, idx_for(self.store, dw, Ref(ws, 0)), Ref(ws, 0), S, g.K * self.taps, dw, False,
+                     "grad-weight (direct, sum)", float_parts=self.store != self.dtype)

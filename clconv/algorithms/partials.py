@@ -3,8 +3,8 @@ dimension, then their ordered (deterministic) sum.
 
 Grad-weight GEMMs have a small result (filters x taps) and a long inner dimension
 (positions): partial sums over slices of the positions give more work-groups and shorter
-float32 sums. im2col, 1x1 (one slice per image) and Winograd cut them; direct sums its own
-partials in direct.cl.
+float32 sums. im2col, 1x1 (one slice per image) and Winograd cut them; direct's grad-weight
+kernels write theirs alike.
 """
 import numpy as np
 import pyopencl as cl
