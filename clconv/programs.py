@@ -67,7 +67,7 @@ _C_TYPES = {np.dtype(np.float32): ("float", "float"), np.dtype(np.float64): ("do
             np.dtype(np.float16): ("float", "half")}
 # Kernel files that read and write through LOAD/SAVE and so accept float16 storage;
 # the others take REAL buffers and are only built for float32 and float64.
-_STORAGE_AWARE = {"bias.cl", "direct.cl", "partials.cl", "storage.cl"}
+_STORAGE_AWARE = {"bias.cl", "direct.cl", "partials.cl", "storage.cl", "winograd.cl"}
 HEADER = "clconv.h"
 INT32_MAX = 2**31 - 1
 

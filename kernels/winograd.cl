@@ -23,6 +23,8 @@
 // The kernels over tiles see TH tile rows per image from tile row TH0: all of them (TH0 = 0),
 // or, for an image whose workspace is above the budget, one range of its tile rows (B = 1).
 //
+// The arrays (filters, input, output, grad_output, grad_weight) are read and written through
+// LOAD and SAVE (clconv.h): float16 arrays as they are, the buffers above staying REAL.
 // Specialised by the host with prepended #defines; the defaults below are for reading.
 #ifndef FR             // filter size along a transformed axis: 3, 5, or 7 (along one axis only)
 #define FR 3
@@ -247,20 +249,20 @@ inline int tile_start(const int t, const int D, const int tm)
 // U[t][k][ci] = (G g G^T)[t] for filter k, channel ci. 2-D range: ci, k (K filters in all,
 // Ko per group). flip = 0: g = w[k][ci]. flip = 1 (grad-input): this convolution's filter k,
 // channel ci, is the original filter grp * Ci + ci, channel k % Ko, rotated 180 degrees.
-__kernel void winograd_filter(__global const REAL* restrict w, const IDX w_off,
+__kernel void winograd_filter(__global const STORE* restrict w, const IDX w_off,
                               __global REAL* restrict u, const IDX u_off,
                               const int K, const int Ko, const int Ci, const int flip)
 {
     const int ci = get_global_id(0), k = get_global_id(1);
     if (ci >= Ci || k >= K) return;
     const int grp = k / Ko;
-    const __global REAL* g = w + w_off + (flip ? (IDX)(grp * Ci + ci) * Ko + (k - grp * Ko) : (IDX)k * Ci + ci) * FRH * FRW;
+    const __global STORE* g = w + w_off + (flip ? (IDX)(grp * Ci + ci) * Ko + (k - grp * Ko) : (IDX)k * Ci + ci) * FRH * FRW;
     REAL v[TT];
     #pragma unroll
     for (int i = 0; i < FRH; ++i)
         #pragma unroll
         for (int j = 0; j < FRW; ++j)
-            v[AW * i + j] = flip ? g[FRH * FRW - 1 - FRW * i - j] : g[FRW * i + j];
+            v[AW * i + j] = flip ? LOAD(g, FRH * FRW - 1 - FRW * i - j) : LOAD(g, FRW * i + j);
 #if WINO_H
     #pragma unroll
     for (int j = 0; j < FRW; ++j) filter_1d(v + j, AW);
@@ -278,7 +280,7 @@ __kernel void winograd_filter(__global const REAL* restrict w, const IDX w_off,
 
 // V[s][t][c][l] = (B^T d B)[t] of channel c's patch under tile p = s * L + l. 2-D range:
 // p over the B * TH * TW tiles of the chunk, c. Reads outside the input (padding) are zeros.
-__kernel void winograd_input(__global const REAL* restrict x, const IDX x_off,
+__kernel void winograd_input(__global const STORE* restrict x, const IDX x_off,
                              __global REAL* restrict out, const IDX out_off,
                              const int B, const int C, const int H, const int W,
                              const int TH, const int TW, const int TH0, const int PT, const int PL,
@@ -289,7 +291,7 @@ __kernel void winograd_input(__global const REAL* restrict x, const IDX x_off,
     if (p >= P || c >= C) return;
     const int b = p / (TH * TW), t = p - b * TH * TW, th = t / TW;
     const int y0 = tile_start(TH0 + th, DH, TMH) - PT, x0 = tile_start(t - th * TW, DW, TMW) - PL;
-    const __global REAL* src = x + x_off + ((IDX)b * C + c) * H * W;
+    const __global STORE* src = x + x_off + ((IDX)b * C + c) * H * W;
     REAL v[TT];
     #pragma unroll
     for (int i = 0; i < AH; ++i) {
@@ -298,7 +300,7 @@ __kernel void winograd_input(__global const REAL* restrict x, const IDX x_off,
         #pragma unroll
         for (int j = 0; j < AW; ++j) {
             const int xx = x0 + j * DW;
-            v[AW * i + j] = (row_in && xx >= 0 && xx < W) ? src[y * W + xx] : (REAL)0;
+            v[AW * i + j] = (row_in && xx >= 0 && xx < W) ? LOAD(src, y * W + xx) : (REAL)0;
         }
     }
 #if WINO_H
@@ -320,8 +322,8 @@ __kernel void winograd_input(__global const REAL* restrict x, const IDX x_off,
 // Output tile p of channel k = A^T M[.][k][p] A (+ bias), written where it lies inside the
 // (B, K, OH, OW) output. 2-D range: p, k.
 __kernel void winograd_output(__global const REAL* restrict m, const IDX m_off,
-                              __global REAL* restrict y, const IDX y_off,
-                              __global const REAL* restrict bias, const IDX bias_off, const int flags,
+                              __global STORE* restrict y, const IDX y_off,
+                              __global const STORE* restrict bias, const IDX bias_off, const int flags,
                               const int B, const int K, const int OH, const int OW,
                               const int TH, const int TW, const int TH0, const int DH, const int DW)
 {
@@ -342,10 +344,10 @@ __kernel void winograd_output(__global const REAL* restrict m, const IDX m_off,
     #pragma unroll
     for (int i = 0; i < TMH; ++i) output_1d(v + AW * i, 1);
 #endif
-    const REAL b0 = (flags & EPI_BIAS) ? bias[bias_off + k] : (REAL)0;
+    const REAL b0 = (flags & EPI_BIAS) ? LOAD(bias, bias_off + k) : (REAL)0;
     const int b = p / (TH * TW), t = p - b * TH * TW, th = t / TW;
     const int oy0 = tile_start(TH0 + th, DH, TMH), ox0 = tile_start(t - th * TW, DW, TMW);
-    __global REAL* dst = y + y_off + ((IDX)b * K + k) * OH * OW;
+    __global STORE* dst = y + y_off + ((IDX)b * K + k) * OH * OW;
     #pragma unroll
     for (int i = 0; i < TMH; ++i) {
         const int oy = oy0 + i * DH;
@@ -353,14 +355,14 @@ __kernel void winograd_output(__global const REAL* restrict m, const IDX m_off,
         #pragma unroll
         for (int j = 0; j < TMW; ++j) {
             const int ox = ox0 + j * DW;
-            if (ox < OW) dst[oy * OW + ox] = EPILOGUE(flags, v[AW * i + j] + b0);
+            if (ox < OW) SAVE(dst, oy * OW + ox, EPILOGUE(flags, v[AW * i + j] + b0));
         }
     }
 }
 
 // Z[s][t][k][l] = (A E A^T)[t], E the TMH x TMW tile p = s * L + l of grad_output channel k
 // (zeros past the output's edge): the gradient of M in the forward's terms. 2-D range: p, k.
-__kernel void winograd_grad_output(__global const REAL* restrict dy, const IDX dy_off,
+__kernel void winograd_grad_output(__global const STORE* restrict dy, const IDX dy_off,
                                    __global REAL* restrict z, const IDX z_off,
                                    const int B, const int K, const int OH, const int OW,
                                    const int TH, const int TW, const int TH0, const int DH, const int DW, const int L)
@@ -370,7 +372,7 @@ __kernel void winograd_grad_output(__global const REAL* restrict dy, const IDX d
     if (p >= P || k >= K) return;
     const int b = p / (TH * TW), t = p - b * TH * TW, th = t / TW;
     const int oy0 = tile_start(TH0 + th, DH, TMH), ox0 = tile_start(t - th * TW, DW, TMW);
-    const __global REAL* src = dy + dy_off + ((IDX)b * K + k) * OH * OW;
+    const __global STORE* src = dy + dy_off + ((IDX)b * K + k) * OH * OW;
     REAL v[TT];
     #pragma unroll
     for (int i = 0; i < TMH; ++i) {
@@ -378,7 +380,7 @@ __kernel void winograd_grad_output(__global const REAL* restrict dy, const IDX d
         #pragma unroll
         for (int j = 0; j < TMW; ++j) {
             const int ox = ox0 + j * DW;
-            v[AW * i + j] = (oy < OH && ox < OW) ? src[oy * OW + ox] : (REAL)0;
+            v[AW * i + j] = (oy < OH && ox < OW) ? LOAD(src, oy * OW + ox) : (REAL)0;
         }
     }
 #if WINO_H
@@ -400,7 +402,7 @@ __kernel void winograd_grad_output(__global const REAL* restrict dy, const IDX d
 // grad_weight[k][ci] = G^T dU[.][k][ci] G: the TT summed products back to FRH x FRW taps
 // (overwrites grad_weight). 2-D range: ci, k.
 __kernel void winograd_grad_filter(__global const REAL* restrict du, const IDX du_off,
-                                   __global REAL* restrict dw, const IDX dw_off,
+                                   __global STORE* restrict dw, const IDX dw_off,
                                    const int K, const int Ci)
 {
     const int ci = get_global_id(0), k = get_global_id(1);
@@ -419,12 +421,12 @@ __kernel void winograd_grad_filter(__global const REAL* restrict du, const IDX d
     #pragma unroll
     for (int i = 0; i < FRH; ++i) grad_filter_1d(v + AW * i, 1);
 #endif
-    __global REAL* g = dw + dw_off + ((IDX)k * Ci + ci) * FRH * FRW;
+    __global STORE* g = dw + dw_off + ((IDX)k * Ci + ci) * FRH * FRW;
     #pragma unroll
     for (int i = 0; i < FRH; ++i)
         #pragma unroll
         for (int j = 0; j < FRW; ++j)
-            g[FRW * i + j] = v[AW * i + j];
+            SAVE(g, FRW * i + j, v[AW * i + j]);
 }
 
 // ---- CPU devices ----------------------------------------------------------------------
@@ -502,9 +504,9 @@ inline void load_planes(REALV v[TT], const __global REAL* restrict src, const ID
 // The value at row y, column x of an H x W plane, or zero outside it: the load clamped to the
 // plane and always made, so that the compiler selects rather than branches. Clamped by
 // comparisons: PoCL 3.0 calls its clamp() builtin as a function, a call per value.
-inline REAL value_or_zero(const __global REAL* restrict plane, const int y, const int x, const int H, const int W)
+inline REAL value_or_zero(const __global STORE* restrict plane, const int y, const int x, const int H, const int W)
 {
-    const REAL v = plane[(IDX)(y < 0 ? 0 : y < H ? y : H - 1) * W + (x < 0 ? 0 : x < W ? x : W - 1)];
+    const REAL v = LOAD(plane, (IDX)(y < 0 ? 0 : y < H ? y : H - 1) * W + (x < 0 ? 0 : x < W ? x : W - 1));
     return y >= 0 && y < H && x >= 0 && x < W ? v : (REAL)0;
 }
 
@@ -522,7 +524,7 @@ inline REAL value_or_zero(const __global REAL* restrict plane, const int y, cons
         REAL r_[TMW * (VW - 1) + (COUNT)];                                                      \
         if ((y) >= 0 && (y) < (H) && (x0) >= 0 && (x0) + TMW * (VW - 1) + (COUNT) <= (W)) {     \
             _Pragma("unroll") for (int u = 0; u < TMW * (VW - 1) + (COUNT); ++u)                \
-                r_[u] = (plane)[(IDX)(y) * (W) + (x0) + u];                                     \
+                r_[u] = LOAD(plane, (IDX)(y) * (W) + (x0) + u);                                   \
         } else {                                                                                \
             _Pragma("unroll") for (int u = 0; u < TMW * (VW - 1) + (COUNT); ++u)                \
                 r_[u] = value_or_zero(plane, y, (x0) + u, H, W);                                \
@@ -549,17 +551,17 @@ inline REAL value_or_zero(const __global REAL* restrict plane, const int y, cons
 
 // winograd_input's V for tiles p0 .. p0 + VW - 1 of the chunk, work-item (p0 / VW, c).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void winograd_input_rows(__global const REAL* restrict x, const IDX x_off,
+void winograd_input_rows(__global const STORE* restrict x, const IDX x_off,
                          __global REAL* restrict out, const IDX out_off,
                          const int B, const int C, const int H, const int W,
                          const int TH, const int TW, const int TH0, const int PT, const int PL,
                          const int DH, const int DW, const int L)
 {
     const int p0 = get_global_id(0) * VW, c = get_global_id(1), P = B * TH * TW, r0 = p0 % (TH * TW);
-    const __global REAL* src = x + x_off + (IDX)c * H * W;
+    const __global STORE* src = x + x_off + (IDX)c * H * W;
     REALV v[TT];
     if (ONE_TILE_ROW(p0, r0, P, TW, DW)) {
-        const __global REAL* plane = src + (IDX)(p0 / (TH * TW)) * C * H * W;
+        const __global STORE* plane = src + (IDX)(p0 / (TH * TW)) * C * H * W;
         const int th = r0 / TW, y0 = tile_start(TH0 + th, DH, TMH) - PT, x0 = TMW * (r0 - th * TW) - PL;
         #pragma unroll
         for (int i = 0; i < AH; ++i) ROW_LANES(v + AW * i, plane, y0 + i * DH, x0, H, W, AW)
@@ -580,7 +582,7 @@ void winograd_input_rows(__global const REAL* restrict x, const IDX x_off,
             v[AW * i + j] = t.v;                                                                 \
         }
         if (inside) {
-            PATCH(src[img[q] + (IDX)(ys[q] + i) * W + xs[q] + j])
+            PATCH(LOAD(src, img[q] + (IDX)(ys[q] + i) * W + xs[q] + j))
         } else {   // zeros outside the image (loads clamped to it)
             PATCH(value_or_zero(src + img[q], ys[q] + i * DH, xs[q] + j * DW, H, W))
         }
@@ -600,14 +602,14 @@ void winograd_input_rows(__global const REAL* restrict x, const IDX x_off,
 // winograd_output's tiles p0 .. p0 + VW - 1 of the chunk, work-item (p0 / VW, k).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void winograd_output_rows(__global const REAL* restrict m, const IDX m_off,
-                          __global REAL* restrict y, const IDX y_off,
-                          __global const REAL* restrict bias, const IDX bias_off, const int flags,
+                          __global STORE* restrict y, const IDX y_off,
+                          __global const STORE* restrict bias, const IDX bias_off, const int flags,
                           const int B, const int K, const int OH, const int OW,
                           const int TH, const int TW, const int TH0, const int DH, const int DW)
 {
     const int p0 = get_global_id(0) * VW, k = get_global_id(1), P = B * TH * TW;
-    const REAL b0 = (flags & EPI_BIAS) ? bias[bias_off + k] : (REAL)0;
-    __global REAL* dst = y + y_off + (IDX)k * OH * OW;
+    const REAL b0 = (flags & EPI_BIAS) ? LOAD(bias, bias_off + k) : (REAL)0;
+    __global STORE* dst = y + y_off + (IDX)k * OH * OW;
     LANE_TILES(TH, TW, P, K, OH * OW)
     REALV v[TT];
     load_planes(v, m + m_off + (IDX)k * P + p0, (IDX)K * P, P - p0);
@@ -628,26 +630,26 @@ void winograd_output_rows(__global const REAL* restrict m, const IDX m_off,
         for (int j = 0; j < TMW; ++j) t[j].v = v[AW * i + j];
         if (run) {
             if (ys[0] + i * DH >= OH) break;
-            __global REAL* row = dst + img[0] + (IDX)(ys[0] + i * DH) * OW + xs[0];
+            __global STORE* row = dst + img[0] + (IDX)(ys[0] + i * DH) * OW + xs[0];
             #pragma unroll
             for (int q = 0; q < VW; ++q)
                 #pragma unroll
-                for (int j = 0; j < TMW; ++j) row[TMW * q + j] = EPILOGUE(flags, t[j].s[q] + b0);
+                for (int j = 0; j < TMW; ++j) SAVE(row, TMW * q + j, EPILOGUE(flags, t[j].s[q] + b0));
             continue;
         }
         #pragma unroll
         for (int q = 0; q < VW; ++q) {
             const int oy = ys[q] + i * DH;
             if (p0 + q >= P || oy >= OH) continue;
-            __global REAL* row = dst + img[q] + (IDX)oy * OW;
+            __global STORE* row = dst + img[q] + (IDX)oy * OW;
             if (DW == 1 && xs[q] + TMW <= OW) {   // the tile's TMW outputs inside the row
                 #pragma unroll
-                for (int j = 0; j < TMW; ++j) row[xs[q] + j] = EPILOGUE(flags, t[j].s[q] + b0);
+                for (int j = 0; j < TMW; ++j) SAVE(row, xs[q] + j, EPILOGUE(flags, t[j].s[q] + b0));
             } else {
                 #pragma unroll
                 for (int j = 0; j < TMW; ++j) {
                     const int ox = xs[q] + j * DW;
-                    if (ox < OW) row[ox] = EPILOGUE(flags, t[j].s[q] + b0);
+                    if (ox < OW) SAVE(row, ox, EPILOGUE(flags, t[j].s[q] + b0));
                 }
             }
         }
@@ -656,16 +658,16 @@ void winograd_output_rows(__global const REAL* restrict m, const IDX m_off,
 
 // winograd_grad_output's Z for tiles p0 .. p0 + VW - 1 of the chunk, work-item (p0 / VW, k).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void winograd_grad_output_rows(__global const REAL* restrict dy, const IDX dy_off,
+void winograd_grad_output_rows(__global const STORE* restrict dy, const IDX dy_off,
                                __global REAL* restrict z, const IDX z_off,
                                const int B, const int K, const int OH, const int OW,
                                const int TH, const int TW, const int TH0, const int DH, const int DW, const int L)
 {
     const int p0 = get_global_id(0) * VW, k = get_global_id(1), P = B * TH * TW, r0 = p0 % (TH * TW);
-    const __global REAL* src = dy + dy_off + (IDX)k * OH * OW;
+    const __global STORE* src = dy + dy_off + (IDX)k * OH * OW;
     REALV v[TT];
     if (ONE_TILE_ROW(p0, r0, P, TW, DW)) {
-        const __global REAL* plane = src + (IDX)(p0 / (TH * TW)) * K * OH * OW;
+        const __global STORE* plane = src + (IDX)(p0 / (TH * TW)) * K * OH * OW;
         const int th = r0 / TW, y0 = tile_start(TH0 + th, DH, TMH), x0 = TMW * (r0 - th * TW);
         #pragma unroll
         for (int i = 0; i < TMH; ++i) ROW_LANES(v + AW * i, plane, y0 + i * DH, x0, OH, OW, TMW)
@@ -695,7 +697,7 @@ void winograd_grad_output_rows(__global const REAL* restrict dy, const IDX dy_of
 
 // winograd_filter's U for filter k and VW channels at a time, work-item k.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void winograd_filter_rows(__global const REAL* restrict w, const IDX w_off,
+void winograd_filter_rows(__global const STORE* restrict w, const IDX w_off,
                           __global REAL* restrict u, const IDX u_off,
                           const int K, const int Ko, const int Ci, const int flip)
 {
@@ -711,9 +713,9 @@ void winograd_filter_rows(__global const REAL* restrict w, const IDX w_off,
                 #pragma unroll
                 for (int q = 0; q < VW; ++q) {
                     const int ci = ci0 + q < Ci ? ci0 + q : Ci - 1;
-                    const __global REAL* g = w + w_off + (flip ? (IDX)(grp * Ci + ci) * Ko + (k - grp * Ko)
+                    const __global STORE* g = w + w_off + (flip ? (IDX)(grp * Ci + ci) * Ko + (k - grp * Ko)
                                                                : (IDX)k * Ci + ci) * FRH * FRW;
-                    t.s[q] = flip ? g[FRH * FRW - 1 - FRW * i - j] : g[FRW * i + j];
+                    t.s[q] = flip ? LOAD(g, FRH * FRW - 1 - FRW * i - j) : LOAD(g, FRW * i + j);
                 }
                 v[AW * i + j] = t.v;
             }
@@ -738,7 +740,7 @@ void winograd_filter_rows(__global const REAL* restrict w, const IDX w_off,
 // winograd_grad_filter's grad_weight for filter k and VW channels at a time, work-item k.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void winograd_grad_filter_rows(__global const REAL* restrict du, const IDX du_off,
-                               __global REAL* restrict dw, const IDX dw_off,
+                               __global STORE* restrict dw, const IDX dw_off,
                                const int K, const int Ci)
 {
     const int k = get_global_id(0);
@@ -761,7 +763,7 @@ void winograd_grad_filter_rows(__global const REAL* restrict du, const IDX du_of
                 lanes t;
                 t.v = v[AW * i + j];
                 for (int q = 0; q < VW && ci0 + q < Ci; ++q)
-                    dw[dw_off + ((IDX)k * Ci + ci0 + q) * FRH * FRW + FRW * i + j] = t.s[q];
+                    SAVE(dw, dw_off + ((IDX)k * Ci + ci0 + q) * FRH * FRW + FRW * i + j, t.s[q]);
             }
     }
 }

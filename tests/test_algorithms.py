@@ -888,43 +888,55 @@ def test_direct_staged_float64(case, queue):
     _direct_staged(case, np.float64, 1, queue)
 
 
-# every direct kernel and form on float16 arrays: the CPU row kernels (short rows, rows at once, zero-padded
-# bands, the strided grad-input's rows) and the GPU forms (input in place, staged patches, four filters'
-# staged weights at once, the strided grad-input, grad-weight's partials in work-groups)
-DIRECT_HALF_CASES = [
-    *(pytest.param(c, "cpu", id=f"cpu-{c.name}") for c in (
-        Case("depthwise_7x7_on_6x4", 2, 3, 6, 4, 3, 7, 7, padding=3, groups=3),
-        Case("depthwise_7x7_on_13x29", 4, 6, 13, 29, 6, 7, 7, padding=3, groups=6),
-        Case("g2_of_3_s2_d2", 4, 6, 23, 37, 4, 3, 3, stride=2, padding=2, dilation=2, groups=2),
-        Case("depthwise_s2_wide", 4, 4, 9, 150, 4, 3, 3, stride=2, padding=1, groups=4),
-        Case("grouped_kb2_on_7x4_s2", 1, 8, 7, 4, 8, 3, 3, stride=2, padding=1, groups=4))),
-    *(pytest.param(c, "gpu", id=f"gpu-{c.name}", marks=pytest.mark.gpu_form) for c, _ in FORM_CASES),
-    pytest.param(Case("g2_s2_strided_grad_input", 3, 4, 11, 9, 6, 3, 3, stride=2, padding=1, groups=2), "gpu",
-                 id="gpu-g2_s2_strided_grad_input", marks=pytest.mark.gpu_form),
+# the algorithms whose kernels read float16 arrays as they are on GPUs (HALF_KERNELS), each form:
+# direct's GPU forms (input in place, staged patches, four filters' staged weights at once, the strided
+# grad-input, grad-weight's partials in work-groups); Winograd's transforms per tile, F(4x4, 3x3),
+# F(2x2, 5x5) dilated, F(2, 7) along either axis, and chunks of one image at offsets into the arrays.
+# On CPUs (direct's row kernels, Winograd's transforms VW tiles at a time) the same on float32 copies
+DIRECT_CPU = [Case("depthwise_7x7_on_13x29", 4, 6, 13, 29, 6, 7, 7, padding=3, groups=6)]
+DIRECT_GPU = [c for c, _ in FORM_CASES] + [
+    Case("g2_s2_strided_grad_input", 3, 4, 11, 9, 6, 3, 3, stride=2, padding=1, groups=2)]
+WINOGRAD = [Case("3x3_g2", 2, 6, 13, 11, 4, 3, 3, padding=1, groups=2),
+            Case("5x5_d2", 2, 3, 14, 12, 4, 5, 5, padding=(4, 3), dilation=2),
+            Case("1x7", 2, 4, 5, 13, 6, 1, 7, padding=(0, 3), groups=2),
+            Case("7x1", 2, 3, 13, 6, 5, 7, 1, padding=(3, 0)),
+            Case("3x3_chunks", 3, 4, 10, 9, 6, 3, 3, padding=1)]
+HALF_KERNEL_CASES = [
+    *(pytest.param("direct", c, "cpu", id=f"direct-cpu-{c.name}") for c in DIRECT_CPU),
+    *(pytest.param("direct", c, "gpu", id=f"direct-gpu-{c.name}", marks=pytest.mark.gpu_form) for c in DIRECT_GPU),
+    *(pytest.param("winograd", c, "cpu", id=f"winograd-cpu-{c.name}") for c in WINOGRAD[-1:]),
+    *(pytest.param("winograd", c, "gpu", id=f"winograd-gpu-{c.name}", marks=pytest.mark.gpu_form) for c in WINOGRAD),
 ]
 
 
-@pytest.mark.parametrize("case, kind", DIRECT_HALF_CASES)
-def test_direct_reads_float16_arrays_as_they_are(case, kind, queue, monkeypatch):
-    """Direct's kernels read and write float16 arrays as they are (no float32 copies made or
-    converted back), summing in float: each pass within float16's tolerance of the float64
-    reference; a fused ReLU gives the forward's own halves through max(., 0), bit for bit (the
-    bias and ReLU applied before the one rounding)."""
-    monkeypatch.setattr(rules, "DIRECT_GROUPS_PER_UNIT", 0)   # (the GPU forms' planes per work-group)
-    device = cl.device_type.GPU if kind == "gpu" else cl.device_type.CPU
+@pytest.mark.parametrize("algorithm, case, kind", HALF_KERNEL_CASES)
+def test_half_kernels_read_float16_arrays_as_they_are(algorithm, case, kind, queue, monkeypatch):
+    """In plans for a GPU the kernels of direct and Winograd read and write float16 arrays as they
+    are (no float32 copies made or converted back), summing in float; for a CPU they run on float32
+    copies. Each pass within float16's tolerance of the float64 reference; a fused ReLU gives the
+    forward's own halves through max(., 0), bit for bit (the bias and ReLU applied before the one
+    rounding)."""
+    monkeypatch.setattr(rules, "DIRECT_GROUPS_PER_UNIT", 0)   # (direct's GPU forms: planes per work-group)
     x, w, b, dy = case.data(np.float16)
     opts = case.options
-    p = clconv.Plan(conv_geometry(x.shape, w.shape, **opts), np.float16,
-                    QueueAs(queue, type=device, max_compute_units=1), algorithm="direct", selfcheck=False)
-    assert p._choice["forward"][0].staged == (kind == "gpu")
+    device = QueueAs(queue, type=cl.device_type.GPU if kind == "gpu" else cl.device_type.CPU, max_compute_units=1)
+    limit = None
+    if case.name.endswith("_chunks"):   # a workspace of one image's: chunks at offsets into the arrays
+        limit = clconv.Plan(conv_geometry((1,) + x.shape[1:], w.shape, **opts), np.float16, device,
+                            algorithm=algorithm, selfcheck=False).workspace_bytes
+    p = clconv.Plan(conv_geometry(x.shape, w.shape, **opts), np.float16, device, algorithm=algorithm,
+                    selfcheck=False, workspace_limit=limit)
+    if limit:
+        assert [r.chunks for r in p.explain().records] == [(x.shape[0], 1)] * 3
     got = {"forward": p.forward(x, w, b, queue=queue), "backward_input": p.backward_input(w, dy, queue=queue),
            "backward_weight": p.backward_weight(x, dy, queue=queue)}
     want = {"forward": reference.conv2d(x, w, b, **opts), "backward_input": reference.conv2d_input(x.shape, w, dy, **opts),
             "backward_weight": reference.conv2d_weight(x, w.shape, dy, **opts)}
+    as_they_are = kind == "gpu"
     for pass_name, result in got.items():
         assert result.dtype == np.float16
-        assert "float16 arrays read as they are" in p.explain().record(pass_name).notes, p.explain()
-        assert not {"to_real", "to_store"} & set(p.launches(pass_name)), p.launches(pass_name)
+        assert ("float16 arrays read as they are" in p.explain().record(pass_name).notes) == as_they_are, p.explain()
+        assert bool({"to_real", "to_store"} & set(p.launches(pass_name))) != as_they_are, p.launches(pass_name)
         assert_close(result, want[pass_name], np.float16, pass_name)
     np.testing.assert_array_equal(p.forward(x, w, b, queue=queue, relu=True), np.maximum(got["forward"], 0))
 

@@ -8,8 +8,9 @@ compute dtype, device, workspace budget, per-group-queue choice, GEMM engine and
 are float16 (``half``: compute dtype float32); it raises ValueError when it cannot run within
 the budget. It then states the workspace each pass needs (``workspace``, in compute-dtype
 elements), the passes it runs on float16 arrays as they are (``half_passes``; the plan gives
-the others float32 copies), states each pass's facts for ``explain()``, and enqueues the passes
-on :class:`clconv.buffers.Ref` s:
+the others float32 copies; ``HALF_KERNELS``: all of them on GPUs, ``store`` the kernels'
+dtype), states each pass's facts for ``explain()``, and enqueues the passes on
+:class:`clconv.buffers.Ref` s:
 
   forward(queue, x, w, bias, y, ws, relu)  y = conv(x, w) (+ bias; bias may be None), then
                                            max(y, 0) with relu, in the same pass over y
@@ -20,6 +21,7 @@ on :class:`clconv.buffers.Ref` s:
 never accumulated, and are the same on every run (sums in a fixed order).
 """
 import numpy as np
+import pyopencl as cl
 
 from ..gemm import PLAIN, Grid, Operand, grid_gemm
 from ..geometry import PASSES
@@ -39,6 +41,7 @@ def split_rules(slices, unsplit=""):
 class Algorithm:
     name = None
     MATRIX_UNITS = True   # whether its GEMMs may run in a matrix-unit mode (clconv.precision)
+    HALF_KERNELS = False  # whether its kernels read and write float16 arrays as they are in every pass on GPUs
     STRICT_NOTE = ""      # where not, explain()'s words on why its products stay in float32
 
     @staticmethod
@@ -55,7 +58,13 @@ class Algorithm:
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm="clblast", math="strict", half=False):
         self.g, self.dtype, self.per_group, self.gemm = g, dtype, per_group, gemm
         self.math = math if self.MATRIX_UNITS else "strict"
-        self.half_passes = frozenset()   # set by an algorithm that reads float16 arrays (half) as they are
+        # the dtype its kernels are built for: float16 storage (float sums) where the arrays are
+        # float16 (``half``), HALF_KERNELS and the device a GPU (on CPUs such kernels, converting a
+        # value at each of its several reads, measured slower than on float32 copies); then every
+        # pass reads them as they are. Other algorithms set the half_passes they have
+        gpu = bool(device.type & cl.device_type.GPU)
+        self.store = np.dtype(np.float16) if half and self.HALF_KERNELS and gpu else dtype
+        self.half_passes = frozenset(PASSES) if self.store != dtype else frozenset()
         self.workspace = dict.fromkeys(PASSES, 0)
         # {pass: (offset, elements)} of the workspace where its GEMM packs B in panels (clconv's CPU
         # kernel, gemm_cpu.panels_size); a pass not named, or of 0 elements, packs none. Only there,

@@ -7,10 +7,9 @@ convolution of at most 4 input channels (a network's RGB stem) has a GEMM
 inner dimension of at most 4*7*7 taps whatever its filters: on GPUs its
 forward is a direct kernel too. grad-weight is a deterministic two-stage
 reduction (partials per slice of the batch*pixels, then their ordered sum,
-kernels/partials.cl), no atomics. float16 arrays are read and written as they
-are, every sum in float32.
+kernels/partials.cl), no atomics. On GPUs float16 arrays are read and written
+as they are, every sum in float32.
 """
-import numpy as np
 import pyopencl as cl
 
 from .. import rules
@@ -18,7 +17,6 @@ from ..bias import flags
 from ..buffers import Ref, idx_for
 from ..device import cpu_vector_width
 from ..explanation import Reason
-from ..geometry import PASSES
 from ..programs import get_kernel, launch, reduction_work_group
 from .base import Algorithm, pow2_at_least
 from .partials import sum_partials
@@ -132,6 +130,7 @@ def _patch_sizes(g):
 class Direct(Algorithm):
     name = "direct"
     MATRIX_UNITS = False   # no GEMMs: its sums are float32 in its own kernels
+    HALF_KERNELS = True    # every kernel reads and writes the arrays through LOAD and SAVE (kernels/direct.cl)
 
     @staticmethod
     def applies(g):
@@ -173,11 +172,7 @@ class Direct(Algorithm):
         return True, ""
 
     def __init__(self, g, dtype, device, workspace_limit, per_group=False, gemm=None, math="strict", half=False):
-        super().__init__(g, dtype, device, workspace_limit, False, None)   # no GEMMs, so no per-group queues
-        # float16 arrays: every kernel reads and writes them as they are (LOAD and SAVE), summing in float
-        self.store = np.dtype(np.float16) if half else dtype
-        if half:
-            self.half_passes = frozenset(PASSES)
+        super().__init__(g, dtype, device, workspace_limit, False, None, half=half)   # no GEMMs: no per-group queues
         self.taps = g.Cg * g.kh * g.kw
         self.staged = bool(device.type & cl.device_type.GPU)   # on CPUs caches stage better than barriers
         self.vw = cpu_vector_width(device, dtype.itemsize)      # columns per vector of the CPU row kernels

@@ -82,6 +82,7 @@ def _form(g):
 
 class Winograd(Transform):
     name, kind = "winograd", "Winograd"
+    HALF_KERNELS = True   # its transforms read and write the arrays through LOAD and SAVE; the GEMMs' are float
 
     @staticmethod
     def applies(g):
@@ -271,11 +272,11 @@ class Winograd(Transform):
         filter, work-groups of up to LOCAL); on CPUs its _rows form over ``rows_range``
         (VW tiles or channels per vector, single work-items)."""
         if self.rows:
-            knl = get_kernel(queue.context, "winograd.cl", name + "_rows", self.dtype, IDX=idx, **self.defines,
+            knl = get_kernel(queue.context, "winograd.cl", name + "_rows", self.store, IDX=idx, **self.defines,
                              VW=self.rows)
             launch(queue, knl, rows_range, (1,) * len(rows_range), *args, what=what)
             return
-        knl = get_kernel(queue.context, "winograd.cl", name, self.dtype, IDX=idx, **self.defines)
+        knl = get_kernel(queue.context, "winograd.cl", name, self.store, IDX=idx, **self.defines)
         local = reduction_work_group(queue.device, min(LOCAL, work_group_limit(knl, queue.device))), 1
         launch(queue, knl, gpu_range, local, *args, what=what)
 
