@@ -1,9 +1,10 @@
 // The second stage of a split-K GEMM (clconv/algorithms/partials.py): partial sums over
 // slices of the inner dimension, added in a fixed order so results are deterministic; also
-// the sum over devices of a spread grad-weight (clconv/spread.py), in float16 storage too.
+// direct's grad-weight partials (kernels/direct.cl) and the sum over devices of a spread
+// grad-weight (clconv/spread.py), in float16 storage too.
 
 #ifndef PART_REAL      // 1: the partial sums are REAL (float), the result STORE (half): a GEMM's float
-#define PART_REAL 0    // partials of float16 operands read as they are
+#define PART_REAL 0    // partials of float16 operands read as they are, or direct's grad-weight partials
 #endif
 #if PART_REAL
 #define PART_T REAL

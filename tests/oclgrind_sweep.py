@@ -69,6 +69,12 @@ SWEEP = [
     ("direct_few_channels", (2, 3, 11, 10), (8, 3, 5, 5), dict(stride=2, padding=2), "direct", "single", None),
     ("im2col_float16", (2, 4, 5, 6), (6, 2, 3, 2), dict(padding=1, groups=2, dtype=np.float16), "im2col",
      "single", None),
+    # float16 arrays read and written as they are (Oclgrind calls itself a GPU): direct's staged forward
+    # and grad-weight partials, its strided grad-input; Winograd's transforms
+    ("direct_float16", (2, 3, 7, 6), (6, 1, 3, 3), dict(stride=2, padding=1, groups=3, dtype=np.float16), "direct",
+     "single", None),
+    ("winograd_float16", (2, 4, 7, 9), (4, 2, 3, 3), dict(padding=1, groups=2, dtype=np.float16), "winograd",
+     "single", None),
     ("direct_small_groups", (1, 4, 6, 7), (4, 2, 2, 3), dict(padding=(1, 0), dilation=(2, 1), groups=2), "direct",
      "single", None),
     # the GPU forward's planes per work-group (groups_per_unit=0: as where many work-groups remain):

@@ -914,8 +914,7 @@ def test_half_kernels_read_float16_arrays_as_they_are(algorithm, case, kind, que
     """In plans for a GPU the kernels of direct and Winograd read and write float16 arrays as they
     are (no float32 copies made or converted back), summing in float; for a CPU they run on float32
     copies. Each pass within float16's tolerance of the float64 reference; a fused ReLU gives the
-    forward's own halves through max(., 0), bit for bit (the bias and ReLU applied before the one
-    rounding)."""
+    forward's own halves through max(., 0), bit for bit (applied in float, before the rounding)."""
     monkeypatch.setattr(rules, "DIRECT_GROUPS_PER_UNIT", 0)   # (direct's GPU forms: planes per work-group)
     x, w, b, dy = case.data(np.float16)
     opts = case.options

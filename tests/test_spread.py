@@ -103,8 +103,8 @@ def test_every_algorithm_spreads(algorithm, case, split, queues):
 @pytest.mark.parametrize("dtype", [np.float16, np.float64], ids=["float16", "float64"])
 @pytest.mark.parametrize("split", ["images", "groups"])
 def test_spread_other_dtypes(dtype, split, queues):
-    """float16 storage (the parts compute on float32 copies; grad-weight's sum over devices reads
-    and writes half) and float64."""
+    """float16 storage (the parts' passes on CPUs compute on float32 copies; grad-weight's sum over
+    devices reads and writes half) and float64."""
     if dtype == np.float64 and not has_fp64(queues[0].device):
         pytest.skip("no fp64")
     case = SPREAD[0]

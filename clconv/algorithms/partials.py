@@ -59,7 +59,8 @@ def _local_size(device):
 def sum_partials(queue, dtype, idx, part, S, n, out, accumulate, what, stride=None, float_parts=False):
     """out (n,) (+)= the S partial sums of ``part``, ``stride`` elements apart (default n), in
     order; both are Refs of ``dtype`` storage, or with ``float_parts`` (``dtype`` float16) the
-    partial sums float32 (a GEMM's, of float16 operands read as they are) and the result float16.
+    partial sums float32 (a GEMM's of float16 operands read as they are, or direct's grad-weight
+    partials) and the result float16.
     Four values per work-item (the same sums, so the same bits) where the storage is float32 or
     float64, n, the stride and both offsets are multiples of 4 (buffers aligned to vectors), on
     the devices above."""
