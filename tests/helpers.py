@@ -39,6 +39,24 @@ def assert_passes_match(p, x, w, b, dy, options, dtype=np.float32, weight=True):
                      "grad-weight")
 
 
+def assert_float16_passes(p, x, w, b, dy, options, queue, as_they_are, math="strict"):
+    """Float16 plan ``p`` (made for a stand-in device, run on ``queue``): each pass within float16's
+    tolerance of the float64 reference, reading and writing the arrays as they are (explain()'s
+    note, no to_real or to_store launch) or, without ``as_they_are``, on float32 copies; a fused
+    ReLU gives the forward's own halves through max(., 0), bit for bit."""
+    got = {"forward": p.forward(x, w, b, queue=queue), "backward_input": p.backward_input(w, dy, queue=queue),
+           "backward_weight": p.backward_weight(x, dy, queue=queue)}
+    want = {"forward": reference.conv2d(x, w, b, **options),
+            "backward_input": reference.conv2d_input(x.shape, w, dy, **options),
+            "backward_weight": reference.conv2d_weight(x, w.shape, dy, **options)}
+    for pass_name, result in got.items():
+        assert result.dtype == np.float16
+        assert ("float16 arrays read as they are" in p.explain().record(pass_name).notes) == as_they_are, p.explain()
+        assert bool({"to_real", "to_store"} & set(p.launches(pass_name))) != as_they_are, p.launches(pass_name)
+        assert_close(result, want[pass_name], np.float16, pass_name, math)
+    np.testing.assert_array_equal(p.forward(x, w, b, queue=queue, relu=True), np.maximum(got["forward"], 0))
+
+
 class QueueAs:
     """``queue`` whose device reports other values for the properties given (the rest are the
     real device's), to the plans built on it; kernels still run on the real queue. Plans on it

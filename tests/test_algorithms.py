@@ -18,7 +18,8 @@ from clconv.device import has_fp64
 from clconv.geometry import conv_geometry
 from clconv.plan import ALGORITHMS
 from clconv.programs import program_source
-from helpers import CASES, Case, QueueAs, assert_close, assert_passes_match, kernel_kind, stand_in_gpu
+from helpers import (CASES, Case, QueueAs, assert_close, assert_float16_passes, assert_passes_match, kernel_kind,
+                     stand_in_gpu)
 
 EXTRA = [  # cases that exercise the specialised algorithms harder
     Case("fc_mode_g4_wide", 5, 8, 3, 2, 12, 3, 2, groups=4),
@@ -927,17 +928,7 @@ def test_half_kernels_read_float16_arrays_as_they_are(algorithm, case, kind, que
                     selfcheck=False, workspace_limit=limit)
     if limit:
         assert [r.chunks for r in p.explain().records] == [(x.shape[0], 1)] * 3
-    got = {"forward": p.forward(x, w, b, queue=queue), "backward_input": p.backward_input(w, dy, queue=queue),
-           "backward_weight": p.backward_weight(x, dy, queue=queue)}
-    want = {"forward": reference.conv2d(x, w, b, **opts), "backward_input": reference.conv2d_input(x.shape, w, dy, **opts),
-            "backward_weight": reference.conv2d_weight(x, w.shape, dy, **opts)}
-    as_they_are = kind == "gpu"
-    for pass_name, result in got.items():
-        assert result.dtype == np.float16
-        assert ("float16 arrays read as they are" in p.explain().record(pass_name).notes) == as_they_are, p.explain()
-        assert bool({"to_real", "to_store"} & set(p.launches(pass_name))) != as_they_are, p.launches(pass_name)
-        assert_close(result, want[pass_name], np.float16, pass_name)
-    np.testing.assert_array_equal(p.forward(x, w, b, queue=queue, relu=True), np.maximum(got["forward"], 0))
+    assert_float16_passes(p, x, w, b, dy, opts, queue, as_they_are=kind == "gpu")
 
 
 # the C preprocessor (GCC's, else the clang `make` installs), which reads OpenCL C's directives alike

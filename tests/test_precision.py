@@ -16,7 +16,7 @@ from clconv import gemm, precision, reference, rules, selfcheck, tuning
 from clconv.algorithms import base, transform
 from clconv.geometry import PASSES, conv_geometry
 from clconv.planner import plan_for_call
-from helpers import Case, assert_close, matrix_units, stand_in_gpu
+from helpers import Case, assert_close, assert_float16_passes, matrix_units, stand_in_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 F16, F32, F64 = (np.dtype(t) for t in (np.float16, np.float32, np.float64))
@@ -302,12 +302,4 @@ def test_float16_arrays_read_as_they_are_on_a_gpu(queue, monkeypatch, case, algo
     assert p.math == math
     if "_split_" in case.name:
         assert max(r.splits for r in p.explain().records[:2]) > 1, p.explain()
-    got = {"forward": p.forward(x, w, b, queue=queue), "backward_input": p.backward_input(w, dy, queue=queue),
-           "backward_weight": p.backward_weight(x, dy, queue=queue)}
-    want = {"forward": reference.conv2d(x, w, b, **opts), "backward_input": reference.conv2d_input(x.shape, w, dy, **opts),
-            "backward_weight": reference.conv2d_weight(x, w.shape, dy, **opts)}
-    for pass_name in PASSES:
-        assert "float16 arrays read as they are" in p.explain().record(pass_name).notes, p.explain()
-        assert not {"to_real", "to_store"} & set(p.launches(pass_name)), p.launches(pass_name)
-        assert_close(got[pass_name], want[pass_name], np.float16, pass_name, math)
-    np.testing.assert_array_equal(p.forward(x, w, b, queue=queue, relu=True), np.maximum(got["forward"], 0))
+    assert_float16_passes(p, x, w, b, dy, opts, queue, as_they_are=True, math=math)
